@@ -1,0 +1,151 @@
+"""Loading a model: path, bytes or ModelProto -> a checked, shape-inferred ModelProto.
+
+* External data is read only from files inside the model's own folder; a location that escapes
+  it (``..``, an absolute path, a symlink out) is refused.
+* Free-dimension overrides (by dim_param name or by denotation) are applied to the graph inputs.
+* Model-local functions are inlined; onnx shape inference fills value_info.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import external_data_helper
+
+from crossml.runtime.errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoModel, NoSuchFile
+
+
+def load_model(source: Any) -> tuple[onnx.ModelProto, str | None]:
+    """Return ``(model, folder)``; folder is None for bytes / ModelProto sources."""
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        _check_no_external(model, "the in-memory model")
+        return _check_model(model, "the in-memory model"), None
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        model = _parse(bytes(source), "the model bytes")
+        _check_no_external(model, "the model bytes")
+        return _check_model(model, "the model bytes"), None
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise NoSuchFile(f"Load model from {path} failed:Load model {path} failed. File doesn't exist")
+        if os.path.isdir(path):
+            raise InvalidArgument(f"Load model from {path} failed: {path} is a directory, not an ONNX file")
+        with open(path, "rb") as f:
+            data = f.read()
+        model = _parse(data, path)
+        folder = os.path.dirname(os.path.abspath(path))
+        _load_external_data(model, folder, path)
+        return _check_model(model, path), folder
+    raise InvalidArgument(
+        f"InferenceSession expects a path, bytes or an onnx.ModelProto, got {type(source).__name__}"
+    )
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidProtobuf(f"Load model from {where} failed:Protobuf parsing failed. ({exc})") from None
+    return model
+
+
+def _check_model(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
+        raise NoModel(f"Load model from {where} failed: the file holds no ONNX graph (is it an ONNX model?)")
+    if not model.opset_import:
+        raise InvalidGraph(f"Load model from {where} failed: the model declares no opset_import")
+    if model.ir_version <= 0:
+        raise InvalidGraph(f"Load model from {where} failed: the model has no ir_version (not an ONNX model?)")
+    return model
+
+
+def _tensors_with_external_data(model: onnx.ModelProto):
+    return [t for t in external_data_helper._get_all_tensors(model) if external_data_helper.uses_external_data(t)]
+
+
+def _check_no_external(model: onnx.ModelProto, where: str) -> None:
+    for t in _tensors_with_external_data(model):
+        info = {e.key: e.value for e in t.external_data}
+        if not t.raw_data:
+            raise InvalidGraph(
+                f"Load model from {where} failed: initializer '{t.name}' refers to external data file "
+                f"'{info.get('location')}', which needs the model's folder; load the model from its path"
+            )
+
+
+def _load_external_data(model: onnx.ModelProto, folder: str, path: str) -> None:
+    root = os.path.realpath(folder)
+    for t in _tensors_with_external_data(model):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        target = os.path.realpath(os.path.join(root, location))
+        if os.path.isabs(location) or os.path.commonpath([root, target]) != root:
+            raise InvalidGraph(
+                f"Load model from {path} failed: initializer '{t.name}' has external data location "
+                f"'{location}', which lies outside the model's folder {root}; external data must be "
+                "stored beside the model"
+            )
+        if not os.path.isfile(target):
+            raise NoSuchFile(
+                f"Load model from {path} failed: external data file '{location}' of initializer "
+                f"'{t.name}' does not exist in {root}"
+            )
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        with open(target, "rb") as f:
+            f.seek(offset)
+            data = f.read(int(length)) if length is not None else f.read()
+        if length is not None and len(data) != int(length):
+            raise Fail(
+                f"Load model from {path} failed: external data file '{location}' is shorter than "
+                f"offset {offset} + length {length} needed by initializer '{t.name}'"
+            )
+        t.raw_data = data
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+
+
+def apply_free_dimension_overrides(
+    model: onnx.ModelProto, by_name: Mapping[str, int], by_denotation: Mapping[str, int]
+) -> None:
+    """Fix symbolic input dimensions (onnxruntime's add_free_dimension_override_by_*)."""
+    if not by_name and not by_denotation:
+        return
+    init_names = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in init_names or not vi.type.HasField("tensor_type"):
+            continue
+        for dim in vi.type.tensor_type.shape.dim:
+            value = None
+            if dim.HasField("dim_param") and dim.dim_param in by_name:
+                value = by_name[dim.dim_param]
+            elif dim.denotation and dim.denotation in by_denotation:
+                value = by_denotation[dim.denotation]
+            if value is None:
+                continue
+            if dim.HasField("dim_value") and dim.dim_value != value:
+                raise InvalidArgument(
+                    f"free dimension override {value} for input '{vi.name}' contradicts its fixed size {dim.dim_value}"
+                )
+            dim.dim_value = int(value)
+
+
+def prepare(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Inline model-local functions and run onnx shape inference (best effort)."""
+    if model.functions:
+        try:
+            model = onnx.inliner.inline_local_functions(model)
+        except Exception as exc:  # inliner refuses malformed functions
+            raise InvalidGraph(f"could not inline the model's local functions: {exc}") from None
+    try:
+        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - shape inference is an optimisation input, not a gate
+        pass
+    return model

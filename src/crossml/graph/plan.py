@@ -1,0 +1,530 @@
+"""The plan: a graph compiled into a flat list of steps over numbered value slots.
+
+Building a plan does all the per-node work once: op look-up by opset, attribute parsing,
+constant folding, device placement (with explicit copies where a node falls back to the CPU),
+and the slot each value is freed after. Running a plan is a loop over pre-resolved steps.
+
+A plan is immutable once built, so one plan serves any number of threads: every run keeps its
+values in its own list.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import torch
+
+from crossml import dtypes
+from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_value
+from crossml.graph.expand import expand_function_node
+from crossml.ops import OpContext, OpSpec, load_all, lookup
+from crossml.ops.registry import canonical_domain, known_versions
+from crossml.runtime.errors import InvalidGraph, OrtError, RuntimeException
+
+log = logging.getLogger("crossml")
+
+CPU = torch.device("cpu")
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Bernoulli", "Multinomial"}
+FOLD_MAX_ELEMENTS = 1 << 24
+
+
+@dataclass(slots=True)
+class Step:
+    """One node, ready to run: ``outputs = fn(*inputs, **attrs)``."""
+
+    fn: Callable[..., Any]
+    inputs: tuple[int, ...]  # slot per input, -1 for an omitted optional input
+    outputs: tuple[int, ...]  # slot per output, -1 where not used
+    attrs: dict[str, Any]
+    release: tuple[int, ...]  # slots whose last use is this step
+    node_name: str
+    op_type: str
+    device: torch.device
+    subgraphs: dict[str, SubPlan] | None = None
+    single: bool = True  # one output: the op returns the value itself
+
+
+@dataclass(slots=True)
+class SubPlan:
+    """A compiled subgraph attribute (If branches, Loop/Scan bodies) and the outer values it reads."""
+
+    plan: Plan
+    outer_slots: tuple[int, ...]  # slots in the enclosing plan, in plan.outer_names order
+
+
+@dataclass
+class Plan:
+    """A compiled graph."""
+
+    num_slots: int
+    input_slots: dict[str, int]
+    output_names: list[str]
+    output_slots: list[int]
+    steps: list[Step]
+    constants: list[tuple[int, Any]]  # (slot, value) filled before every run
+    outer_names: list[str] = field(default_factory=list)  # subgraphs: names read from the outer scope
+    outer_input_slots: list[int] = field(default_factory=list)
+    value_types: dict[str, onnx.TypeProto] = field(default_factory=dict)
+    folded: dict[str, Any] = field(default_factory=dict)  # names folded to constants at build time
+    kept_nodes: list[onnx.NodeProto] = field(default_factory=list)
+    fallback_nodes: list[str] = field(default_factory=list)
+
+    def initial_values(self) -> list[Any]:
+        vals: list[Any] = [None] * self.num_slots
+        for slot, v in self.constants:
+            vals[slot] = v
+        return vals
+
+
+class BoundGraph:
+    """A subgraph bound to the outer values of one run; call it with the subgraph's inputs."""
+
+    __slots__ = ("_plan", "_outer", "_profiler")
+
+    def __init__(self, plan: Plan, outer: list[Any], profiler: Any = None) -> None:
+        self._plan = plan
+        self._outer = outer
+        self._profiler = profiler
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._plan.input_slots)
+
+    @property
+    def output_names(self) -> list[str]:
+        return self._plan.output_names
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        plan = self._plan
+        vals = plan.initial_values()
+        for slot, v in zip(plan.input_slots.values(), inputs):
+            vals[slot] = v
+        for slot, v in zip(plan.outer_input_slots, self._outer):
+            vals[slot] = v
+        return execute(plan, vals, self._profiler)
+
+
+# --------------------------------------------------------------------------------------------
+# running
+
+
+def execute(plan: Plan, vals: list[Any], profiler: Any = None) -> list[Any]:
+    """Run ``plan`` on ``vals`` (inputs already in their slots); return the graph outputs."""
+    step = None
+    try:
+        if profiler is None:
+            for step in plan.steps:
+                args = [vals[i] if i >= 0 else None for i in step.inputs]
+                kw = step.attrs if step.subgraphs is None else _bind_subgraphs(step, vals, None)
+                out = step.fn(*args, **kw)
+                _store(step, out, vals)
+        else:
+            for step in plan.steps:
+                args = [vals[i] if i >= 0 else None for i in step.inputs]
+                kw = step.attrs if step.subgraphs is None else _bind_subgraphs(step, vals, profiler)
+                t0 = time.perf_counter_ns()
+                out = step.fn(*args, **kw)
+                if step.device.type != "cpu":
+                    torch.accelerator.synchronize()
+                profiler.node(step, t0, time.perf_counter_ns(), args)
+                _store(step, out, vals)
+    except OrtError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every op failure becomes an onnxruntime status
+        if step is None:
+            raise
+        raise RuntimeException(
+            f"Non-zero status code returned while running {step.op_type} node. "
+            f"Name:'{step.node_name}' Status Message: {type(exc).__name__}: {exc}"
+        ) from exc
+    return [vals[i] for i in plan.output_slots]
+
+
+def _store(step: Step, out: Any, vals: list[Any]) -> None:
+    if step.single:
+        if isinstance(out, tuple):
+            out = out[0]
+        vals[step.outputs[0]] = out
+    else:
+        if not isinstance(out, tuple):
+            out = (out,)
+        for slot, v in zip(step.outputs, out):
+            if slot >= 0:
+                vals[slot] = v
+    for slot in step.release:
+        vals[slot] = None
+
+
+def _bind_subgraphs(step: Step, vals: list[Any], profiler: Any) -> dict[str, Any]:
+    kw = dict(step.attrs)
+    for name, sub in step.subgraphs.items():  # type: ignore[union-attr]
+        kw[name] = BoundGraph(sub.plan, [vals[i] for i in sub.outer_slots], profiler)
+    return kw
+
+
+# --------------------------------------------------------------------------------------------
+# building
+
+
+@dataclass
+class PlanOptions:
+    device: torch.device = CPU
+    fold_constants: bool = True
+    fallback_to_cpu: bool = True
+    name_prefix: str = ""
+
+
+class _Builder:
+    def __init__(self, opsets: dict[str, int], options: PlanOptions, value_types: dict[str, onnx.TypeProto],
+                 outer: _Builder | None = None) -> None:
+        load_all()
+        self.opsets = opsets
+        self.opt = options
+        self.value_types = value_types
+        self.outer = outer
+        self.slots: dict[tuple[str, str], int] = {}  # (name, device key) -> slot
+        self.num_slots = 0
+        self.constants: dict[str, Any] = {}  # name -> CPU value (for folding, host inputs)
+        self.const_slots: list[tuple[int, Any]] = []
+        self.steps: list[Step] = []
+        self.step_reads: list[list[int]] = []
+        self.value_device: dict[str, torch.device] = {}
+        self.outer_names: list[str] = []
+        self.outer_input_slots: list[int] = []
+        self.kept_nodes: list[onnx.NodeProto] = []
+        self.folded: dict[str, Any] = {}
+        self.fallback: list[str] = []
+        self.graph_outputs: set[str] = set()
+
+    # slots -------------------------------------------------------------------------------
+    def _new_slot(self) -> int:
+        self.num_slots += 1
+        return self.num_slots - 1
+
+    def slot_of(self, name: str, device: torch.device, host: bool = False) -> int:
+        """Slot holding ``name`` on ``device``; inserts a copy step (or constant) if needed."""
+        want = CPU if host else device
+        key = (name, _dev_key(want))
+        if key in self.slots:
+            return self.slots[key]
+        if name in self.constants:
+            slot = self._new_slot()
+            self.const_slots.append((slot, _to(self.constants[name], want)))
+            self.slots[key] = slot
+            return slot
+        if name not in self.value_device:
+            self._import_outer(name)
+        src_dev = self.value_device[name]
+        src = self.slots[(name, _dev_key(src_dev))]
+        if _dev_key(src_dev) == _dev_key(want):
+            return src
+        slot = self._new_slot()
+        self.steps.append(Step(fn=_copy_to(want), inputs=(src,), outputs=(slot,), attrs={}, release=(),
+                               node_name=f"copy:{name}->{want.type}", op_type="MemcpyCopy", device=want))
+        self.step_reads.append([src])
+        self.slots[key] = slot
+        return slot
+
+    def define(self, name: str, device: torch.device) -> int:
+        slot = self._new_slot()
+        self.slots[(name, _dev_key(device))] = slot
+        self.value_device[name] = device
+        return slot
+
+    def _import_outer(self, name: str) -> None:
+        if self.outer is None or not self.outer.knows(name):
+            raise InvalidGraph(f"value '{name}' is used but never produced, and is not a graph input or initializer")
+        if name in self.outer.constants:
+            self.constants[name] = self.outer.constants[name]
+            return
+        slot = self.define(name, self.outer.value_device.get(name, self.opt.device))
+        self.outer_names.append(name)
+        self.outer_input_slots.append(slot)
+
+    def knows(self, name: str) -> bool:
+        return name in self.constants or name in self.value_device or (
+            self.outer is not None and self.outer.knows(name))
+
+    # graph -------------------------------------------------------------------------------
+    def build(self, graph: onnx.GraphProto, input_names: Sequence[str] | None = None) -> Plan:
+        init_names = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+        overridable = {vi.name for vi in graph.input} & init_names
+        dev = self.opt.device
+        input_slots: dict[str, int] = {}
+        names = list(input_names) if input_names is not None else [vi.name for vi in graph.input]
+        for name in names:
+            if name in init_names and name not in overridable:
+                continue
+            input_slots[name] = self.define(name, dev)
+        for t in graph.initializer:
+            if t.name in input_slots:
+                # overridable initializer: a default value that a feed may replace
+                self.const_slots.append((input_slots[t.name], _to(tensor_value(t), dev)))
+            else:
+                self.constants[t.name] = tensor_value(t)
+        for sp in graph.sparse_initializer:
+            self.constants[sp.values.name] = dtypes.from_numpy(sparse_to_dense(sp))
+        self.graph_outputs = {o.name for o in graph.output}
+        for node in _topological(graph, set(input_slots) | init_names, self):
+            self.add_node(node)
+        output_names = [o.name for o in graph.output]
+        output_slots = [self._output_slot(n) for n in output_names]
+        return self._finish(input_slots, output_names, output_slots)
+
+    def _output_slot(self, name: str) -> int:
+        if name in self.constants:
+            slot = self._new_slot()
+            self.const_slots.append((slot, _to(self.constants[name], self.opt.device)))
+            return slot
+        if name in self.value_device or self.outer is not None:
+            return self.slot_of(name, self.value_device.get(name, self.opt.device))
+        raise InvalidGraph(f"graph output '{name}' is not produced by any node")
+
+    def add_node(self, node: onnx.NodeProto, opsets: dict[str, int] | None = None) -> None:
+        opsets = opsets or self.opsets
+        domain = canonical_domain(node.domain)
+        opset = opsets.get(domain, 1)
+        spec = lookup(domain, node.op_type, opset)
+        label = f"{node.op_type}({opset}) node with name '{node.name}'"
+        if spec is None:
+            expanded = expand_function_node(node, opset, self.value_types)
+            if expanded is not None:
+                body, body_opsets = expanded
+                merged = {**opsets, **body_opsets}
+                for sub in body:
+                    self.add_node(sub, merged)
+                return
+            dom = domain or "ai.onnx"
+            versions = known_versions(domain, node.op_type)
+            why = (f"crossml implements {node.op_type} from opset {min(versions)} on" if versions
+                   else f"no operator {node.op_type} is registered for domain '{dom}'")
+            raise NotImplementedError(f"Could not find an implementation for {label} ({why})")
+        attrs, graphs = self._attributes(node, spec, label)
+        device = self.opt.device
+        if spec.cpu_only and device.type != "cpu":
+            device = CPU
+            self.fallback.append(node.name or node.op_type)
+        if self._try_fold(node, spec, attrs, graphs, opset):
+            return
+        in_slots = []
+        for i, name in enumerate(node.input):
+            in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs) if name else -1)
+        subplans = None
+        if graphs:
+            subplans = {k: self._subplan(g, device) for k, g in graphs.items()}
+        ctx = None
+        if spec.wants_ctx:
+            ctx = self._context(node, opset, device)
+            attrs["ctx"] = ctx
+        outs = tuple(self.define(o, device) if o else -1 for o in node.output)
+        reads = [s for s in in_slots if s >= 0]
+        if subplans:
+            for sp in subplans.values():
+                reads.extend(sp.outer_slots)
+        fn = spec.fn
+        self.steps.append(Step(fn=fn, inputs=tuple(in_slots), outputs=outs, attrs=attrs, release=(),
+                               node_name=node.name, op_type=node.op_type, device=device,
+                               subgraphs=subplans, single=len(node.output) == 1))
+        self.step_reads.append(reads)
+        self.kept_nodes.append(node)
+
+    def _attributes(self, node: onnx.NodeProto, spec: OpSpec, label: str) -> tuple[dict[str, Any], dict[str, onnx.GraphProto]]:
+        attrs: dict[str, Any] = {}
+        graphs: dict[str, onnx.GraphProto] = {}
+        for a in node.attribute:
+            if a.ref_attr_name:
+                raise InvalidGraph(f"{label}: attribute '{a.name}' refers to '{a.ref_attr_name}' outside a function")
+            if spec.attr_names is not None and a.name not in spec.attr_names:
+                log.debug("%s: attribute '%s' is not used by crossml's implementation", label, a.name)
+                continue
+            v = parse_attribute(a)
+            if isinstance(v, onnx.GraphProto):
+                graphs[a.name] = v
+            else:
+                attrs[a.name] = v
+        if spec.attr_names is not None:
+            missing = [n for n in spec.attr_names if n not in attrs and n not in graphs and n not in spec.attr_defaults]
+            if missing:
+                raise InvalidGraph(f"{label}: required attribute(s) {', '.join(missing)} missing")
+        return attrs, graphs
+
+    def _context(self, node: onnx.NodeProto, opset: int, device: torch.device) -> OpContext:
+        types = []
+        for o in node.output:
+            tp = self.value_types.get(o)
+            types.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
+        return OpContext(node_name=node.name, op_type=node.op_type, opset=opset, num_outputs=len(node.output),
+                         output_types=tuple(types), outputs_wanted=tuple(bool(o) for o in node.output),
+                         device=device)
+
+    def _subplan(self, g: onnx.GraphProto, device: torch.device) -> SubPlan:
+        opt = PlanOptions(device=device, fold_constants=self.opt.fold_constants,
+                          fallback_to_cpu=self.opt.fallback_to_cpu)
+        types = dict(self.value_types)
+        for vi in list(g.value_info) + list(g.input) + list(g.output):
+            types[vi.name] = vi.type
+        sub = _Builder(self.opsets, opt, types, outer=self)
+        plan = sub.build(g)
+        outer_slots = tuple(self.slot_of(n, device) for n in plan.outer_names)
+        return SubPlan(plan=plan, outer_slots=outer_slots)
+
+    def _try_fold(self, node: onnx.NodeProto, spec: OpSpec, attrs: dict[str, Any],
+                  graphs: dict[str, onnx.GraphProto], opset: int) -> bool:
+        if not self.opt.fold_constants or graphs or node.op_type in NONDETERMINISTIC:
+            return False
+        if any(o in self.graph_outputs for o in node.output) and self.outer is None:
+            return False  # keep graph outputs produced by a node (profiling and output types stay honest)
+        if node.op_type in ("Shape", "Size") and node.input and node.input[0] not in self.constants:
+            return self._fold_shape(node, attrs)
+        if not all((not n) or n in self.constants for n in node.input):
+            return False
+        args = [self.constants[n] if n else None for n in node.input]
+        kw = dict(attrs)
+        if spec.wants_ctx:
+            kw["ctx"] = self._context(node, opset, CPU)
+        try:
+            out = spec.fn(*args, **kw)
+        except Exception:  # noqa: BLE001 - leave the node to fail (with its name) at run time
+            return False
+        outs = out if isinstance(out, tuple) else (out,)
+        if len(node.output) == 1 and isinstance(out, tuple):
+            outs = out[:1]
+        for v in outs:
+            if isinstance(v, torch.Tensor) and v.numel() > FOLD_MAX_ELEMENTS:
+                return False
+        for name, v in zip(node.output, outs):
+            if name:
+                if isinstance(v, torch.Tensor):
+                    v = v.contiguous()
+                self.constants[name] = v
+                self.folded[name] = v
+        return True
+
+    def _fold_shape(self, node: onnx.NodeProto, attrs: dict[str, Any]) -> bool:
+        tp = self.value_types.get(node.input[0])
+        if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
+            return False
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tp.tensor_type.shape.dim]
+        if any(d is None for d in dims):
+            return False
+        if node.op_type == "Size":
+            n = 1
+            for d in dims:
+                n *= d
+            value = torch.tensor(n, dtype=torch.int64)
+        else:
+            r = len(dims)
+            start = attrs.get("start", 0)
+            end = attrs.get("end", r)
+            start = min(max(start + r if start < 0 else start, 0), r)
+            end = min(max(end + r if end < 0 else end, 0), r)
+            value = torch.tensor(dims[start:end], dtype=torch.int64)
+        self.constants[node.output[0]] = value
+        self.folded[node.output[0]] = value
+        return True
+
+    def _finish(self, input_slots: dict[str, int], output_names: list[str], output_slots: list[int]) -> Plan:
+        # free each intermediate after its last reader (never inputs, outputs or constants)
+        keep = set(output_slots) | set(input_slots.values()) | {s for s, _ in self.const_slots}
+        keep |= set(self.outer_input_slots)
+        last: dict[int, int] = {}
+        for i, reads in enumerate(self.step_reads):
+            for s in reads:
+                last[s] = i
+        produced_by: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for s in st.outputs:
+                if s >= 0:
+                    produced_by[s] = i
+        release: dict[int, list[int]] = {}
+        for s, i in last.items():
+            if s not in keep:
+                release.setdefault(i, []).append(s)
+        for s, i in produced_by.items():  # outputs nobody reads: drop right away
+            if s not in keep and s not in last:
+                release.setdefault(i, []).append(s)
+        for i, st in enumerate(self.steps):
+            st.release = tuple(release.get(i, ()))
+        return Plan(num_slots=self.num_slots, input_slots=input_slots, output_names=output_names,
+                    output_slots=output_slots, steps=self.steps, constants=self.const_slots,
+                    outer_names=self.outer_names, outer_input_slots=self.outer_input_slots,
+                    value_types=self.value_types, folded=self.folded, kept_nodes=self.kept_nodes,
+                    fallback_nodes=self.fallback)
+
+
+def build_plan(model: onnx.ModelProto, options: PlanOptions) -> Plan:
+    """Compile the main graph of ``model``."""
+    opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
+    types: dict[str, onnx.TypeProto] = {}
+    g = model.graph
+    for vi in list(g.value_info) + list(g.input) + list(g.output):
+        types[vi.name] = vi.type
+    plan = _Builder(opsets, options, types).build(g)
+    if plan.fallback_nodes:
+        log.warning("%d node(s) run on the CPU (no %s kernel): %s", len(plan.fallback_nodes),
+                    options.device.type, ", ".join(plan.fallback_nodes[:20]))
+    return plan
+
+
+def _topological(graph: onnx.GraphProto, available: set[str], builder: _Builder) -> Iterable[onnx.NodeProto]:
+    """Nodes in an order where every input is produced first (models are usually sorted already)."""
+    nodes = list(graph.node)
+    produced = {o for n in nodes for o in n.output if o}
+    ready = set(available)
+    done = [False] * len(nodes)
+    out: list[onnx.NodeProto] = []
+    progress = True
+    while progress and len(out) < len(nodes):
+        progress = False
+        for i, n in enumerate(nodes):
+            if done[i]:
+                continue
+            deps = [x for x in n.input if x] + _implicit_inputs(n)
+            if all(x in ready or x not in produced for x in deps):
+                done[i] = True
+                out.append(n)
+                ready.update(o for o in n.output if o)
+                progress = True
+    if len(out) < len(nodes):
+        stuck = [nodes[i].name or nodes[i].op_type for i in range(len(nodes)) if not done[i]]
+        raise InvalidGraph(f"the graph has a cycle through node(s): {', '.join(stuck[:10])}")
+    return out
+
+
+def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    names: list[str] = []
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            local = {vi.name for vi in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                local.update(n.output)
+            for n in g.node:
+                names.extend(x for x in list(n.input) + _implicit_inputs(n) if x and x not in local)
+    return names
+
+
+def _dev_key(d: torch.device) -> str:
+    return "cpu" if d.type == "cpu" else f"{d.type}:{d.index or 0}"
+
+
+def _to(v: Any, device: torch.device) -> Any:
+    if isinstance(v, torch.Tensor) and v.device != device:
+        return v.to(device)
+    return v
+
+
+def _copy_to(device: torch.device) -> Callable[[Any], Any]:
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.to(device)
+        if isinstance(x, list):
+            return [copy(v) for v in x]
+        return x
+
+    return copy

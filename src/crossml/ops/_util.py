@@ -1,0 +1,80 @@
+"""Helpers shared by the op modules: host values, axes, and dtypes torch handles partially."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+#: unsigned types whose arithmetic torch only partly implements; ops compute in a wider signed type.
+WIDEN = {torch.uint16: torch.int32, torch.uint32: torch.int64}
+
+
+def ints(t: Any) -> list[int]:
+    """A host tensor / list / scalar of integers as a Python list (host inputs: shapes, axes...)."""
+    if t is None:
+        return []
+    if isinstance(t, torch.Tensor):
+        return [int(v) for v in t.reshape(-1).tolist()]
+    if isinstance(t, np.ndarray):
+        return [int(v) for v in t.reshape(-1).tolist()]
+    if isinstance(t, (list, tuple)):
+        return [int(v) for v in t]
+    return [int(t)]
+
+
+def scalar(t: Any) -> Any:
+    """A one-element host tensor as a Python number."""
+    if isinstance(t, torch.Tensor):
+        return t.reshape(-1)[0].item()
+    if isinstance(t, np.ndarray):
+        return t.reshape(-1)[0].item()
+    return t
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
+    return [norm_axis(a, rank) for a in axes]
+
+
+def widened(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Run ``fn`` on uint16/uint32 inputs as int32/int64 and cast the result back.
+
+    uint64 arithmetic that wraps (add, sub, mul) is done in int64 bit patterns, which is exact.
+    """
+
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        dt = next((a.dtype for a in args if isinstance(a, torch.Tensor)), None)
+        if dt in WIDEN:
+            wide = WIDEN[dt]
+            args = tuple(a.to(wide) if isinstance(a, torch.Tensor) and a.dtype == dt else a for a in args)
+            out = fn(*args, **kw)
+            return out.to(dt) if isinstance(out, torch.Tensor) and out.dtype == wide else out
+        if dt == torch.uint64:
+            args = tuple(a.view(torch.int64) if isinstance(a, torch.Tensor) and a.dtype == dt else a for a in args)
+            out = fn(*args, **kw)
+            return out.view(torch.uint64) if isinstance(out, torch.Tensor) and out.dtype == torch.int64 else out
+        return fn(*args, **kw)
+
+    wrapper.__name__ = getattr(fn, "__name__", "widened")
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+def via_numpy(fn: Callable[..., np.ndarray], *args: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """Compute with numpy (for dtypes torch lacks kernels for) and return a tensor on the input's device."""
+    dev = device or next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    arrs = [a.cpu().numpy() if isinstance(a, torch.Tensor) else a for a in args]
+    out = np.asarray(fn(*arrs))
+    return torch.from_numpy(np.ascontiguousarray(out)).to(dev)
+
+
+def is_float(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point or t.dtype.is_complex

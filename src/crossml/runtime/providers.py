@@ -1,0 +1,124 @@
+"""Execution providers: names, aliases, availability, and parsing of the ``providers`` argument."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from crossml.device.adapters import adapters, backend_vendor
+from crossml.runtime.errors import InvalidArgument
+
+CPU_EP = "CPUExecutionProvider"
+GPU_EP = "GPUExecutionProvider"
+#: onnxruntime provider names that crossml's GPU provider answers to.
+GPU_ALIASES = ("GPUExecutionProvider", "CUDAExecutionProvider", "ROCMExecutionProvider",
+               "DmlExecutionProvider", "MIGraphXExecutionProvider", "TensorrtExecutionProvider",
+               "OpenVINOExecutionProvider", "CoreMLExecutionProvider")
+_VENDOR_ALIAS = {"nvidia": "CUDAExecutionProvider", "amd": "ROCMExecutionProvider"}
+
+
+def get_all_providers() -> list[str]:
+    """Every provider name crossml knows (onnxruntime.get_all_providers)."""
+    return [GPU_EP, "CUDAExecutionProvider", "ROCMExecutionProvider", "DmlExecutionProvider", CPU_EP]
+
+
+def gpu_available() -> bool:
+    return bool(adapters())
+
+
+def get_available_providers() -> list[str]:
+    """Providers that work on this machine, in default priority order."""
+    out = []
+    if gpu_available():
+        out.append(GPU_EP)
+        alias = _VENDOR_ALIAS.get(backend_vendor() or "")
+        if alias:
+            out.append(alias)
+        out.append("DmlExecutionProvider")
+    out.append(CPU_EP)
+    return out
+
+
+def get_device() -> str:
+    """onnxruntime.get_device(): ``GPU`` when a GPU provider works here, else ``CPU``."""
+    return "GPU" if gpu_available() else "CPU"
+
+
+@dataclass
+class ProviderChoice:
+    name: str  # as the user spelled it
+    kind: str  # "cpu" or "gpu"
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[dict] | None) -> list[ProviderChoice]:
+    """Normalise onnxruntime's ``providers`` / ``provider_options`` arguments.
+
+    Accepts names or ``(name, options)`` tuples. A GPU provider requested on a machine without a
+    GPU is skipped with a warning (as onnxruntime does); the CPU provider is always appended last.
+    """
+    if providers is None:
+        names: list[Any] = [GPU_EP, CPU_EP] if gpu_available() else [CPU_EP]
+    else:
+        names = list(providers)
+    if provider_options is not None:
+        if len(provider_options) != len(names):
+            raise ValueError("'providers' and 'provider_options' should be the same length if both are given.")
+        if any(isinstance(p, tuple) for p in names):
+            raise ValueError("Only one of 'providers' and 'provider_options' can contain options.")
+        names = list(zip(names, provider_options))
+    out: list[ProviderChoice] = []
+    for entry in names:
+        if isinstance(entry, (tuple, list)):
+            if len(entry) != 2 or not isinstance(entry[1], dict):
+                raise ValueError(f"provider entry {entry!r} must be a name or a (name, options dict) tuple")
+            name, opts = entry
+        else:
+            name, opts = entry, {}
+        if not isinstance(name, str):
+            raise ValueError(f"provider names are strings, got {name!r}")
+        opts = {str(k): str(v) for k, v in opts.items()}
+        if name == CPU_EP:
+            out.append(ProviderChoice(name, "cpu", opts))
+        elif name in GPU_ALIASES:
+            if not gpu_available():
+                warnings.warn(
+                    f"Specified provider '{name}' is not in available provider names. "
+                    f"Available providers: '{', '.join(get_available_providers())}'",
+                    stacklevel=3,
+                )
+                continue
+            out.append(ProviderChoice(name, "gpu", opts))
+        else:
+            raise InvalidArgument(
+                f"Unknown execution provider '{name}'. Known providers: {', '.join(get_all_providers())}"
+            )
+    if not any(p.kind == "cpu" for p in out):
+        out.append(ProviderChoice(CPU_EP, "cpu", {}))
+    return out
+
+
+def gpu_device(choice: ProviderChoice) -> torch.device:
+    """The torch device of a GPU provider choice (device selection is refined in crossml.device)."""
+    found = adapters()
+    raw = choice.options.get("device_id", "0")
+    try:
+        idx = int(raw)
+    except ValueError:
+        raise InvalidArgument(f"provider option device_id must be an integer, got '{raw}'") from None
+    if idx < 0 or idx >= len(found):
+        listing = "; ".join(f"{a.index}: {a.name}" for a in found) or "none"
+        raise InvalidArgument(f"device_id {idx} is out of range for {choice.name}; adapters: {listing}")
+    return found[idx].device
+
+
+def resolve_device(choices: list[ProviderChoice]) -> torch.device:
+    first = choices[0]
+    return gpu_device(first) if first.kind == "gpu" else torch.device("cpu")
+
+
+__all__ = ["get_all_providers", "get_available_providers", "get_device", "parse_providers", "torch"]

@@ -1,0 +1,347 @@
+"""InferenceSession: onnxruntime's session API over crossml's plan engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from crossml import dtypes
+from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
+from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
+from crossml.runtime.errors import Fail, InvalidArgument
+from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
+from crossml.runtime.ortvalue import OrtValue, to_user
+from crossml.runtime.profiling import Profiler
+from crossml.runtime.providers import ProviderChoice, parse_providers, resolve_device
+
+log = logging.getLogger("crossml")
+
+#: newest ai.onnx opset crossml accepts (the installed onnx package's).
+MAX_OPSET = onnx.defs.onnx_opset_version()
+
+
+class NodeArg:
+    """A graph input or output as onnxruntime describes it: name, type string and shape."""
+
+    def __init__(self, name: str, type_proto: onnx.TypeProto | None) -> None:
+        self.name = name
+        self._tp = type_proto
+        self.type = _type_string(type_proto)
+        self.shape = _shape(type_proto)
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
+
+
+def _type_string(tp: onnx.TypeProto | None) -> str:
+    if tp is None:
+        return "tensor(float)"
+    which = tp.WhichOneof("value")
+    if which == "tensor_type":
+        return dtypes.tensor_type_string(tp.tensor_type.elem_type)
+    if which == "sparse_tensor_type":
+        return f"sparse_tensor({dtypes.ort_type_name(tp.sparse_tensor_type.elem_type)})"
+    if which == "sequence_type":
+        return f"seq({_type_string(tp.sequence_type.elem_type)})"
+    if which == "optional_type":
+        return f"optional({_type_string(tp.optional_type.elem_type)})"
+    if which == "map_type":
+        return f"map({dtypes.ort_type_name(tp.map_type.key_type)},{_type_string(tp.map_type.value_type)})"
+    return "unknown"
+
+
+def _shape(tp: onnx.TypeProto | None) -> list[Any] | None:
+    if tp is None or tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.HasField("shape"):
+        return [] if tp is not None and tp.WhichOneof("value") == "tensor_type" else None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param if d.HasField("dim_param") else None)
+            for d in tp.tensor_type.shape.dim]
+
+
+@dataclass
+class ModelMetadata:
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict[str, str] = field(default_factory=dict)
+
+
+class InferenceSession:
+    """onnxruntime.InferenceSession.
+
+    ``path_or_bytes`` is a file path, the model's bytes, or an ``onnx.ModelProto``. ``providers``
+    is a list of names or ``(name, options)`` tuples, in priority order.
+    """
+
+    def __init__(self, path_or_bytes: Any, sess_options: SessionOptions | None = None,
+                 providers: Sequence[Any] | None = None, provider_options: Sequence[dict] | None = None,
+                 **kwargs: Any) -> None:
+        t0 = time.perf_counter_ns()
+        self._sess_options = sess_options if sess_options is not None else SessionOptions()
+        opts = self._sess_options
+        self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
+        self._providers = parse_providers(providers, provider_options)
+        self._device = resolve_device(self._providers)
+        if opts.intra_op_num_threads and opts.intra_op_num_threads > 0:
+            torch.set_num_threads(int(opts.intra_op_num_threads))
+        self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
+
+        model, _folder = load_model(path_or_bytes)
+        self._check_opsets(model)
+        apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
+        self._raw_model = model
+        model = prepare(model)
+        self._model = model
+        g = model.graph
+        init_names = {t.name for t in g.initializer}
+        self._inputs = [NodeArg(vi.name, vi.type) for vi in g.input if vi.name not in init_names]
+        self._overridable = [NodeArg(vi.name, vi.type) for vi in g.input if vi.name in init_names]
+        self._outputs = [NodeArg(vo.name, vo.type) for vo in g.output]
+        self._input_by_name = {a.name: a for a in self._inputs + self._overridable}
+        self._output_index = {a.name: i for i, a in enumerate(self._outputs)}
+
+        fold = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL
+        self._plan: Plan = build_plan(model, PlanOptions(device=self._device, fold_constants=fold))
+        for name, value in opts._initializers.items():
+            self._bind_initializer(name, value)
+        if opts.optimized_model_filepath:
+            self._write_optimized(opts.optimized_model_filepath)
+        self._lock = threading.Lock()
+        if self._profiler is not None:
+            self._profiler.event("Session", "model_loading_and_session_initialization", t0, time.perf_counter_ns())
+
+    # -- model checks -------------------------------------------------------------------------
+    def _check_opsets(self, model: onnx.ModelProto) -> None:
+        for o in model.opset_import:
+            if o.domain in ("", "ai.onnx") and o.version > MAX_OPSET:
+                raise Fail(
+                    f"Load model failed: opset {o.version} of domain ai.onnx is newer than the newest "
+                    f"crossml supports ({MAX_OPSET}); re-export the model with opset <= {MAX_OPSET}"
+                )
+
+    def _bind_initializer(self, name: str, value: Any) -> None:
+        if name not in {a.name for a in self._overridable}:
+            raise InvalidArgument(f"add_initializer: '{name}' is not an overridable initializer of the model")
+        slot = self._plan.input_slots[name]
+        v = value._value if isinstance(value, OrtValue) else dtypes.from_numpy(np.asarray(value))
+        self._plan.constants = [(s, x) for s, x in self._plan.constants if s != slot] + [
+            (slot, v.to(self._device) if isinstance(v, torch.Tensor) else v)]
+
+    def _write_optimized(self, path: str) -> None:
+        from onnx import numpy_helper
+
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        g = m.graph
+        del g.node[:]
+        g.node.extend(self._plan.kept_nodes)
+        used = {i for n in self._plan.kept_nodes for i in n.input} | {o.name for o in g.output}
+        kept_inits = [t for t in g.initializer if t.name in used]
+        del g.initializer[:]
+        g.initializer.extend(kept_inits)
+        for name, v in self._plan.folded.items():
+            if name in used:
+                g.initializer.append(numpy_helper.from_array(dtypes.to_numpy(v), name))
+        onnx.save(m, path)
+
+    # -- metadata -----------------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return list(self._overridable)
+
+    def get_modelmeta(self) -> ModelMetadata:
+        m = self._raw_model
+        return ModelMetadata(producer_name=m.producer_name, graph_name=m.graph.name, domain=m.domain,
+                             description=m.doc_string, graph_description=m.graph.doc_string,
+                             version=m.model_version,
+                             custom_metadata_map={p.key: p.value for p in m.metadata_props})
+
+    def get_providers(self) -> list[str]:
+        return [p.name for p in self._providers]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {p.name: dict(p.options) for p in self._providers}
+
+    def get_session_options(self) -> SessionOptions:
+        return self._sess_options
+
+    def get_profiling_start_time_ns(self) -> int:
+        return self._profiler.t0 if self._profiler else 0
+
+    def set_providers(self, providers: Sequence[Any] | None = None, provider_options: Sequence[dict] | None = None) -> None:
+        self.__init__(self._model_path or self._raw_model, self._sess_options, providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        pass
+
+    def enable_fallback(self) -> None:
+        pass
+
+    def end_profiling(self) -> str:
+        if self._profiler is None:
+            return ""
+        return self._profiler.end()
+
+    @property
+    def device(self) -> torch.device:
+        """crossml extension: the torch device the session runs on."""
+        return self._device
+
+    @property
+    def providers(self) -> list[ProviderChoice]:
+        return list(self._providers)
+
+    # -- running ------------------------------------------------------------------------------
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: RunOptions | None = None) -> list[Any]:
+        """Run the model; returns numpy arrays (lists for sequences, None for empty optionals)."""
+        idx = self._output_indices(output_names)
+        outs = self._run(input_feed, run_options)
+        return [to_user(outs[i], self._outputs[i]._tp) for i in idx]
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None, input_dict_ort_values: Mapping[str, OrtValue],
+                            run_options: RunOptions | None = None) -> list[OrtValue]:
+        idx = self._output_indices(output_names)
+        outs = self._run(input_dict_ort_values, run_options)
+        return [OrtValue(outs[i], _elem_type(self._outputs[i]._tp)) for i in idx]
+
+    def run_with_iobinding(self, iobinding: Any, run_options: RunOptions | None = None) -> None:
+        iobinding._run(self, run_options)
+
+    def io_binding(self) -> Any:
+        from crossml.runtime.iobinding import IOBinding
+
+        return IOBinding(self)
+
+    def _output_indices(self, output_names: Sequence[str] | None) -> list[int]:
+        if not output_names:
+            return list(range(len(self._outputs)))
+        idx = []
+        for n in output_names:
+            if n not in self._output_index:
+                raise InvalidArgument(f"Invalid output name: {n}. Outputs of the model: "
+                                      f"{', '.join(self._output_index)}")
+            idx.append(self._output_index[n])
+        return idx
+
+    def _run(self, feed: Mapping[str, Any], run_options: RunOptions | None) -> list[Any]:
+        if run_options is not None and run_options.terminate:
+            raise Fail("Exiting due to terminate flag being set to true.")
+        if not isinstance(feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
+        missing = [a.name for a in self._inputs if a.name not in feed]
+        if missing:
+            raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(feed)}).")
+        plan = self._plan
+        vals = plan.initial_values()
+        for name, value in feed.items():
+            arg = self._input_by_name.get(name)
+            if arg is None:
+                raise InvalidArgument(f"Invalid input name: {name}. Inputs of the model: "
+                                      f"{', '.join(a.name for a in self._inputs)}")
+            vals[plan.input_slots[name]] = self._convert_input(arg, value)
+        t0 = time.perf_counter_ns() if self._profiler else 0
+        outs = execute(plan, vals, self._profiler)
+        if self._profiler is not None:
+            self._profiler.event("Session", "model_run", t0, time.perf_counter_ns())
+        return outs
+
+    def _convert_input(self, arg: NodeArg, value: Any) -> Any:
+        tp = arg._tp
+        kind = tp.WhichOneof("value") if tp is not None else "tensor_type"
+        if isinstance(value, OrtValue):
+            inner = value._value
+            if isinstance(inner, torch.Tensor) and kind == "tensor_type":
+                self._check_tensor(arg, value.element_type(), tuple(inner.shape))
+                return inner if inner.device == self._device else inner.to(self._device)
+            return inner
+        if kind == "tensor_type":
+            if isinstance(value, torch.Tensor):
+                self._check_tensor(arg, dtypes.onnx_type_of(value), tuple(value.shape))
+                return value.to(self._device)
+            arr = value if isinstance(value, np.ndarray) else _as_array(arg, value)
+            self._check_tensor(arg, dtypes.onnx_type_of_numpy(arr.dtype), arr.shape)
+            v = dtypes.from_numpy(arr)
+            return v.to(self._device) if isinstance(v, torch.Tensor) and self._device.type != "cpu" else v
+        return _convert_nontensor(value, tp, self._device)
+
+    def _check_tensor(self, arg: NodeArg, elem_type: int, shape: tuple[int, ...]) -> None:
+        tp = arg._tp
+        if tp is None or not tp.HasField("tensor_type"):
+            return
+        expected = tp.tensor_type.elem_type
+        if expected and elem_type != expected:
+            raise InvalidArgument(
+                f"Unexpected input data type. Actual: ({dtypes.tensor_type_string(elem_type)}) , expected: "
+                f"({dtypes.tensor_type_string(expected)}) for input '{arg.name}'"
+            )
+        if not tp.tensor_type.HasField("shape"):
+            return
+        dims = tp.tensor_type.shape.dim
+        if len(dims) != len(shape):
+            raise InvalidArgument(
+                f"Invalid rank for input: {arg.name} Got: {len(shape)} Expected: {len(dims)} "
+                f"Please fix either the inputs/outputs or the model."
+            )
+        bad = [(i, s, d.dim_value) for i, (s, d) in enumerate(zip(shape, dims))
+               if d.HasField("dim_value") and d.dim_value != s]
+        if bad:
+            detail = "\n".join(f" index: {i} Got: {s} Expected: {e}" for i, s, e in bad)
+            raise InvalidArgument(
+                f"Got invalid dimensions for input: {arg.name} for the following indices\n{detail}\n"
+                f" Please fix either the inputs/outputs or the model."
+            )
+
+
+def _elem_type(tp: onnx.TypeProto | None) -> int | None:
+    if tp is not None and tp.HasField("tensor_type"):
+        return tp.tensor_type.elem_type
+    return None
+
+
+def _as_array(arg: NodeArg, value: Any) -> np.ndarray:
+    try:
+        arr = np.asarray(value)
+    except Exception as exc:  # noqa: BLE001
+        raise InvalidArgument(f"input '{arg.name}' must be a numpy array, got {type(value).__name__}: {exc}") from None
+    if arr.dtype == object and not (arg.type == "tensor(string)"):
+        raise InvalidArgument(f"input '{arg.name}' must be a numpy array of {arg.type}, got {type(value).__name__}")
+    return arr
+
+
+def _convert_nontensor(value: Any, tp: onnx.TypeProto, device: torch.device) -> Any:
+    which = tp.WhichOneof("value")
+    if which == "optional_type":
+        if value is None:
+            return None
+        return _convert_nontensor(value, tp.optional_type.elem_type, device)
+    if which == "sequence_type":
+        if not isinstance(value, (list, tuple)):
+            raise InvalidArgument(f"a sequence input expects a list, got {type(value).__name__}")
+        return [_convert_nontensor(v, tp.sequence_type.elem_type, device) for v in value]
+    if which == "map_type":
+        if not isinstance(value, Mapping):
+            raise InvalidArgument(f"a map input expects a dict, got {type(value).__name__}")
+        return dict(value)
+    if which == "tensor_type":
+        if isinstance(value, OrtValue):
+            value = value._value
+        v = value if isinstance(value, torch.Tensor) else dtypes.from_numpy(np.asarray(value))
+        return v.to(device) if isinstance(v, torch.Tensor) else v
+    raise NotImplementedError(f"inputs of type {_type_string(tp)} are not supported")
