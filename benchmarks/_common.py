@@ -1,0 +1,47 @@
+"""Timing helpers shared by the benchmarks: medians over repeated runs, result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+RESULTS = os.path.join(os.path.dirname(__file__), "results")
+
+
+def time_ms(fn: Callable[[], Any], warmup: int = 3, runs: int = 20, sync: Callable[[], None] | None = None) -> dict:
+    """Median / min wall time of ``fn`` in milliseconds (``sync`` waits for a device, if any)."""
+    for _ in range(warmup):
+        fn()
+    if sync:
+        sync()
+    ts = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(ts), "min_ms": min(ts), "runs": runs}
+
+
+def machine() -> dict:
+    import torch
+
+    return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_count": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def write(name: str, payload: dict, markdown: str) -> tuple[str, str]:
+    os.makedirs(RESULTS, exist_ok=True)
+    jp = os.path.join(RESULTS, f"{name}.json")
+    mp = os.path.join(RESULTS, f"{name}.md")
+    with open(jp, "w") as f:
+        json.dump(payload, f, indent=2)
+    with open(mp, "w") as f:
+        f.write(markdown)
+    return jp, mp

@@ -1,0 +1,46 @@
+"""Shared fixtures: small models built with onnx.helper."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=17, **kw) -> onnx.ModelProto:
+    g = h.make_graph(nodes, kw.pop("graph_name", "g"), inputs, outputs, initializer=list(initializers))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)], ir_version=8, **kw)
+    return m
+
+
+@pytest.fixture
+def affine_model() -> onnx.ModelProto:
+    """y = relu(x @ W + b); z = y * 2. x: float[batch, 4]."""
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5
+    b = np.array([0.1, -0.2, 0.3], dtype=np.float32)
+    two = np.array(2.0, dtype=np.float32)
+    nodes = [
+        h.make_node("MatMul", ["x", "W"], ["xw"], name="matmul"),
+        h.make_node("Add", ["xw", "b"], ["pre"], name="add"),
+        h.make_node("Relu", ["pre"], ["y"], name="relu"),
+        h.make_node("Mul", ["y", "two"], ["z"], name="mul"),
+    ]
+    m = make_model(
+        nodes,
+        [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])],
+        [h.make_tensor_value_info("y", T.FLOAT, ["batch", 3]), h.make_tensor_value_info("z", T.FLOAT, ["batch", 3])],
+        [onnx.numpy_helper.from_array(w, "W"), onnx.numpy_helper.from_array(b, "b"),
+         onnx.numpy_helper.from_array(two, "two")],
+        producer_name="crossml-tests", doc_string="affine test model", model_version=3,
+    )
+    h.set_model_props(m, {"author": "tests", "purpose": "api"})
+    return m
+
+
+def affine_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 10 - 0.5
+    b = np.array([0.1, -0.2, 0.3], dtype=np.float32)
+    y = np.maximum(x @ w + b, 0)
+    return y, y * 2
