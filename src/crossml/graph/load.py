@@ -16,7 +16,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from crossml.runtime.errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoModel, NoSuchFile
+from crossml.runtime.errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
 
 
 def load_model(source: Any) -> tuple[onnx.ModelProto, str | None]:
@@ -58,7 +58,7 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
 
 def _check_model(model: onnx.ModelProto, where: str) -> onnx.ModelProto:
     if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
-        raise NoModel(f"Load model from {where} failed: the file holds no ONNX graph (is it an ONNX model?)")
+        raise InvalidArgument(f"No graph was found in the protobuf ({where}); is it an ONNX model?")
     if not model.opset_import:
         raise InvalidGraph(f"Load model from {where} failed: the model declares no opset_import")
     if model.ir_version <= 0:
@@ -142,7 +142,7 @@ def prepare(model: onnx.ModelProto) -> onnx.ModelProto:
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
-        except Exception as exc:  # inliner refuses malformed functions
+        except Exception as exc:  # noqa: BLE001 - the inliner refuses malformed functions
             raise InvalidGraph(f"could not inline the model's local functions: {exc}") from None
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)

@@ -24,7 +24,8 @@ from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_va
 from crossml.graph.expand import expand_function_node
 from crossml.ops import OpContext, OpSpec, load_all, lookup
 from crossml.ops.registry import canonical_domain, known_versions
-from crossml.runtime.errors import InvalidGraph, OrtError, RuntimeException
+from crossml.runtime.errors import Fail, InvalidGraph, OrtError, RuntimeException
+from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 
 log = logging.getLogger("crossml")
 
@@ -74,6 +75,8 @@ class Plan:
     folded: dict[str, Any] = field(default_factory=dict)  # names folded to constants at build time
     kept_nodes: list[onnx.NodeProto] = field(default_factory=list)
     fallback_nodes: list[str] = field(default_factory=list)
+    #: why the plan cannot be captured into a device graph (empty: it can)
+    capture_blockers: list[str] = field(default_factory=list)
 
     def initial_values(self) -> list[Any]:
         vals: list[Any] = [None] * self.num_slots
@@ -177,7 +180,14 @@ class PlanOptions:
     device: torch.device = CPU
     fold_constants: bool = True
     fallback_to_cpu: bool = True
-    name_prefix: str = ""
+    #: shared between the plans of one session (per-signature plans): initializer name -> CPU value,
+    #: and (name, device) -> the device copy, so weights are converted and uploaded once.
+    constant_cache: dict[Any, Any] | None = None
+    #: largest constant (elements) a shape computation may pull to the CPU on a GPU plan.
+    small_constant: int = 4096
+    #: keep 2-D convolution weights channels-last on the device (the layout tensor cores want);
+    #: activations follow the weights' layout through the network.
+    channels_last: bool = False
 
 
 class _Builder:
@@ -201,6 +211,9 @@ class _Builder:
         self.folded: dict[str, Any] = {}
         self.fallback: list[str] = []
         self.graph_outputs: set[str] = set()
+        self.initializer_names: set[str] = set()
+        self.blockers: list[str] = []
+        self.cache = options.constant_cache
 
     # slots -------------------------------------------------------------------------------
     def _new_slot(self) -> int:
@@ -215,7 +228,7 @@ class _Builder:
             return self.slots[key]
         if name in self.constants:
             slot = self._new_slot()
-            self.const_slots.append((slot, _to(self.constants[name], want)))
+            self.const_slots.append((slot, self._device_constant(name, want)))
             self.slots[key] = slot
             return slot
         if name not in self.value_device:
@@ -225,11 +238,28 @@ class _Builder:
         if _dev_key(src_dev) == _dev_key(want):
             return src
         slot = self._new_slot()
+        self.blockers.append(f"'{name}' is copied {src_dev.type}->{want.type}")
         self.steps.append(Step(fn=_copy_to(want), inputs=(src,), outputs=(slot,), attrs={}, release=(),
                                node_name=f"copy:{name}->{want.type}", op_type="MemcpyCopy", device=want))
         self.step_reads.append([src])
         self.slots[key] = slot
         return slot
+
+    def _device_constant(self, name: str, device: torch.device) -> Any:
+        value = self.constants[name]
+        if self.cache is None or name not in self.initializer_names or not isinstance(value, torch.Tensor):
+            return _to(value, device)
+        key = (name, _dev_key(device))
+        if key not in self.cache:
+            self.cache[key] = _to(value, device)
+        return self.cache[key]
+
+    def _initializer(self, t: onnx.TensorProto) -> Any:
+        if self.cache is None:
+            return tensor_value(t)
+        if t.name not in self.cache:
+            self.cache[t.name] = tensor_value(t)
+        return self.cache[t.name]
 
     def define(self, name: str, device: torch.device) -> int:
         slot = self._new_slot()
@@ -265,9 +295,10 @@ class _Builder:
         for t in graph.initializer:
             if t.name in input_slots:
                 # overridable initializer: a default value that a feed may replace
-                self.const_slots.append((input_slots[t.name], _to(tensor_value(t), dev)))
+                self.const_slots.append((input_slots[t.name], _to(self._initializer(t), dev)))
             else:
-                self.constants[t.name] = tensor_value(t)
+                self.constants[t.name] = self._initializer(t)
+                self.initializer_names.add(t.name)
         for sp in graph.sparse_initializer:
             self.constants[sp.values.name] = dtypes.from_numpy(sparse_to_dense(sp))
         self.graph_outputs = {o.name for o in graph.output}
@@ -280,7 +311,7 @@ class _Builder:
     def _output_slot(self, name: str) -> int:
         if name in self.constants:
             slot = self._new_slot()
-            self.const_slots.append((slot, _to(self.constants[name], self.opt.device)))
+            self.const_slots.append((slot, self._device_constant(name, self.opt.device)))
             return slot
         if name in self.value_device or self.outer is not None:
             return self.slot_of(name, self.value_device.get(name, self.opt.device))
@@ -300,21 +331,30 @@ class _Builder:
                 for sub in body:
                     self.add_node(sub, merged)
                 return
-            dom = domain or "ai.onnx"
-            versions = known_versions(domain, node.op_type)
-            why = (f"crossml implements {node.op_type} from opset {min(versions)} on" if versions
-                   else f"no operator {node.op_type} is registered for domain '{dom}'")
-            raise NotImplementedError(f"Could not find an implementation for {label} ({why})")
+            raise _unknown_op(node, domain, opset, label)
         attrs, graphs = self._attributes(node, spec, label)
         device = self.opt.device
         if spec.cpu_only and device.type != "cpu":
             device = CPU
             self.fallback.append(node.name or node.op_type)
+        elif device.type != "cpu" and self._shape_computation(node):
+            device = CPU
         if self._try_fold(node, spec, attrs, graphs, opset):
             return
+        if device.type != "cpu" or self.opt.device.type != "cpu":
+            self._note_blockers(node, spec, device, bool(graphs))
         in_slots = []
         for i, name in enumerate(node.input):
-            in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs) if name else -1)
+            if not name:
+                in_slots.append(-1)
+            elif spec.host_output:
+                in_slots.append(self.slot_of(name, self.value_device.get(name, device)))
+            elif i == 1 and node.op_type == "Conv" and self._channels_last_weight(name, device):
+                in_slots.append(self._channels_last_slot(name, device))
+            else:
+                in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs))
+        if spec.host_output:
+            device = CPU
         subplans = None
         if graphs:
             subplans = {k: self._subplan(g, device) for k, g in graphs.items()}
@@ -333,6 +373,47 @@ class _Builder:
                                subgraphs=subplans, single=len(node.output) == 1))
         self.step_reads.append(reads)
         self.kept_nodes.append(node)
+
+    def _channels_last_weight(self, name: str, device: torch.device) -> bool:
+        v = self.constants.get(name)
+        return (self.opt.channels_last and device.type != "cpu" and isinstance(v, torch.Tensor)
+                and v.dim() == 4 and v.dtype.is_floating_point)
+
+    def _channels_last_slot(self, name: str, device: torch.device) -> int:
+        key = (name, _dev_key(device) + ":nhwc")
+        if key not in self.slots:
+            slot = self._new_slot()
+            w = self._device_constant(name, device).contiguous(memory_format=torch.channels_last)
+            self.const_slots.append((slot, w))
+            self.slots[key] = slot
+        return self.slots[key]
+
+    def _shape_computation(self, node: onnx.NodeProto) -> bool:
+        """True for a node of a shape computation on a GPU plan: every input is a host value (from
+        Shape / Size or another such node) or a small constant. It runs on the CPU, where its
+        results are read as shapes without a device sync."""
+        host_value = False
+        for name in node.input:
+            if not name:
+                continue
+            if name in self.constants:
+                v = self.constants[name]
+                if isinstance(v, torch.Tensor) and v.numel() > self.opt.small_constant:
+                    return False
+            elif self.value_device.get(name, self.opt.device).type == "cpu":
+                host_value = True
+            else:
+                return False
+        return host_value
+
+    def _note_blockers(self, node: onnx.NodeProto, spec: OpSpec, device: torch.device, has_graphs: bool) -> None:
+        label = f"{node.op_type} node '{node.name}'"
+        if spec.dynamic:
+            self.blockers.append(f"{label} has data-dependent output shapes")
+        if has_graphs:
+            self.blockers.append(f"{label} runs subgraphs")
+        if device.type == "cpu" and not spec.host_output:
+            self.blockers.append(f"{label} runs on the CPU")
 
     def _attributes(self, node: onnx.NodeProto, spec: OpSpec, label: str) -> tuple[dict[str, Any], dict[str, onnx.GraphProto]]:
         attrs: dict[str, Any] = {}
@@ -455,16 +536,19 @@ class _Builder:
                     output_slots=output_slots, steps=self.steps, constants=self.const_slots,
                     outer_names=self.outer_names, outer_input_slots=self.outer_input_slots,
                     value_types=self.value_types, folded=self.folded, kept_nodes=self.kept_nodes,
-                    fallback_nodes=self.fallback)
+                    fallback_nodes=self.fallback, capture_blockers=self.blockers)
 
 
-def build_plan(model: onnx.ModelProto, options: PlanOptions) -> Plan:
-    """Compile the main graph of ``model``."""
+def build_plan(model: onnx.ModelProto, options: PlanOptions,
+               value_types: dict[str, onnx.TypeProto] | None = None) -> Plan:
+    """Compile the main graph of ``model`` (``value_types`` overrides the model's value_info)."""
     opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
-    types: dict[str, onnx.TypeProto] = {}
     g = model.graph
-    for vi in list(g.value_info) + list(g.input) + list(g.output):
-        types[vi.name] = vi.type
+    if value_types is None:
+        value_types = {}
+        for vi in list(g.value_info) + list(g.input) + list(g.output):
+            value_types[vi.name] = vi.type
+    types = value_types
     plan = _Builder(opsets, options, types).build(g)
     if plan.fallback_nodes:
         log.warning("%d node(s) run on the CPU (no %s kernel): %s", len(plan.fallback_nodes),
@@ -507,6 +591,22 @@ def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
             for n in g.node:
                 names.extend(x for x in list(n.input) + _implicit_inputs(n) if x and x not in local)
     return names
+
+
+def _unknown_op(node: onnx.NodeProto, domain: str, opset: int, label: str) -> OrtError:
+    """onnxruntime's error for a node no kernel implements: which class depends on why."""
+    versions = known_versions(domain, node.op_type)
+    if versions:
+        return OrtNotImplemented(f"Could not find an implementation for {label}: crossml implements "
+                                 f"{node.op_type} from opset {min(versions)} on")
+    if domain in ("", "ai.onnx.ml", "com.microsoft", "ai.onnx.preview.training", "ai.onnx.preview"):
+        if onnx.defs.has(node.op_type, domain):
+            return OrtNotImplemented(f"Could not find an implementation for {label}: crossml has no kernel for "
+                                     f"{domain or 'ai.onnx'}:{node.op_type} yet")
+        return InvalidGraph(f"This is an invalid model. In Node, (\"{node.name}\", {node.op_type}, \"{domain}\", -1) "
+                            f": Error No Op registered for {node.op_type} with domain_version of {opset}")
+    return Fail(f"Fatal error: {domain}:{node.op_type}({opset}) is not a registered function/op "
+                f"(node '{node.name}'); register it with crossml.ops.op(..., domain='{domain}')")
 
 
 def _dev_key(d: torch.device) -> str:

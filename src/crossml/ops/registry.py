@@ -17,6 +17,10 @@ Options of ``op``:
 * ``cpu_only=True``: the op cannot run on an accelerator (strings, maps...); a GPU session runs it
   on the CPU with explicit copies.
 * ``variadic=True``: the op takes any number of inputs (Concat, Sum, Max...).
+* ``host_output=True``: the op reads only its inputs' shapes and returns host (CPU) tensors
+  (Shape, Size): its inputs are never copied between devices for it.
+* ``dynamic=True``: the op's output shapes depend on tensor values (NonZero, Unique...), so it
+  reads device data on the host; a plan holding one is not captured into a device graph.
 
 An op returns a tensor, or a tuple/list of values with one entry per output (``None`` for an
 output that was not requested).
@@ -51,6 +55,8 @@ class OpSpec:
     wants_ctx: bool = False
     cpu_only: bool = False
     variadic: bool = False
+    host_output: bool = False
+    dynamic: bool = False
     attr_names: frozenset[str] | None = None  # None: the function takes **kwargs
     attr_defaults: dict[str, Any] = field(default_factory=dict)
 
@@ -82,6 +88,8 @@ def op(
     ctx: bool = False,
     cpu_only: bool = False,
     variadic: bool = False,
+    host_output: bool = False,
+    dynamic: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``fn`` as ``op_type`` of ``domain`` from opset ``since`` on. Decorators stack."""
 
@@ -106,6 +114,8 @@ def op(
             wants_ctx=ctx,
             cpu_only=cpu_only,
             variadic=variadic,
+            host_output=host_output,
+            dynamic=dynamic,
             attr_names=None if takes_any else frozenset(names),
             attr_defaults=defaults,
         )

@@ -85,8 +85,9 @@ class SessionOptions:
         self._initializers[str(name)] = ort_value
 
     def register_custom_ops_library(self, library_path: str) -> None:
+        from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 
-        raise NotImplementedError(
+        raise OrtNotImplemented(
             f"custom-op libraries ({library_path}) are native onnxruntime plug-ins; register a Python "
             "op with crossml.ops.op instead"
         )

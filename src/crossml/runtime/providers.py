@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from crossml.device.adapters import adapters, backend_vendor
+from crossml.device.select import GpuConfig, parse_gpu_options
 from crossml.runtime.errors import InvalidArgument
 
 CPU_EP = "CPUExecutionProvider"
@@ -53,6 +54,10 @@ class ProviderChoice:
     name: str  # as the user spelled it
     kind: str  # "cpu" or "gpu"
     options: dict[str, str] = field(default_factory=dict)
+    config: GpuConfig | None = None  # validated GPU options and the chosen adapter
+
+    def applied_options(self) -> dict[str, str]:
+        return self.config.options() if self.config is not None else dict(self.options)
 
 
 def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[dict] | None) -> list[ProviderChoice]:
@@ -92,7 +97,7 @@ def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[
                     stacklevel=3,
                 )
                 continue
-            out.append(ProviderChoice(name, "gpu", opts))
+            out.append(ProviderChoice(name, "gpu", opts, parse_gpu_options(opts, name)))
         else:
             raise InvalidArgument(
                 f"Unknown execution provider '{name}'. Known providers: {', '.join(get_all_providers())}"
@@ -102,23 +107,10 @@ def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[
     return out
 
 
-def gpu_device(choice: ProviderChoice) -> torch.device:
-    """The torch device of a GPU provider choice (device selection is refined in crossml.device)."""
-    found = adapters()
-    raw = choice.options.get("device_id", "0")
-    try:
-        idx = int(raw)
-    except ValueError:
-        raise InvalidArgument(f"provider option device_id must be an integer, got '{raw}'") from None
-    if idx < 0 or idx >= len(found):
-        listing = "; ".join(f"{a.index}: {a.name}" for a in found) or "none"
-        raise InvalidArgument(f"device_id {idx} is out of range for {choice.name}; adapters: {listing}")
-    return found[idx].device
-
-
 def resolve_device(choices: list[ProviderChoice]) -> torch.device:
+    """The torch device of the highest-priority provider."""
     first = choices[0]
-    return gpu_device(first) if first.kind == "gpu" else torch.device("cpu")
+    return first.config.adapter.device if first.config is not None else torch.device("cpu")
 
 
 __all__ = ["get_all_providers", "get_available_providers", "get_device", "parse_providers", "torch"]

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +16,11 @@ import onnx
 import torch
 
 from crossml import dtypes
+from crossml.device.command_list import CommandList, capture_supported
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
 from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
 from crossml.runtime.errors import Fail, InvalidArgument
+from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue, to_user
 from crossml.runtime.profiling import Profiler
@@ -112,7 +115,17 @@ class InferenceSession:
         self._output_index = {a.name: i for i, a in enumerate(self._outputs)}
 
         fold = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL
-        self._plan: Plan = build_plan(model, PlanOptions(device=self._device, fold_constants=fold))
+        self._fold = fold
+        self._constant_cache: dict[Any, Any] = {}
+        self._plan: Plan = build_plan(model, self._plan_options())
+        self._gpu = self._providers[0].config
+        if self._gpu is not None and self._device.type == "cuda":
+            # onnxruntime's CUDA provider allows TF32 for fp32 matmul / convolution unless use_tf32=0
+            torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
+            torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
+        self._capture = self._capture_enabled()
+        self._runners: OrderedDict[tuple, Any] = OrderedDict()
+        self._skeleton: onnx.ModelProto | None = None
         for name, value in opts._initializers.items():
             self._bind_initializer(name, value)
         if opts.optimized_model_filepath:
@@ -120,6 +133,19 @@ class InferenceSession:
         self._lock = threading.Lock()
         if self._profiler is not None:
             self._profiler.event("Session", "model_loading_and_session_initialization", t0, time.perf_counter_ns())
+
+    def _plan_options(self) -> PlanOptions:
+        gpu = self._providers[0].config
+        return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
+                           channels_last=gpu is not None and gpu.prefer_nhwc)
+
+    def _capture_enabled(self) -> bool:
+        if self._gpu is None or not capture_supported(self._device) or self._profiler is not None:
+            return False
+        entry = self._sess_options._config.get("ep.dml.enable_graph_capture")
+        if entry is not None:
+            return entry.strip().lower() in ("1", "true")
+        return self._gpu.graph_capture
 
     # -- model checks -------------------------------------------------------------------------
     def _check_opsets(self, model: onnx.ModelProto) -> None:
@@ -176,7 +202,7 @@ class InferenceSession:
         return [p.name for p in self._providers]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
-        return {p.name: dict(p.options) for p in self._providers}
+        return {p.name: p.applied_options() for p in self._providers}
 
     def get_session_options(self) -> SessionOptions:
         return self._sess_options
@@ -248,19 +274,85 @@ class InferenceSession:
         missing = [a.name for a in self._inputs if a.name not in feed]
         if missing:
             raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(feed)}).")
-        plan = self._plan
-        vals = plan.initial_values()
+        converted: dict[str, Any] = {}
         for name, value in feed.items():
             arg = self._input_by_name.get(name)
             if arg is None:
                 raise InvalidArgument(f"Invalid input name: {name}. Inputs of the model: "
                                       f"{', '.join(a.name for a in self._inputs)}")
-            vals[plan.input_slots[name]] = self._convert_input(arg, value)
+            converted[name] = self._convert_input(arg, value)
+        if self._capture and len(converted) == len(self._inputs):
+            outs = self._run_specialized(converted)
+            if outs is not None:
+                return outs
+        plan = self._plan
+        vals = plan.initial_values()
+        for name, value in converted.items():
+            vals[plan.input_slots[name]] = value
         t0 = time.perf_counter_ns() if self._profiler else 0
         outs = execute(plan, vals, self._profiler)
         if self._profiler is not None:
             self._profiler.event("Session", "model_run", t0, time.perf_counter_ns())
         return outs
+
+    # -- per-signature plans and command lists (GPU) ------------------------------------------
+    def _run_specialized(self, feed: dict[str, Any]) -> list[Any] | None:
+        """Run the plan specialised for these input shapes, replaying its captured command list."""
+        tensors = [feed[a.name] for a in self._inputs]
+        if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
+            return None
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        runner = self._runners.get(key)
+        if runner is None:
+            with self._lock:
+                runner = self._runners.get(key)
+                if runner is None:
+                    runner = self._make_runner(key, tensors)
+                    self._runners[key] = runner
+                    while len(self._runners) > MAX_SIGNATURES:
+                        self._runners.popitem(last=False)
+        if isinstance(runner, CommandList):
+            return runner.run(tensors)
+        return runner(tensors)
+
+    def _make_runner(self, key: tuple, example: list[torch.Tensor]) -> Any:
+        shapes = {a.name: shape for a, (shape, _) in zip(self._inputs, key)}
+        plan = build_plan(self._model, self._plan_options(), self._specialized_types(shapes))
+        slots = [plan.input_slots[a.name] for a in self._inputs]
+
+        def run_plan(inputs: list[Any]) -> list[Any]:
+            vals = plan.initial_values()
+            for slot, v in zip(slots, inputs):
+                vals[slot] = v
+            return execute(plan, vals)
+
+        if plan.capture_blockers:
+            log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
+            return run_plan
+        try:
+            return CommandList(run_plan, example, self._device)
+        except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
+            log.info("input shapes %s run without graph capture: %s", shapes, exc)
+            return run_plan
+
+    def _specialized_types(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, onnx.TypeProto]:
+        """Value types inferred with the inputs' concrete shapes (so shape computations fold)."""
+        if self._skeleton is None:
+            self._skeleton = _skeleton(self._model)
+        m = onnx.ModelProto()
+        m.CopyFrom(self._skeleton)
+        for vi in m.graph.input:
+            if vi.name in shapes:
+                dims = vi.type.tensor_type.shape.dim
+                for d, n in zip(dims, shapes[vi.name]):
+                    d.Clear()
+                    d.dim_value = int(n)
+        try:
+            m = onnx.shape_inference.infer_shapes(m, check_type=False, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - fall back to what the model declares
+            pass
+        g = m.graph
+        return {vi.name: vi.type for vi in list(g.value_info) + list(g.input) + list(g.output)}
 
     def _convert_input(self, arg: NodeArg, value: Any) -> Any:
         tp = arg._tp
@@ -309,6 +401,33 @@ class InferenceSession:
             )
 
 
+MAX_SIGNATURES = 32
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its large initializers turned into typed inputs: cheap to shape-infer."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    keep = []
+    inputs = {vi.name for vi in g.input}
+    for t in g.initializer:
+        if _numel(t.dims) <= 64:
+            keep.append(t)
+        elif t.name not in inputs:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return m
+
+
+def _numel(dims: Sequence[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
 def _elem_type(tp: onnx.TypeProto | None) -> int | None:
     if tp is not None and tp.HasField("tensor_type"):
         return tp.tensor_type.elem_type
@@ -344,4 +463,4 @@ def _convert_nontensor(value: Any, tp: onnx.TypeProto, device: torch.device) -> 
             value = value._value
         v = value if isinstance(value, torch.Tensor) else dtypes.from_numpy(np.asarray(value))
         return v.to(device) if isinstance(v, torch.Tensor) else v
-    raise NotImplementedError(f"inputs of type {_type_string(tp)} are not supported")
+    raise OrtNotImplemented(f"inputs of type {_type_string(tp)} are not supported")
