@@ -383,8 +383,10 @@ class _Builder:
         key = (name, _dev_key(device) + ":nhwc")
         if key not in self.slots:
             slot = self._new_slot()
-            w = self._device_constant(name, device).contiguous(memory_format=torch.channels_last)
-            self.const_slots.append((slot, w))
+            cache = self.cache if self.cache is not None else {}
+            if key not in cache:
+                cache[key] = _to(self.constants[name], device).contiguous(memory_format=torch.channels_last)
+            self.const_slots.append((slot, cache[key]))
             self.slots[key] = slot
         return self.slots[key]
 

@@ -6,6 +6,6 @@ them needs a download. ``export(name)`` writes ``<cache>/<name>.onnx`` once and 
 
 from __future__ import annotations
 
-from crossml.zoo.export import MODELS, export, example_inputs
+from crossml.zoo.export import MODELS, example_inputs, export
 
 __all__ = ["MODELS", "export", "example_inputs"]
