@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils.dlpack
 
 from crossml import dtypes
 from crossml.runtime.errors import InvalidArgument
@@ -73,6 +74,24 @@ class OrtValue:
             return OrtValue(np.empty(tuple(shape), dtype=object), et)
         t = torch.empty(tuple(int(s) for s in shape), dtype=dtypes.torch_dtype(et), device=dev)
         return OrtValue(t, et)
+
+    @staticmethod
+    def from_dlpack(data: Any, is_bool_tensor: bool = False) -> OrtValue:
+        """Wrap anything with ``__dlpack__`` (torch, CuPy, JAX, numpy) or a DLPack capsule, no copy."""
+        t = torch.from_dlpack(data)
+        if is_bool_tensor and t.dtype == torch.uint8:
+            t = t.view(torch.bool)
+        return OrtValue(t, dtypes.onnx_type_of(t), keepalive=data)
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule sharing this value's memory."""
+        return torch.utils.dlpack.to_dlpack(self.as_torch())
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        return self.as_torch().__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.as_torch().__dlpack_device__()
 
     @staticmethod
     def ortvalue_from_torch(tensor: torch.Tensor) -> OrtValue:
