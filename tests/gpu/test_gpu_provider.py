@@ -1,0 +1,150 @@
+"""The GPU provider on a real GPU: device-resident I/O, DLPack, IOBinding, capture, threads, options.
+
+Every test here is marked ``gpu`` and skips where torch sees no accelerator.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import crossml as ort
+from tests.conftest import affine_reference, make_model
+
+pytestmark = pytest.mark.gpu
+GPU = ["GPUExecutionProvider", "CPUExecutionProvider"]
+
+
+def conv_model(batch: int | str = "N") -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    b = onnx.numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("GlobalAveragePool", ["r"], ["p"]), h.make_node("Flatten", ["p"], ["y"])]
+    return make_model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [batch, 3, 16, 16])],
+                      [h.make_tensor_value_info("y", T.FLOAT, [batch, 8])], [w, b])
+
+
+def cpu_reference(model: onnx.ModelProto, feeds: dict) -> list:
+    return ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_providers_and_device(affine_model):
+    assert ort.get_device() == "GPU"
+    assert ort.get_available_providers()[0] == "GPUExecutionProvider"
+    for name in ("GPUExecutionProvider", "CUDAExecutionProvider", "DmlExecutionProvider"):
+        s = ort.InferenceSession(affine_model, providers=[name, "CPUExecutionProvider"])
+        assert s.get_providers()[0] == name
+        assert s.device.type == "cuda"
+        x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], affine_reference(x)[0], rtol=1e-5, atol=1e-6)
+    opts = s.get_provider_options()["DmlExecutionProvider"]
+    assert opts["device_id"] == "0" and opts["enable_graph_capture"] == "true"
+
+
+def test_bad_device_id(affine_model):
+    with pytest.raises(ort.InvalidArgument, match="out of range; adapters: 0:"):
+        ort.InferenceSession(affine_model, providers=[("GPUExecutionProvider", {"device_id": 99})])
+
+
+@pytest.mark.parametrize("capture", ["true", "false"])
+def test_capture_on_and_off_match_cpu(capture):
+    m = conv_model()
+    s = ort.InferenceSession(m, providers=[("GPUExecutionProvider", {"enable_graph_capture": capture})])
+    rng = np.random.default_rng(1)
+    for batch in (1, 4, 1, 2):  # repeated signatures replay their command list
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        got = s.run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, cpu_reference(m, {"x": x})[0], rtol=2e-3, atol=2e-3)
+    from crossml.device.command_list import CommandList
+
+    kinds = {type(r) for r in s._runners.values()}
+    assert (CommandList in kinds) == (capture == "true")
+
+
+def test_ortvalue_on_device_and_dlpack():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    v = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    assert v.device_name() == "cuda" and v.data_ptr() != x.ctypes.data
+    np.testing.assert_array_equal(v.numpy(), x)
+    t = torch.from_dlpack(v)
+    assert t.device.type == "cuda" and t.data_ptr() == v.data_ptr()  # zero-copy out
+    src = torch.randn(5, 6, device="cuda")
+    w = ort.OrtValue.from_dlpack(src)
+    assert w.data_ptr() == src.data_ptr()  # zero-copy in
+    e = ort.OrtValue.ortvalue_from_shape_and_type([2, 2], np.float16, "gpu", 0)
+    assert e.device_name() == "cuda" and e.data_type() == "tensor(float16)"
+
+
+def test_iobinding_on_device(affine_model):
+    s = ort.InferenceSession(affine_model, providers=GPU)
+    x = torch.randn(6, 4, device="cuda")
+    y_ref, z_ref = affine_reference(x.cpu().numpy())
+    b = s.io_binding()
+    b.bind_input("x", "cuda", 0, np.float32, list(x.shape), x.data_ptr())
+    b.bind_output("y", "cuda")
+    z = torch.empty(6, 3, device="cuda")
+    b.bind_output("z", "cuda", 0, np.float32, [6, 3], z.data_ptr())
+    s.run_with_iobinding(b)
+    b.synchronize_outputs()
+    y = b.get_outputs()[0]
+    assert y.device_name() == "cuda"
+    np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(z.cpu().numpy(), z_ref, rtol=1e-4, atol=1e-5)
+    b.bind_ortvalue_input("x", ort.OrtValue.from_dlpack(x))
+    s.run_with_iobinding(b)
+    np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], y_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_eight_threads_mixed_shapes():
+    m = conv_model()
+    s = ort.InferenceSession(m, providers=GPU)
+    ref = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(20):
+            n = int(rng.integers(1, 5))
+            x = rng.standard_normal((n, 3, 16, 16)).astype(np.float32)
+            got = s.run(None, {"x": x})[0]
+            want = ref.run(None, {"x": x})[0]
+            if not np.allclose(got, want, rtol=2e-3, atol=2e-3):
+                errors.append(f"thread {seed}: batch {n} differs by {np.abs(got - want).max()}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
+
+def test_strict_fp32_with_use_tf32_0():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((512, 256)).astype(np.float32), "w")
+    m = make_model([h.make_node("MatMul", ["a", "w"], ["y"])], [h.make_tensor_value_info("a", T.FLOAT, [256, 512])],
+                   [h.make_tensor_value_info("y", T.FLOAT, [256, 256])], [w])
+    exact = a.astype(np.float64) @ onnx.numpy_helper.to_array(w).astype(np.float64)
+    strict = ort.InferenceSession(m, providers=[("GPUExecutionProvider", {"use_tf32": "0"})]).run(None, {"a": a})[0]
+    rel = np.linalg.norm(strict - exact) / np.linalg.norm(exact)
+    assert rel < 1e-5, rel
+
+
+def test_fp16_model_runs_in_fp16():
+    rng = np.random.default_rng(3)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float16), "w")
+    m = make_model([h.make_node("MatMul", ["a", "w"], ["y"])], [h.make_tensor_value_info("a", T.FLOAT16, [8, 64])],
+                   [h.make_tensor_value_info("y", T.FLOAT16, [8, 64])], [w])
+    a = rng.standard_normal((8, 64)).astype(np.float16)
+    got = ort.InferenceSession(m, providers=GPU).run(None, {"a": a})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ onnx.numpy_helper.to_array(w).astype(np.float32),
+                               rtol=2e-2, atol=5e-2)
