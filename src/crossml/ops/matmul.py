@@ -1,0 +1,144 @@
+"""Matrix products: Gemm, MatMul, Einsum, MatMulInteger, Det.
+
+Floating-point products go straight to ``torch.matmul`` / ``torch.addmm`` (cuBLAS, oneDNN...)
+without copies. Integer products keep ONNX's wrap-around semantics and dtype: on the CPU torch
+multiplies integers natively; accelerators have no integer GEMM in torch, so narrow integers go
+through float64 (exact for them) and wide ones through an exact broadcast-multiply-sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from crossml.ops.registry import op
+
+#: unsigned types torch cannot multiply: compute in a signed type with the same wrap-around.
+_SIGNED_FOR = {torch.uint16: torch.int32, torch.uint32: torch.int64}
+#: integer types whose products a float64 GEMM computes exactly (|a*b| * K < 2**53).
+_EXACT_IN_F64 = {torch.int8, torch.uint8, torch.int16, torch.uint16, torch.bool}
+
+
+def _check_float_or_int(name: str, *ts: torch.Tensor) -> None:
+    for t in ts:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} takes numeric tensors, got {type(t).__name__}")
+    if len({t.dtype for t in ts}) > 1:
+        raise TypeError(f"{name} inputs must share one element type, got {', '.join(str(t.dtype) for t in ts)}")
+
+
+def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for integer tensors of one dtype, wrapping like C integers, in that dtype."""
+    dtype = a.dtype
+    if dtype == torch.uint64:
+        return int_matmul(a.view(torch.int64), b.view(torch.int64)).view(torch.uint64)
+    if dtype in _SIGNED_FOR:
+        return int_matmul(a.to(_SIGNED_FOR[dtype]), b.to(_SIGNED_FOR[dtype])).to(dtype)
+    if a.device.type == "cpu":
+        return torch.matmul(a, b)
+    if dtype in _EXACT_IN_F64:
+        return torch.matmul(a.to(torch.float64), b.to(torch.float64)).to(dtype)
+    # exact for int32/int64 on accelerators without integer GEMM: (.., M, K, 1) * (.., 1, K, N)
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    y = (a2.unsqueeze(-1) * b2.unsqueeze(-3)).sum(-2, dtype=dtype)
+    if a.dim() == 1:
+        y = y.squeeze(-2)
+    if b.dim() == 1:
+        y = y.squeeze(-1)
+    return y
+
+
+def matmul_any(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """numpy.matmul semantics (1-D promotion, batch broadcasting) in the inputs' dtype."""
+    if a.is_floating_point() or a.is_complex():
+        return torch.matmul(a, b)
+    return int_matmul(a, b)
+
+
+@op("MatMul", since=1)
+@op("MatMul", since=9)
+@op("MatMul", since=13)
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_float_or_int("MatMul", a, b)
+    if a.dim() == 0 or b.dim() == 0:
+        raise ValueError(f"MatMul needs inputs of rank >= 1, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    return matmul_any(a, b)
+
+
+@op("Gemm", since=1)
+@op("Gemm", since=6)
+@op("Gemm", since=7)
+@op("Gemm", since=9)
+@op("Gemm", since=11)
+@op("Gemm", since=13)
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alpha: float = 1.0,
+         beta: float = 1.0, transA: int = 0, transB: int = 0, broadcast: int = 0) -> torch.Tensor:
+    _check_float_or_int("Gemm", a, b)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"Gemm needs 2-D A and B, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    a = a.mT if transA else a
+    b = b.mT if transB else b
+    if c is not None and beta == 0.0:
+        c = None
+    if a.is_floating_point():
+        if c is not None and c.dim() <= 2:
+            return torch.addmm(c.to(a.dtype), a, b, beta=beta, alpha=alpha)
+        y = torch.mm(a, b)
+        if alpha != 1.0:
+            y = y * alpha
+        return y if c is None else y + (c if beta == 1.0 else beta * c)
+    # integers: exact product, float scaling only when alpha/beta are not 1
+    y = int_matmul(a, b)
+    if alpha == 1.0 and beta == 1.0:
+        return y if c is None else (y + c).to(a.dtype)
+    out = y.to(torch.float64) * alpha
+    if c is not None:
+        out = out + c.to(torch.float64) * beta
+    return out.to(a.dtype)
+
+
+@op("Einsum", since=12, variadic=True)
+def einsum(*inputs: torch.Tensor, equation: str) -> torch.Tensor:
+    if not inputs:
+        raise ValueError("Einsum needs at least one input")
+    eq = equation.replace(" ", "")
+    dtype = inputs[0].dtype
+    if dtype == torch.uint64:
+        return torch.einsum(eq, *[t.view(torch.int64) for t in inputs]).view(dtype)
+    if dtype in _SIGNED_FOR:
+        return torch.einsum(eq, *[t.to(torch.int64) for t in inputs]).to(dtype)
+    if not (dtype.is_floating_point or dtype.is_complex) and inputs[0].device.type != "cpu":
+        return torch.einsum(eq, *[t.to(torch.float64) for t in inputs]).to(dtype)
+    y = torch.einsum(eq, *inputs)
+    return y if y.dtype == dtype else y.to(dtype)
+
+
+@op("MatMulInteger", since=10)
+def matmul_integer(a: torch.Tensor, b: torch.Tensor, a_zero_point: torch.Tensor | None = None,
+                   b_zero_point: torch.Tensor | None = None) -> torch.Tensor:
+    for name, t in (("A", a), ("B", b)):
+        if t.dtype not in (torch.int8, torch.uint8):
+            raise TypeError(f"MatMulInteger input {name} must be int8 or uint8, got {t.dtype}")
+    a32 = _minus_zero_point(a, a_zero_point, row=True)
+    b32 = _minus_zero_point(b, b_zero_point, row=False)
+    return int_matmul(a32, b32)
+
+
+def _minus_zero_point(x: torch.Tensor, zp: torch.Tensor | None, *, row: bool) -> torch.Tensor:
+    """``x - zp`` in int32; a 1-D zero point of A is per row (one per M), of B per column (one per N)."""
+    x32 = x.to(torch.int32)
+    if zp is None:
+        return x32
+    zp32 = zp.to(torch.int32)
+    if zp32.dim() == 1 and zp32.numel() > 1 and row:
+        zp32 = zp32.unsqueeze(-1)
+    return x32 - zp32
+
+
+@op("Det", since=11)
+def det(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"Det needs square matrices in the last two dimensions, got shape {tuple(x.shape)}")
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return torch.linalg.det(x.to(torch.float32)).to(x.dtype)
+    return torch.linalg.det(x)
