@@ -1,0 +1,206 @@
+"""Block-quantized weights: MatMulNBits and GatherBlockQuantized (com.microsoft).
+
+Weights are quantized per block of ``block_size`` consecutive values along one axis, with one scale
+(and optionally one zero point) per block: ``w = (q - zero_point) * scale``. Sub-byte values are
+packed low bits first into uint8 (two 4-bit values per byte, four 2-bit values...).
+
+MatMulNBits with ``accuracy_level=4`` reproduces onnxruntime's CPU int8 path: the activations A are
+quantized symmetrically to int8 per block of ``block_size`` along K (scale = max|a| / 127, round to
+nearest even) before the dot product with the integer weights. The block dot product is exact in
+float32, so computing ``dequant(quant(A)) @ dequant(B)`` gives the same result up to the order of
+float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from crossml.ops._util import norm_axis
+from crossml.ops.registry import MS_DOMAIN, op
+
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 [..., n] -> uint8 [..., n * 8 // bits], low-order bits first."""
+    if bits == 8:
+        return packed
+    if bits not in (2, 4):
+        raise ValueError(f"bits must be 2, 4 or 8, got {bits}")
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    parts = [(packed >> (bits * i)) & mask for i in range(per)]
+    return torch.stack(parts, dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def _check_block_size(block_size: int, allow_zero: bool = False) -> None:
+    if allow_zero and block_size == 0:
+        return
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of 2 and >= 16, got {block_size}")
+
+
+def dequantize_nbits(
+    B: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None,
+    g_idx: torch.Tensor | None,
+    *,
+    K: int,
+    N: int,
+    bits: int,
+    block_size: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """MatMulNBits' B as a dense [N, K] matrix of ``dtype``."""
+    n_blocks = (K + block_size - 1) // block_size
+    blob = block_size * bits // 8
+    if B.dtype != torch.uint8 or B.numel() != N * n_blocks * blob:
+        raise ValueError(
+            f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], got {B.dtype} {tuple(B.shape)}"
+        )
+    q = unpack_bits(B.reshape(N, n_blocks, blob), bits).reshape(N, n_blocks * block_size)[:, :K]
+    s = scales.reshape(N, n_blocks).to(dtype)
+    if zero_points is None:
+        zp = torch.full((N, n_blocks), float(1 << (bits - 1)), dtype=dtype, device=B.device)
+    elif zero_points.dtype == torch.uint8:
+        zp = unpack_bits(zero_points.reshape(N, -1), bits)[:, :n_blocks].to(dtype)
+    else:
+        zp = zero_points.reshape(N, n_blocks).to(dtype)
+    if g_idx is not None:
+        g = g_idx.reshape(K).long()
+        s = s[:, g]
+        zp = zp[:, g]
+        return (q.to(dtype) - zp) * s
+    wq = q.to(dtype).reshape(N, -1)
+    pad = n_blocks * block_size - K
+    if pad:
+        wq = torch.nn.functional.pad(wq, (0, pad))
+    w = (wq.reshape(N, n_blocks, block_size) - zp.reshape(N, -1, 1)) * s.reshape(N, n_blocks, 1)
+    return w.reshape(N, n_blocks * block_size)[:, :K]
+
+
+def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A after onnxruntime's accuracy_level-4 quantization: symmetric int8 per block along the last axis."""
+    K = a.shape[-1]
+    n_blocks = (K + block_size - 1) // block_size
+    pad = n_blocks * block_size - K
+    w = torch.nn.functional.pad(a, (0, pad)) if pad else a
+    w = w.reshape(*a.shape[:-1], n_blocks, block_size)
+    amax = w.abs().amax(dim=-1, keepdim=True)
+    scale = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(w * inv).clamp_(-128, 127)
+    return (q * scale).reshape(*a.shape[:-1], n_blocks * block_size)[..., :K]
+
+
+@op("MatMulNBits", domain=MS_DOMAIN)
+def matmul_nbits(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None = None,
+    g_idx: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    K: int,
+    N: int,
+    block_size: int,
+    bits: int = 4,
+    accuracy_level: int = 0,
+    weight_prepacked: int = 0,
+) -> torch.Tensor:
+    _check_block_size(block_size)
+    if weight_prepacked:
+        raise ValueError("MatMulNBits: weight_prepacked (EP-specific CUDA layouts) is not supported; use the plain layout")
+    if A.shape[-1] != K:
+        raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={K}")
+    compute = torch.float32 if A.device.type == "cpu" else A.dtype
+    w = dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=compute)
+    a = A.to(compute)
+    int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
+    if int8_path:
+        a = quantize_dequantize_int8_blocks(a.float(), block_size).to(compute)
+    y = a @ w.T
+    if bias is not None:
+        y = y + bias.to(compute)
+    return y.to(A.dtype)
+
+
+def _packed_uint8(data: torch.Tensor, scales: torch.Tensor, bits: int, quantize_axis: int, block_size: int) -> bool:
+    """Whether uint8 ``data`` holds packed sub-byte values (ONNX uint8) rather than one uint4 per element.
+
+    crossml holds uint4 unpacked in uint8 (OpContext carries no input types), so the shapes decide.
+    """
+    if bits == 8 or data.dtype != torch.uint8:
+        return False
+    per = 8 // bits
+    last = data.dim() - 1
+    if quantize_axis != last:
+        return scales.shape[last] == data.shape[last] * per
+    n_packed = -(-data.shape[last] * per // block_size)
+    return n_packed == scales.shape[last]
+
+
+@op("GatherBlockQuantized", domain=MS_DOMAIN)
+def gather_block_quantized(
+    data: torch.Tensor,
+    indices: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor | None = None,
+    *,
+    bits: int = 4,
+    block_size: int = 128,
+    gather_axis: int = 0,
+    quantize_axis: int = 1,
+) -> torch.Tensor:
+    rank = data.dim()
+    ga = norm_axis(gather_axis, rank)
+    qa = norm_axis(quantize_axis, rank)
+    is_fp8 = data.dtype in _FLOAT8
+    _check_block_size(block_size, allow_zero=is_fp8)
+    packed = _packed_uint8(data, scales, bits, qa, block_size) if not is_fp8 else False
+    if packed and ga == rank - 1:
+        raise ValueError("GatherBlockQuantized: packed uint8 data cannot be gathered along its last (packed) axis")
+    per = 8 // bits if packed else 1
+    logical = list(data.shape)
+    logical[-1] *= per
+    size = logical[ga]
+
+    idx = indices.long()
+    idx = torch.where(idx < 0, idx + size, idx)
+    valid = (idx >= 0) & (idx < size)
+    flat = torch.where(valid, idx, torch.zeros_like(idx)).reshape(-1)
+
+    q = data.index_select(ga, flat)
+    if packed:
+        q = unpack_bits(q, bits)
+    bs = logical[qa] if block_size == 0 else block_size
+
+    def expand(t: torch.Tensor) -> torch.Tensor:
+        """Per-block tensor gathered along the gather axis and repeated to one value per element."""
+        if ga == qa:
+            t = t.index_select(ga, flat // bs)
+        else:
+            t = t.index_select(ga, flat) if t.shape[ga] != 1 else t
+            t = t.repeat_interleave(bs, dim=qa).narrow(qa, 0, logical[qa]) if t.shape[qa] != 1 else t
+        return t
+
+    out_dtype = scales.dtype
+    s = expand(scales)
+    if is_fp8:
+        y = q.to(torch.float32) * s.to(torch.float32)
+    else:
+        if zero_points is not None:
+            zp = zero_points
+            if packed:
+                zp = unpack_bits(zp, bits)
+                zp = zp.narrow(-1, 0, scales.shape[-1])
+            zp = expand(zp).to(torch.float32)
+        else:
+            zp = float(1 << (bits - 1)) if data.dtype == torch.uint8 and packed or bits == 8 else 0.0
+        y = (q.to(torch.float32) - zp) * s.to(torch.float32)
+    out_shape = logical[:ga] + list(indices.shape) + logical[ga + 1 :]
+    mask_shape = [1] * ga + list(indices.shape) + [1] * (rank - ga - 1)
+    y = torch.where(valid.reshape(mask_shape), y.reshape(out_shape), torch.zeros((), dtype=y.dtype, device=y.device))
+    return y.to(out_dtype)

@@ -1,0 +1,150 @@
+"""MatMulNBits and GatherBlockQuantized against onnxruntime CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+
+from tests.ops.contrib._ort import check
+
+RNG = np.random.default_rng(1)
+#: largest |crossml - onnxruntime| seen per accuracy-level-4 case (reported by test_report_level4)
+LEVEL4_DIFFS: dict[str, float] = {}
+
+
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """uint values [..., n] -> uint8 [..., n * bits / 8], low bits first."""
+    per = 8 // bits
+    q = q.astype(np.uint8).reshape(*q.shape[:-1], -1, per)
+    out = np.zeros(q.shape[:-1], dtype=np.uint8)
+    for i in range(per):
+        out |= q[..., i] << (bits * i)
+    return out
+
+
+def quantized_weight(N, K, bits, block_size, zp_kind, dtype=np.float32):
+    nb = -(-K // block_size)
+    q = RNG.integers(0, 1 << bits, size=(N, nb * block_size))
+    B = pack(q, bits).reshape(N, nb, block_size * bits // 8)
+    scales = (RNG.random((N, nb)) * 0.05 + 0.01).astype(dtype)
+    zp = None
+    if zp_kind == "packed":
+        zq = RNG.integers(0, 1 << bits, size=(N, -(-nb * bits // 8) * (8 // bits)))
+        zp = pack(zq, bits)
+    elif zp_kind == "float":
+        zp = (RNG.random((N, nb)) * (1 << bits)).astype(dtype)
+    return B, scales, zp
+
+
+CASES = [
+    # bits, block_size, K, N, zero points
+    (4, 16, 64, 24, None),
+    (4, 32, 96, 40, "packed"),
+    (4, 32, 80, 16, "packed"),  # K not a multiple of block_size
+    (4, 64, 256, 48, "float"),
+    (4, 128, 384, 32, "packed"),
+    (4, 256, 512, 16, None),
+    (8, 16, 48, 24, "packed"),
+    (8, 32, 128, 32, None),
+    (8, 128, 256, 40, "packed"),
+    (2, 32, 64, 16, "packed"),
+]
+
+
+def _run(bits, block_size, K, N, zp_kind, level, M=(2, 5), dtype=np.float32, bias=False):
+    B, scales, zp = quantized_weight(N, K, bits, block_size, zp_kind, dtype)
+    A = RNG.standard_normal((*M, K)).astype(dtype)
+    inits = {"B": B, "scales": scales}
+    if zp is not None:
+        inits["zp"] = zp
+    ins = {"A": A, "B": None, "scales": None, "zp": None, "g_idx": None}
+    if bias:
+        inits["bias"] = RNG.standard_normal(N).astype(dtype)
+        ins["bias"] = None
+    tol = 1e-4 if dtype == np.float32 else 2e-2
+    if level == 4:
+        tol = 2e-3 if dtype == np.float32 else 3e-2
+    out_t = TP.FLOAT if dtype == np.float32 else TP.FLOAT16
+    return check("MatMulNBits", ins, [("Y", out_t)], inits, atol=tol, rtol=tol, K=K, N=N, bits=bits,
+                 block_size=block_size, accuracy_level=level)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"b{c[0]}_bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
+@pytest.mark.parametrize("level", [0, 1, 4])
+def test_matmul_nbits(case, level):
+    d = _run(*case, level=level)
+    if level == 4:
+        LEVEL4_DIFFS["x".join(map(str, case))] = d
+
+
+@pytest.mark.parametrize("M", [(1, 1), (3, 7), (33,)])
+def test_matmul_nbits_level4_shapes(M):
+    LEVEL4_DIFFS[f"M{M}"] = _run(4, 32, 256, 64, "packed", level=4, M=M)
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_matmul_nbits_bias(level):
+    _run(4, 32, 64, 16, "packed", level=level, bias=True)
+
+
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("zp_kind", [None, "packed", "float"])
+def test_matmul_nbits_fp16(level, zp_kind):
+    _run(4, 32, 128, 32, zp_kind, level=level, dtype=np.float16)
+
+
+def test_report_level4():
+    """Print the accuracy-level-4 differences (run with -s to see them)."""
+    if LEVEL4_DIFFS:
+        print("\nMatMulNBits accuracy_level=4 max |crossml - onnxruntime|:")
+        for k, v in LEVEL4_DIFFS.items():
+            print(f"  {k}: {v:.3g}")
+
+
+# ---------------------------------------------------------------- GatherBlockQuantized
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("with_zp", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_gather_block_quantized_uint8(bits, block_size, with_zp, dtype):
+    vocab, hidden = 50, 256
+    nb = hidden // block_size
+    q = RNG.integers(0, 1 << bits, size=(vocab, hidden))
+    data = pack(q, bits) if bits < 8 else q.astype(np.uint8)
+    scales = (RNG.random((vocab, nb)) * 0.1 + 0.01).astype(dtype)
+    inits = {"data": data, "scales": scales}
+    if with_zp:
+        zq = RNG.integers(0, 1 << bits, size=(vocab, nb))
+        inits["zp"] = pack(zq, bits) if bits < 8 else zq.astype(np.uint8)
+    idx = RNG.integers(-vocab, vocab, size=(2, 7)).astype(np.int64)
+    ins = {"data": None, "idx": idx, "scales": None, "zp": None}
+    t = TP.FLOAT if dtype == np.float32 else TP.FLOAT16
+    check("GatherBlockQuantized", ins, [("y", t)], inits, atol=1e-6, rtol=1e-3, bits=bits, block_size=block_size,
+          gather_axis=0, quantize_axis=1)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize("gather_axis,quantize_axis", [(0, 1), (1, 0), (0, 0), (1, 1), (0, 2), (2, 1)])
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_gather_block_quantized_int4(signed, gather_axis, quantize_axis, with_zp):
+    import ml_dtypes
+
+    shape = [6, 32, 16] if quantize_axis != 2 else [6, 4, 32]
+    shape = shape[:3]
+    block_size = 16
+    lo, hi = (-8, 8) if signed else (0, 16)
+    dt = ml_dtypes.int4 if signed else ml_dtypes.uint4
+    data = RNG.integers(lo, hi, size=shape).astype(dt)
+    sshape = list(shape)
+    sshape[quantize_axis] = -(-shape[quantize_axis] // block_size)
+    scales = (RNG.random(sshape) + 0.5).astype(np.float32)
+    inits = {"data": data, "scales": scales}
+    if with_zp:
+        inits["zp"] = RNG.integers(lo, hi, size=sshape).astype(dt)
+    idx = RNG.integers(0, shape[gather_axis], size=(3,)).astype(np.int32)
+    ins = {"data": None, "idx": idx, "scales": None, "zp": None}
+    check("GatherBlockQuantized", ins, [("y", TP.FLOAT)], inits, atol=1e-6, bits=4, block_size=block_size,
+          gather_axis=gather_axis, quantize_axis=quantize_axis)
