@@ -1,0 +1,90 @@
+"""Rotary position embedding, com.microsoft version, and the rotation helper GroupQueryAttention shares.
+
+``RotaryEmbedding`` (com.microsoft): input ``[B, S, hidden]`` or ``[B, N, S, H]``; ``position_ids``
+``[B, S]``, or one element holding the first position (positions ``p0 + s``), with
+``is_packed_batching`` a 1-D ``[num_tokens]`` position per token of a ``[num_tokens, hidden]``
+input. The first ``rotary_embedding_dim`` channels of every head are rotated (halves, or
+interleaved pairs); the rest pass through.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from crossml.ops.registry import MS_DOMAIN, op
+
+
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
+    """Rotate ``x [B, S, N, H]`` with ``cos``/``sin [B, S, rot/2]``; channels past ``rot`` are kept.
+
+    Computed in float32 for half-precision inputs and cast back to ``x.dtype``.
+    """
+    half = cos.shape[-1]
+    rot = 2 * half
+    w = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    c = cos.to(w.dtype).unsqueeze(2)
+    s = sin.to(w.dtype).unsqueeze(2)
+    xr = w[..., :rot]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        y = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        y = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    if rot < x.shape[-1]:
+        y = torch.cat((y, w[..., rot:]), dim=-1)
+    return y.to(x.dtype)
+
+
+def gather_cos_sin(cos_cache: torch.Tensor, sin_cache: torch.Tensor, pos: torch.Tensor):
+    """cos/sin rows for positions ``pos [B, S]`` (int64), each ``[B, S, rot/2]``."""
+    p = pos.long().clamp(0, cos_cache.shape[0] - 1)
+    return cos_cache[p], sin_cache[p]
+
+
+@op("RotaryEmbedding", domain=MS_DOMAIN)
+def rotary_embedding(
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    *,
+    interleaved: int = 0,
+    is_packed_batching: int = 0,
+    num_heads: int = 0,
+    rotary_embedding_dim: int = 0,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    if rotary_embedding_dim > 0 and num_heads == 0:
+        raise ValueError("RotaryEmbedding: num_heads must be given with rotary_embedding_dim")
+    packed_tokens = x.dim() == 2
+    if packed_tokens:
+        x3 = x.unsqueeze(0)
+    elif x.dim() == 4:
+        x3 = x.transpose(1, 2)  # BNSH -> BSNH
+    elif x.dim() == 3:
+        x3 = x
+    else:
+        raise ValueError(f"RotaryEmbedding: input must have rank 3 or 4, got shape {tuple(x.shape)}")
+    B, S = x3.shape[0], x3.shape[1]
+    if x3.dim() == 4:
+        h = x3
+    else:
+        hidden = x3.shape[-1]
+        head = hidden // num_heads if num_heads else 2 * cos_cache.shape[1]
+        h = x3.reshape(B, S, hidden // head, head)
+    rot = rotary_embedding_dim or h.shape[-1]
+    if cos_cache.shape[-1] * 2 < rot:
+        raise ValueError(f"RotaryEmbedding: cos_cache has {cos_cache.shape[-1]} columns, need rotary_embedding_dim/2={rot // 2}")
+    if position_ids.numel() == 1 and not (packed_tokens or is_packed_batching and S == 1):
+        pos = position_ids.reshape(1, 1) + torch.arange(S, device=x.device).reshape(1, S)
+        pos = pos.expand(B, S)
+    else:
+        pos = position_ids.reshape(B, S)
+    cos, sin = gather_cos_sin(cos_cache[:, : rot // 2], sin_cache[:, : rot // 2], pos)
+    y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
+    if packed_tokens:
+        return y.squeeze(0)
+    return y.transpose(1, 2) if x.dim() == 4 else y
