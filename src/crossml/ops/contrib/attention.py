@@ -1,0 +1,302 @@
+"""Attention with a KV cache: GroupQueryAttention and MultiHeadAttention (com.microsoft).
+
+GroupQueryAttention follows onnxruntime's CPU kernel:
+
+* ``seqlens_k[b]`` is batch entry b's total length minus one; the host scalar
+  ``total_sequence_length`` tells the first prompt (``S == total``) from token generation (``S == 1``)
+  and from a later prompt chunk (``S > 1``, batch 1). Entry b's past length is 0 in the first prompt
+  and ``seqlens_k[b] + 1 - S`` otherwise, so a batch of right-padded prompts works.
+* The new keys/values are written at rows ``past_b .. past_b + S`` of the BNSH present buffers,
+  whose length is ``max(total_sequence_length, past_key.shape[2])``. When ``past_key`` is already
+  that long (``past_present_share_buffer``: a static max-length cache) the present tensors are the
+  past buffers updated with the new rows. They are copies, since ops never write into their
+  inputs, unless the caller sets ``ctx.extra["kv_inplace"] = True`` (the GenAI static cache), in
+  which case the rows are written into ``past_key`` / ``past_value`` and those are returned.
+  Rows past a batch entry's length are zeros in a grown cache and untouched in a shared one.
+* Query row s of entry b sees keys ``j <= past_b + s`` (and ``j > past_b + s - local_window_size``:
+  ``local_window_size`` keys with a local window); rows of right padding in the first prompt are unspecified in onnxruntime.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from crossml.ops._util import scalar
+from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
+from crossml.ops.registry import MS_DOMAIN, OpContext, op
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    w = x.float()
+    y = w * torch.rsqrt(w.square().mean(-1, keepdim=True) + eps) * weight.float()
+    return y.to(x.dtype)
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor | None,
+    scale: float,
+    *,
+    bias: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    sink: torch.Tensor | None = None,
+    masked_value: float | None = None,
+    want_qk: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(scale * q k^T [+ bias], masked) v for q [B, N, S, H], k/v [B, N, L, H] (heads already matched).
+
+    ``allowed`` [B|1, 1|N, S, L] bool. ``masked_value`` None: masked keys get no weight; a float: it
+    is added to their scores (onnxruntime's mask_filter_value). ``sink`` [N]: an extra logit per head
+    in the softmax denominator. ``want_qk`` 1/2: also return the scores before/after softmax.
+    """
+    plain = softcap == 0.0 and sink is None and not want_qk and masked_value is None
+    if plain:
+        mask = allowed
+        if bias is not None:
+            neg = torch.finfo(q.dtype).min if q.dtype != torch.float32 else float("-inf")
+            mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, neg)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale), None
+    qf, kf, vf = q.float(), k.float(), v.float()
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.float()
+    if softcap > 0.0:
+        s = softcap * torch.tanh(s / softcap)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf")) if masked_value is None else s + (~allowed) * masked_value
+    qk_pre = s if want_qk == 1 else None
+    if sink is not None:
+        snk = sink.float().reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+        m = torch.maximum(s.amax(-1, keepdim=True), snk)
+        e = torch.exp(s - m)
+        p = e / (e.sum(-1, keepdim=True) + torch.exp(snk - m))
+    else:
+        p = torch.softmax(s, dim=-1)
+    out = (p @ vf).to(q.dtype)
+    qk = qk_pre if want_qk == 1 else (p if want_qk == 2 else None)
+    return out, qk
+
+
+@op("GroupQueryAttention", domain=MS_DOMAIN, host_inputs=(6,), ctx=True)
+def group_query_attention(
+    query: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    past_key: torch.Tensor | None,
+    past_value: torch.Tensor | None,
+    seqlens_k: torch.Tensor,
+    total_sequence_length: torch.Tensor,
+    cos_cache: torch.Tensor | None = None,
+    sin_cache: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    attention_bias: torch.Tensor | None = None,
+    head_sink: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    scale: float = 0.0,
+    softcap: float = 0.0,
+    do_rotary: int = 0,
+    rotary_interleaved: int = 0,
+    local_window_size: int = -1,
+    smooth_softmax: int = 0,
+    causal: int = 1,
+    qk_output: int = 0,
+    qk_norm_epsilon: float = 1e-6,
+    sliding_window_cache: int = 0,
+    kv_cache_bit_width: int = 0,
+    k_quant_type: str = "NONE",
+    v_quant_type: str = "NONE",
+    ctx: OpContext,
+) -> tuple:
+    if query.dim() != 3:
+        raise ValueError(f"GroupQueryAttention: query must be [batch, sequence, hidden], got {tuple(query.shape)}")
+    if num_heads % kv_num_heads:
+        raise ValueError(f"GroupQueryAttention: num_heads {num_heads} is not a multiple of kv_num_heads {kv_num_heads}")
+    if sliding_window_cache:
+        raise ValueError("GroupQueryAttention: sliding_window_cache=1 (window-sized KV buffers) is not supported")
+    if k_scale is not None or (past_key is not None and not past_key.dtype.is_floating_point) or \
+            (past_key is not None and past_key.dtype.itemsize == 1):
+        raise ValueError("GroupQueryAttention: quantized KV caches (int8/int4/float8 past_key) are not supported")
+    B, S, D = query.shape
+    N, Nk = num_heads, kv_num_heads
+    if key is None:
+        H = D // (N + 2 * Nk)
+        q, k, v = query.split([N * H, Nk * H, Nk * H], dim=-1)
+    else:
+        H = D // N
+        q, k, v = query, key, value
+        if value is None:
+            raise ValueError("GroupQueryAttention: key and value must both be given, or both omitted (packed QKV)")
+    q = q.reshape(B, S, N, H)
+    k = k.reshape(B, S, Nk, H)
+    v = v.reshape(B, S, Nk, H)
+    total = int(scalar(total_sequence_length))
+    subsequent = S > 1 and S != total
+    if subsequent and B != 1:
+        raise ValueError("GroupQueryAttention: batch_size must be 1 when sequence_length > 1 and past context is given")
+    first_prompt = not subsequent and S == total
+    if not first_prompt and not subsequent and S != 1:
+        raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
+
+    total_b = seqlens_k.reshape(B).long() + 1
+    past_b = torch.zeros_like(total_b) if first_prompt else total_b - S
+    steps = torch.arange(S, device=query.device)
+    qpos = past_b.unsqueeze(1) + steps  # [B, S] absolute position of each new token
+
+    if q_norm_weight is not None and k_norm_weight is not None:
+        q = _rms(q, q_norm_weight, qk_norm_epsilon)
+        k = _rms(k, k_norm_weight, qk_norm_epsilon)
+    if do_rotary:
+        if cos_cache is None or sin_cache is None:
+            raise ValueError("GroupQueryAttention: do_rotary=1 needs cos_cache and sin_cache")
+        if position_ids is None:
+            pos = qpos
+        elif first_prompt:  # onnxruntime reads only the first element in the first prompt
+            pos = (position_ids.reshape(-1)[:1] + steps).expand(B, S)
+        else:
+            pos = position_ids.reshape(B, S)
+        cos, sin = gather_cos_sin(cos_cache, sin_cache, pos)
+        q = apply_rotary(q, cos, sin, bool(rotary_interleaved))
+        k = apply_rotary(k, cos, sin, bool(rotary_interleaved))
+
+    # ---- KV cache: write the new rows at past_b .. past_b + S
+    P = past_key.shape[2] if past_key is not None else 0
+    L = max(total, P)
+    shared = past_key is not None and P == L
+    inplace = shared and bool(ctx.extra.get("kv_inplace"))
+    presents = []
+    for past, new in ((past_key, k), (past_value, v)):
+        new = new.transpose(1, 2).to(query.dtype)  # [B, Nk, S, H]
+        if shared:
+            buf = past if inplace else past.clone()
+        else:
+            buf = torch.zeros(B, Nk, L, H, dtype=query.dtype, device=query.device)
+            if past is not None and P:
+                keep = (torch.arange(P, device=query.device) < past_b.unsqueeze(1)).reshape(B, 1, P, 1)
+                buf[:, :, :P] = torch.where(keep, past, torch.zeros((), dtype=past.dtype, device=past.device))
+        rows = qpos.clamp(max=L - 1).reshape(B, 1, S, 1).expand(B, Nk, S, H)
+        buf.scatter_(2, rows, new)
+        presents.append(buf)
+    kc, vc = presents
+
+    # ---- masks over key positions 0 .. L-1
+    kpos = torch.arange(L, device=query.device).reshape(1, 1, L)
+    if causal:
+        allowed = kpos <= qpos.unsqueeze(-1)
+        if local_window_size > 0:
+            allowed = allowed & (kpos > qpos.unsqueeze(-1) - local_window_size)
+    else:
+        allowed = (kpos < total_b.reshape(B, 1, 1)).expand(B, S, L)
+    allowed = allowed.unsqueeze(1)  # [B, 1, S, L]
+    bias = None
+    if attention_bias is not None:
+        bias = attention_bias
+        if bias.shape[-1] < L:
+            bias = F.pad(bias, (0, L - bias.shape[-1]))
+        bias = bias[..., :L]
+
+    groups = N // Nk
+    kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
+    vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sink = head_sink
+    if sink is None and smooth_softmax:
+        sink = torch.zeros(N, dtype=torch.float32, device=query.device)
+    out, qk = _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink,
+                      want_qk=qk_output)
+    out = out.transpose(1, 2).reshape(B, S, N * H)
+    if qk is not None:
+        qk = qk[..., :total].to(query.dtype)
+    return out, kc, vc, qk
+
+
+def _split_heads(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, L, n*H] -> [B, n, L, H]."""
+    B, L, D = x.shape
+    return x.reshape(B, L, n, D // n).transpose(1, 2)
+
+
+@op("MultiHeadAttention", domain=MS_DOMAIN, ctx=True)
+def multi_head_attention(
+    query: torch.Tensor,
+    key: torch.Tensor | None = None,
+    value: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    attention_bias: torch.Tensor | None = None,
+    past_key: torch.Tensor | None = None,
+    past_value: torch.Tensor | None = None,
+    past_sequence_length: torch.Tensor | None = None,
+    cache_indirection: torch.Tensor | None = None,
+    *,
+    num_heads: int,
+    unidirectional: int = 0,
+    scale: float = 0.0,
+    mask_filter_value: float = -10000.0,
+    ctx: OpContext,
+) -> tuple:
+    if past_sequence_length is not None or cache_indirection is not None:
+        raise ValueError("MultiHeadAttention: past_sequence_length / cache_indirection (beam search buffers) "
+                         "are not supported")
+    N = num_heads
+    if query.dim() == 5:  # packed QKV [B, S, N, 3, H]
+        q, k, v = query.unbind(3)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    else:
+        B, S, D = query.shape
+        q = query
+        if key is not None and key.dim() == 5:  # packed KV [B, L, N, 2, H]
+            k, v = (t.transpose(1, 2) for t in key.unbind(3))
+        else:
+            k, v = key, value
+        if bias is not None:
+            Dq = q.shape[-1]
+            Dk = k.shape[-1] if k is not None and k.dim() == 3 else Dq
+            bq, bk, bv = bias.split([Dq, Dk, bias.shape[0] - Dq - Dk])
+            q = q + bq
+            if k is not None and k.dim() == 3:
+                k = k + bk
+                v = v + bv
+        q = _split_heads(q, N)
+        if k is not None and k.dim() == 3:
+            k, v = _split_heads(k, N), _split_heads(v, N)
+    B, _, S, H = q.shape
+    if past_key is not None:
+        k = torch.cat((past_key, k), dim=2)
+        v = torch.cat((past_value, v), dim=2)
+    present_k, present_v = (k, v) if past_key is not None or key is None or key.dim() != 4 else (None, None)
+    L = k.shape[2]
+    P = L - S if unidirectional else 0
+    allowed = None
+    if unidirectional:
+        allowed = (torch.arange(L, device=q.device).reshape(1, L) <= torch.arange(S, device=q.device).reshape(S, 1) + P)
+        allowed = allowed.reshape(1, 1, S, L)
+    if key_padding_mask is not None:
+        m = key_padding_mask
+        if m.dim() == 1 and m.shape[0] == B:  # actual key lengths
+            km = torch.arange(L, device=q.device).reshape(1, L) < m.reshape(B, 1).long()
+            km = km.reshape(B, 1, 1, L)
+        elif m.dim() == 2:
+            km = (m != 0).reshape(B, 1, 1, L)
+        elif m.dim() == 3:
+            km = (m != 0).reshape(B, 1, S, L)
+        else:
+            raise ValueError(f"MultiHeadAttention: key_padding_mask of shape {tuple(m.shape)} is not supported")
+        allowed = km if allowed is None else allowed & km
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    out, qk = _attend(q, k, v, allowed, sc, bias=attention_bias, masked_value=mask_filter_value,
+                      want_qk=2 if len(ctx.outputs_wanted) > 3 and ctx.outputs_wanted[3] else 0)
+    out = out.transpose(1, 2).reshape(B, S, -1)
+    return out, present_k, present_v, None if qk is None else qk.to(query.dtype)

@@ -1,0 +1,214 @@
+"""GroupQueryAttention against onnxruntime CPU: prompts (padded batches), decode steps, shared buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+
+from tests.ops.contrib._ort import run_both, single_node_model
+
+RNG = np.random.default_rng(3)
+
+
+def caches(max_pos, half, dtype):
+    inv = 1.0 / (10000 ** (np.arange(half) / half))
+    ang = np.arange(max_pos)[:, None] * inv[None, :]
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def gqa_io(B, S, N, Nk, H, seqlens, past=None, total=None, packed=False, rotary=False, dtype=np.float32,
+           position_ids=None, attention_bias=False, head_sink=False, max_pos=64):
+    """Inputs of one GQA call; ``seqlens`` are the total lengths per batch entry."""
+    q = RNG.standard_normal((B, S, N * H)).astype(dtype)
+    k = RNG.standard_normal((B, S, Nk * H)).astype(dtype)
+    v = RNG.standard_normal((B, S, Nk * H)).astype(dtype)
+    ins = {}
+    if packed:
+        ins["query"] = np.concatenate([q, k, v], axis=-1)
+        ins["key"] = ins["value"] = None
+    else:
+        ins.update(query=q, key=k, value=v)
+    if past is None:
+        ins["past_key"] = ins["past_value"] = None
+    else:
+        ins["past_key"], ins["past_value"] = past
+    total = max(seqlens) if total is None else total
+    ins["seqlens_k"] = np.array(seqlens, np.int32) - 1
+    ins["total_sequence_length"] = np.array(total, np.int32)
+    if rotary:
+        ins["cos_cache"], ins["sin_cache"] = caches(max_pos, H // 2, dtype)
+    else:
+        ins["cos_cache"] = ins["sin_cache"] = None
+    ins["position_ids"] = position_ids
+    ins["attention_bias"] = RNG.standard_normal((B, 1, S, total)).astype(dtype) if attention_bias else None
+    ins["head_sink"] = RNG.standard_normal(N).astype(dtype) if head_sink else None
+    return ins
+
+
+def run_gqa(ins, N, Nk, **attrs):
+    t = TP.FLOAT if ins["query"].dtype == np.float32 else TP.FLOAT16
+    for name in ("head_sink", "attention_bias", "position_ids", "cos_cache", "sin_cache"):
+        if ins.get(name) is None:
+            ins.pop(name, None)
+    order = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache", "position_ids", "attention_bias", "head_sink"]
+    ins = {n: ins.get(n) for n in order}
+    while list(ins)[-1] and ins[list(ins)[-1]] is None and list(ins)[-1] != "total_sequence_length":
+        ins.pop(list(ins)[-1])
+    outs = [("out", t), ("present_key", t), ("present_value", t)]
+    model, feeds = single_node_model("GroupQueryAttention", ins, outs, num_heads=N, kv_num_heads=Nk, **attrs)
+    return run_both(model, feeds)
+
+
+def compare(ref, got, seqlens, S, first_prompt, tol):
+    """Outputs of rows that are real tokens; present rows below each entry's total length."""
+    out_r, pk_r, pv_r = ref
+    out_g, pk_g, pv_g = (np.asarray(x) for x in got)
+    assert out_g.shape == out_r.shape and pk_g.shape == pk_r.shape and pv_g.shape == pv_r.shape
+    worst = 0.0
+    for b, tot in enumerate(seqlens):
+        rows = min(S, tot) if first_prompt else S
+        for r, g in ((out_r[b, :rows], out_g[b, :rows]), (pk_r[b, :, :tot], pk_g[b, :, :tot]),
+                     (pv_r[b, :, :tot], pv_g[b, :, :tot])):
+            np.testing.assert_allclose(g.astype(np.float64), r.astype(np.float64), atol=tol, rtol=tol)
+            worst = max(worst, float(np.abs(g.astype(np.float64) - r.astype(np.float64)).max()))
+    return worst
+
+
+def past_cache(B, Nk, P, H, dtype=np.float32):
+    return (RNG.standard_normal((B, Nk, P, H)).astype(dtype), RNG.standard_normal((B, Nk, P, H)).astype(dtype))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("groups", [(4, 4), (4, 2), (6, 1)])
+@pytest.mark.parametrize("with_past", [False, True])
+def test_prompt(packed, groups, with_past):
+    N, Nk = groups
+    B, S, H = 2, 6, 16
+    past = past_cache(B, Nk, 0, H) if with_past else None
+    ins = gqa_io(B, S, N, Nk, H, [S, S], past=past, packed=packed)
+    ref, got = run_gqa(ins, N, Nk)
+    compare(ref, got, [S, S], S, True, 1e-5)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_prompt_right_padding(share):
+    """Batched first prompt: entry 1 is shorter and right-padded."""
+    N, Nk, B, S, H = 4, 2, 3, 7, 16
+    seqlens = [7, 4, 1]
+    past = past_cache(B, Nk, 12 if share else 0, H)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past, total=S)
+    ref, got = run_gqa(ins, N, Nk)
+    compare(ref, got, seqlens, S, True, 1e-5)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_decode_ragged_batch(share, rotary):
+    """One new token per entry, entries at different lengths; past buffer grown or max-length (shared)."""
+    N, Nk, B, H = 4, 2, 3, 32
+    seqlens = [5, 9, 3]  # totals including the new token
+    P = 16 if share else max(seqlens) - 1
+    ins = gqa_io(B, 1, N, Nk, H, seqlens, past=past_cache(B, Nk, P, H), rotary=rotary)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=int(rotary))
+    compare(ref, got, seqlens, 1, False, 1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("packed", [False, True])
+def test_rotary_prompt(interleaved, packed):
+    N, Nk, B, S, H = 4, 2, 2, 5, 32
+    ins = gqa_io(B, S, N, Nk, H, [S, 3], past=past_cache(B, Nk, 0, H), total=S, packed=packed, rotary=True)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1, rotary_interleaved=interleaved)
+    compare(ref, got, [S, 3], S, True, 1e-5)
+
+
+def test_subsequent_prompt():
+    """A second prompt chunk (S > 1) on top of 4 cached tokens, batch 1, rotary."""
+    N, Nk, H, S = 4, 2, 32, 3
+    ins = gqa_io(1, S, N, Nk, H, [7], past=past_cache(1, Nk, 10, H), rotary=True)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1)
+    compare(ref, got, [7], S, False, 1e-5)
+
+
+@pytest.mark.parametrize("attrs", [{"local_window_size": 3}, {"softcap": 2.0}, {"smooth_softmax": 1},
+                                   {"scale": 0.3}, {"local_window_size": 2, "softcap": 1.5}],
+                         ids=lambda a: "-".join(a))
+@pytest.mark.parametrize("phase", ["prompt", "decode"])
+def test_attributes(attrs, phase):
+    N, Nk, B, H = 4, 2, 2, 16
+    if phase == "prompt":
+        S, seqlens, past = 8, [8, 5], past_cache(B, Nk, 0, H)
+    else:
+        S, seqlens, past = 1, [9, 6], past_cache(B, Nk, 12, H)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past, total=8 if phase == "prompt" else None)
+    ref, got = run_gqa(ins, N, Nk, **attrs)
+    compare(ref, got, seqlens, S, phase == "prompt", 1e-5)
+
+
+@pytest.mark.parametrize("phase", ["prompt", "decode"])
+def test_head_sink_and_bias(phase):
+    N, Nk, B, H = 4, 2, 2, 16
+    if phase == "prompt":
+        S, seqlens, past = 6, [6, 6], past_cache(B, Nk, 0, H)
+    else:
+        S, seqlens, past = 1, [7, 7], past_cache(B, Nk, 6, H)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past, head_sink=True)
+    ref, got = run_gqa(dict(ins), N, Nk)
+    compare(ref, got, seqlens, S, phase == "prompt", 1e-5)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past, attention_bias=True)
+    ref, got = run_gqa(ins, N, Nk)
+    compare(ref, got, seqlens, S, phase == "prompt", 1e-5)
+
+
+def test_position_ids_input():
+    N, Nk, B, S, H = 4, 2, 2, 4, 32
+    pos = np.array([[3, 4, 5, 6], [10, 11, 12, 13]], np.int64)
+    ins = gqa_io(B, S, N, Nk, H, [S, S], past=past_cache(B, Nk, 0, H), rotary=True, position_ids=pos)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1)
+    compare(ref, got, [S, S], S, True, 1e-5)
+
+
+@pytest.mark.parametrize("phase", ["prompt", "decode"])
+def test_fp16(phase):
+    N, Nk, B, H = 4, 2, 2, 32
+    if phase == "prompt":
+        S, seqlens, past = 6, [6, 4], past_cache(B, Nk, 0, H, np.float16)
+    else:
+        S, seqlens, past = 1, [7, 5], past_cache(B, Nk, 10, H, np.float16)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past, total=6 if phase == "prompt" else None, rotary=True,
+                 dtype=np.float16)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1)
+    compare(ref, got, seqlens, S, phase == "prompt", 3e-3)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_generation_loop(share):
+    """Prompt then decode steps, feeding the present buffers back as past (a batch of two lengths)."""
+    N, Nk, B, H, max_len = 4, 2, 2, 32, 16
+    prompt = [5, 3]
+    S = max(prompt)
+    past = past_cache(B, Nk, max_len if share else 0, H)
+    ins = gqa_io(B, S, N, Nk, H, prompt, past=past, total=S, rotary=True)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1)
+    compare(ref, got, prompt, S, True, 1e-5)
+    lens = list(prompt)
+    pr, pg = ref[1:], [np.asarray(x) for x in got[1:]]
+    for _ in range(4):
+        lens = [n + 1 for n in lens]
+        ins = gqa_io(B, 1, N, Nk, H, lens, past=pr, rotary=True)
+        ref, _ = run_gqa(dict(ins), N, Nk, do_rotary=1)
+        ins["past_key"], ins["past_value"] = pg
+        _, got = run_gqa(ins, N, Nk, do_rotary=1)
+        compare(ref, got, lens, 1, False, 1e-5)
+        pr, pg = ref[1:], [np.asarray(x) for x in got[1:]]
+
+
+def test_position_ids_decode():
+    N, Nk, B, H = 4, 2, 2, 32
+    seqlens = [6, 4]
+    pos = np.array([[9], [2]], np.int64)
+    ins = gqa_io(B, 1, N, Nk, H, seqlens, past=past_cache(B, Nk, 8, H), rotary=True, position_ids=pos)
+    ref, got = run_gqa(ins, N, Nk, do_rotary=1)
+    compare(ref, got, seqlens, 1, False, 1e-5)
