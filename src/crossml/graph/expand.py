@@ -32,6 +32,8 @@ def expand_function_node(
             fn = schema.get_function_with_opset_version(opset) or schema.function_body
         except Exception:  # noqa: BLE001
             fn = schema.function_body
+    if isinstance(fn, bytes):
+        fn = _parse_function(fn)
     if (fn is None or not fn.node) and schema.has_context_dependent_function:
         in_types = []
         for name in node.input:
@@ -46,14 +48,19 @@ def expand_function_node(
                 raw = schema.get_context_dependent_function(node.SerializeToString(), in_types)
             except Exception:  # noqa: BLE001
                 return None
-        fn = onnx.FunctionProto()
-        fn.ParseFromString(raw)
+        fn = _parse_function(raw) if isinstance(raw, bytes) else raw
     if fn is None or not fn.node:
         return None
-    return _inline(node, fn), {canonical_domain(o.domain): o.version for o in fn.opset_import}
+    return _inline(node, fn, schema), {canonical_domain(o.domain): o.version for o in fn.opset_import}
 
 
-def _inline(node: onnx.NodeProto, fn: onnx.FunctionProto) -> list[onnx.NodeProto]:
+def _parse_function(raw: bytes) -> onnx.FunctionProto:
+    fn = onnx.FunctionProto()
+    fn.ParseFromString(raw)
+    return fn
+
+
+def _inline(node: onnx.NodeProto, fn: onnx.FunctionProto, schema: defs.OpSchema) -> list[onnx.NodeProto]:
     prefix = f"{node.name or node.op_type}__fn{next(_uid)}/"
     rename: dict[str, str] = {}
     for formal, actual in zip(fn.input, node.input):
@@ -64,6 +71,10 @@ def _inline(node: onnx.NodeProto, fn: onnx.FunctionProto) -> list[onnx.NodeProto
         rename[formal] = actual
     given = {a.name: a for a in node.attribute}
     defaults = {a.name: a for a in fn.attribute_proto}
+    for name, attr in schema.attributes.items():  # the schema's defaults, for attributes the node omits
+        dv = attr.default_value
+        if name not in defaults and dv is not None and dv.type != onnx.AttributeProto.UNDEFINED:
+            defaults[name] = dv
     out = []
     for i, body in enumerate(fn.node):
         n = onnx.NodeProto()
