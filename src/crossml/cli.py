@@ -93,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_providers(_: argparse.Namespace) -> int:
     import crossml
-    from crossml.device.adapters import adapters
+    from crossml.device.adapter import adapters
 
     print("available providers:", ", ".join(crossml.get_available_providers()))
     for a in adapters():

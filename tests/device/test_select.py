@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crossml.device.adapters import Adapter
+from crossml.device.adapter import Adapter
 from crossml.device.select import parse_gpu_options
 from crossml.runtime.errors import InvalidArgument
 

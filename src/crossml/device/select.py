@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from crossml.device.adapters import VENDOR_IDS, Adapter, adapters
+from crossml.device.adapter import VENDOR_IDS, Adapter, adapters
 from crossml.runtime.errors import InvalidArgument
 
 _BOOL = {"true": True, "1": True, "false": False, "0": False}

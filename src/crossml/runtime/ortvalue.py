@@ -21,7 +21,7 @@ def torch_device(device_type: str, device_id: int = 0) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if name in _GPU_NAMES:
-        from crossml.device.adapters import adapters
+        from crossml.device.adapter import adapters
 
         found = adapters()
         if not found:

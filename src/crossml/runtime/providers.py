@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from crossml.device.adapters import adapters, backend_vendor
+from crossml.device.adapter import adapters, backend_vendor
 from crossml.device.select import GpuConfig, parse_gpu_options
 from crossml.runtime.errors import InvalidArgument
 
