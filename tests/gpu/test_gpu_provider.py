@@ -62,10 +62,10 @@ def test_capture_on_and_off_match_cpu(capture):
         x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
         got = s.run(None, {"x": x})[0]
         np.testing.assert_allclose(got, cpu_reference(m, {"x": x})[0], rtol=2e-3, atol=2e-3)
-    from crossml.device.command_list import CommandList
+    from crossml.device.recording import Recording
 
     kinds = {type(r) for r in s._runners.values()}
-    assert (CommandList in kinds) == (capture == "true")
+    assert (Recording in kinds) == (capture == "true")
 
 
 def test_ortvalue_on_device_and_dlpack():

@@ -16,7 +16,7 @@ import onnx
 import torch
 
 from crossml import dtypes
-from crossml.device.command_list import CommandList, capture_supported
+from crossml.device.recording import Recording, capture_supported
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
 from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
 from crossml.runtime.errors import Fail, InvalidArgument
@@ -311,7 +311,7 @@ class InferenceSession:
                     self._runners[key] = runner
                     while len(self._runners) > MAX_SIGNATURES:
                         self._runners.popitem(last=False)
-        if isinstance(runner, CommandList):
+        if isinstance(runner, Recording):
             return runner.run(tensors)
         return runner(tensors)
 
@@ -330,7 +330,7 @@ class InferenceSession:
             log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
             return run_plan
         try:
-            return CommandList(run_plan, example, self._device)
+            return Recording(run_plan, example, self._device)
         except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
             return run_plan

@@ -1,4 +1,4 @@
-"""Command lists: a plan captured once into a device graph (CUDA / HIP graph) and replayed.
+"""Recordings: a function captured once into a device graph (CUDA / HIP graph) and replayed.
 
 This is DirectML's "compiled graph recorded into a command list" model: the first run of an
 input signature records every kernel launch; later runs copy the inputs into the recorded
@@ -20,8 +20,9 @@ def capture_supported(device: torch.device) -> bool:
     return device.type == "cuda" and hasattr(torch.cuda, "CUDAGraph")
 
 
-class CommandList:
-    """``run(inputs) -> outputs`` recorded into a device graph.
+class Recording:
+    """``run(inputs) -> outputs`` recorded into a device graph (what command lists and the
+    session's per-signature plans replay).
 
     ``fn(inputs)`` must take device tensors and return a list of values; it is run once eagerly
     (with host syncs turned into errors, so a function that reads device data on the host is
