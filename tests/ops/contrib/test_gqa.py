@@ -212,3 +212,47 @@ def test_position_ids_decode():
     ins = gqa_io(B, 1, N, Nk, H, seqlens, past=past_cache(B, Nk, 8, H), rotary=True, position_ids=pos)
     ref, got = run_gqa(ins, N, Nk, do_rotary=1)
     compare(ref, got, seqlens, 1, False, 1e-5)
+
+
+@pytest.mark.parametrize("attrs", [{"causal": 0}, {"qk_output": 1}, {"qk_output": 2}], ids=str)
+@pytest.mark.parametrize("phase", ["prompt", "decode"])
+def test_causal_off_and_qk_output(attrs, phase):
+    N, Nk, B, H = 4, 2, 2, 16
+    if phase == "prompt":
+        S, seqlens, past = 6, [6, 6], past_cache(B, Nk, 0, H)
+    else:
+        S, seqlens, past = 1, [5, 5], past_cache(B, Nk, 7, H)
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=past)
+    order = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    outs = [("out", TP.FLOAT), ("pk", TP.FLOAT), ("pv", TP.FLOAT)]
+    if "qk_output" in attrs:
+        outs.append(("qk", TP.FLOAT))
+    model, feeds = single_node_model("GroupQueryAttention", {n: ins[n] for n in order}, outs, num_heads=N,
+                                     kv_num_heads=Nk, **attrs)
+    ref, got = run_both(model, feeds)
+    compare(ref[:3], got[:3], seqlens, S, phase == "prompt", 1e-5)
+    if len(ref) > 3:
+        np.testing.assert_allclose(np.asarray(got[3]), ref[3], atol=1e-5, rtol=1e-5)
+
+
+def test_kv_inplace_hook():
+    """ctx.extra['kv_inplace'] writes the new rows into a shared past buffer and returns it as present."""
+    import torch
+
+    from crossml.ops.contrib.attention import group_query_attention
+    from crossml.ops.registry import OpContext
+
+    B, N, Nk, H, max_len = 2, 4, 2, 16, 8
+    pk, pv = (torch.randn(B, Nk, max_len, H) for _ in range(2))
+    q, k, v = torch.randn(B, 1, N * H), torch.randn(B, 1, Nk * H), torch.randn(B, 1, Nk * H)
+    seqlens = torch.tensor([3, 5], dtype=torch.int32)
+    args = (q, k, v, pk, pv, seqlens, torch.tensor(6, dtype=torch.int32))
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    before = pk.clone()
+    out, k_copy, _, _ = group_query_attention(*args, num_heads=N, kv_num_heads=Nk, ctx=ctx)
+    assert torch.equal(pk, before) and k_copy.data_ptr() != pk.data_ptr()
+    ctx.extra["kv_inplace"] = True
+    out2, k_same, v_same, _ = group_query_attention(*args, num_heads=N, kv_num_heads=Nk, ctx=ctx)
+    assert k_same.data_ptr() == pk.data_ptr() and v_same.data_ptr() == pv.data_ptr()
+    assert torch.equal(k_same, k_copy) and torch.allclose(out, out2)
+    assert torch.equal(pk[0, :, 3], k.reshape(B, Nk, H)[0]) and torch.equal(pk[1, :, 5], k.reshape(B, Nk, H)[1])

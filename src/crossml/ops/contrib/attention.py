@@ -69,9 +69,13 @@ def _attend(
         s = s + bias.float()
     if softcap > 0.0:
         s = softcap * torch.tanh(s / softcap)
+    qk_pre = None
+    if want_qk == 1:  # onnxruntime reports masked scores as 0
+        qk_pre = s if allowed is None or masked_value is not None else s.masked_fill(~allowed, 0.0)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf")) if masked_value is None else s + (~allowed) * masked_value
-    qk_pre = s if want_qk == 1 else None
+        if want_qk == 1 and masked_value is not None:
+            qk_pre = s
     if sink is not None:
         snk = sink.float().reshape(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
         m = torch.maximum(s.amax(-1, keepdim=True), snk)
