@@ -124,6 +124,9 @@ class InferenceSession:
             torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
             torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
         self._capture = self._capture_enabled()
+        # the CUDA provider's user_compute_stream: run every launch on the caller's stream
+        self._user_stream = (torch.cuda.ExternalStream(self._gpu.user_stream, device=self._device)
+                             if self._gpu is not None and self._gpu.user_stream else None)
         self._runners: OrderedDict[tuple, Any] = OrderedDict()
         self._skeleton: onnx.ModelProto | None = None
         for name, value in opts._initializers.items():
@@ -267,6 +270,12 @@ class InferenceSession:
         return idx
 
     def _run(self, feed: Mapping[str, Any], run_options: RunOptions | None) -> list[Any]:
+        if self._user_stream is not None:
+            with torch.cuda.stream(self._user_stream):
+                return self._run_now(feed, run_options)
+        return self._run_now(feed, run_options)
+
+    def _run_now(self, feed: Mapping[str, Any], run_options: RunOptions | None) -> list[Any]:
         if run_options is not None and run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
         if not isinstance(feed, Mapping):
