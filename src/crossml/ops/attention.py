@@ -1,0 +1,368 @@
+"""Attention family: Attention (23/24/25), RotaryEmbedding (23), LinearAttention (27),
+CausalConvWithState (27) and SwiGLU (28).
+
+Attention runs on ``torch.nn.functional.scaled_dot_product_attention`` whenever its semantics match
+(no softcap, no ``qk_matmul_output``, softmax at least as precise as the input); the mask, causal
+frontier, sliding window and padding are folded into one device-side bias or boolean mask, so the
+op never reads a device value on the host. Everything else takes an explicit
+matmul-softmax-matmul path that follows the ONNX reference step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from crossml.dtypes import torch_dtype
+from crossml.ops.registry import OpContext, op
+
+_SDPA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+
+
+def _to_heads(x: torch.Tensor, num_heads: int | None, name: str) -> torch.Tensor:
+    """(B, S, H*D) -> (B, H, S, D); 4-D inputs pass through."""
+    if x.dim() == 4:
+        return x
+    if x.dim() != 3:
+        raise ValueError(f"Attention input {name} must be 3-D or 4-D, got shape {tuple(x.shape)}")
+    if not num_heads:
+        raise ValueError(f"Attention with 3-D input {name} needs the q_num_heads and kv_num_heads attributes")
+    b, s, hidden = x.shape
+    if hidden % num_heads:
+        raise ValueError(f"Attention input {name}: hidden size {hidden} is not divisible by {num_heads} heads")
+    return x.reshape(b, s, num_heads, hidden // num_heads).transpose(1, 2)
+
+
+def _structural_mask(
+    q_len: int, kv_len: int, offset: int | torch.Tensor, is_causal: bool, left: int, right: int,
+    nonpad: torch.Tensor | None, device: torch.device,
+) -> torch.Tensor | None:
+    """Boolean "may attend" mask from the causal frontier, the sliding window and the padding.
+
+    Shape (q, kv) for a scalar offset, (B, 1, q, kv) when ``nonpad`` gives a per-batch one.
+    None when nothing restricts attention.
+    """
+    window = left >= 0 or right >= 0
+    if not (is_causal or window or nonpad is not None):
+        return None
+    i = torch.arange(q_len, device=device).unsqueeze(-1)
+    j = torch.arange(kv_len, device=device)
+    if isinstance(offset, torch.Tensor):
+        pos = i + offset.reshape(-1, 1, 1, 1).to(device)  # (B, 1, q, 1)
+    else:
+        pos = i + offset  # (q, 1)
+    allowed = torch.ones((), dtype=torch.bool, device=device)
+    if is_causal:
+        allowed = allowed & (j <= pos)
+    if left >= 0:
+        allowed = allowed & (j >= pos - left)
+    if right >= 0:
+        allowed = allowed & (j <= pos + right)
+    if nonpad is not None:
+        pad = j < nonpad.reshape(-1, 1, 1, 1).to(device)  # (B, 1, 1, kv)
+        allowed = allowed & pad
+    return allowed.expand(*allowed.shape[:-2], q_len, kv_len) if allowed.dim() >= 2 else None
+
+
+def _combine_masks(
+    user: torch.Tensor | None, structural: torch.Tensor | None, kv_len: int, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """One mask: boolean (True = attend) when every part is boolean, else an additive bias."""
+    if user is not None and user.shape[-1] < kv_len:  # pad a short mask with "masked"
+        fill = False if user.dtype == torch.bool else float("-inf")
+        user = F.pad(user, (0, kv_len - user.shape[-1]), value=fill)
+    if user is None:
+        return structural
+    if user.dtype == torch.bool:
+        return user if structural is None else user & structural
+    bias = user.to(dtype)
+    return bias if structural is None else bias.masked_fill(~structural, float("-inf"))
+
+
+def _fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
+    """(..., q, 1) True where no key may be attended: those rows output zeros, not NaN."""
+    if mask.dtype == torch.bool:
+        return ~mask.any(dim=-1, keepdim=True)
+    return torch.isneginf(mask.amax(dim=-1, keepdim=True))
+
+
+def _sdpa_ok(q: torch.Tensor, softcap: float, want_qk: bool, softmax_dtype: torch.dtype | None) -> bool:
+    if q.dtype not in _SDPA_DTYPES or softcap > 0 or want_qk:
+        return False
+    # SDPA kernels compute the softmax in at least float32 (float64 for double inputs).
+    return softmax_dtype is None or softmax_dtype == q.dtype or (
+        softmax_dtype == torch.float32 and q.dtype != torch.float64)
+
+
+def _grouped_matmul(a: torch.Tensor, b: torch.Tensor, groups: int) -> torch.Tensor:
+    """a (B, Hq, L, X) @ b (B, Hkv, X, Y) where query head h uses kv head h // groups."""
+    if groups == 1:
+        return a @ b
+    bsz, hq, L, x = a.shape
+    out = a.reshape(bsz, hq // groups, groups * L, x) @ b
+    return out.reshape(bsz, hq, L, out.shape[-1])
+
+
+def _explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+    softcap: float, softmax_dtype: torch.dtype | None, qk_mode: int, groups: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference pattern: (Q*sqrt(s)) @ (K*sqrt(s))^T -> softcap -> + mask -> softmax -> @ V."""
+    # The reference rounds sqrt(scale) to the input type before scaling Q and K.
+    s = torch.tensor(math.sqrt(scale), dtype=q.dtype).item()
+    qk = _grouped_matmul(q * s, (k * s).transpose(-1, -2), groups)
+    if softcap > 0:
+        qk = torch.tanh(qk / softcap) * softcap
+    if mask is None:
+        scores = qk
+    elif mask.dtype == torch.bool:
+        scores = qk.masked_fill(~mask, float("-inf"))
+    else:
+        scores = qk + mask
+    probs = torch.softmax(scores.to(softmax_dtype) if softmax_dtype is not None else scores, dim=-1)
+    if mask is not None:
+        probs = torch.where(_fully_masked_rows(mask), torch.zeros((), dtype=probs.dtype, device=probs.device), probs)
+    probs = probs.to(q.dtype)
+    y = _grouped_matmul(probs, v, groups)
+    qk_out = {2: scores, 3: probs}.get(qk_mode, qk)
+    return y, qk_out.to(q.dtype)
+
+
+@op("Attention", since=23, ctx=True)
+@op("Attention", since=24, ctx=True)
+@op("Attention", since=25, ctx=True)
+def attention(
+    Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, attn_mask: torch.Tensor | None = None,
+    past_key: torch.Tensor | None = None, past_value: torch.Tensor | None = None,
+    nonpad_kv_seqlen: torch.Tensor | None = None, *, is_causal: int = 0, kv_num_heads: int | None = None,
+    q_num_heads: int | None = None, qk_matmul_output_mode: int = 0, scale: float | None = None,
+    softcap: float = 0.0, softmax_precision: int | None = None, left_window_size: int = -1,
+    right_window_size: int = -1, ctx: OpContext,
+) -> tuple[Any, ...]:
+    if not (Q.dim() == K.dim() == V.dim()):
+        raise ValueError(f"Attention expects Q, K, V of one rank, got {Q.dim()}-D, {K.dim()}-D, {V.dim()}-D")
+    if (past_key is None) != (past_value is None):
+        raise ValueError("Attention: past_key and past_value must be given together")
+    if nonpad_kv_seqlen is not None and past_key is not None:
+        raise ValueError("Attention: nonpad_kv_seqlen cannot be combined with past_key/past_value")
+    if left_window_size < -1 or right_window_size < -1:
+        raise ValueError("Attention: left_window_size and right_window_size must be -1 or nonnegative")
+    if qk_matmul_output_mode not in (0, 1, 2, 3):
+        raise ValueError(f"Attention: qk_matmul_output_mode must be 0, 1, 2 or 3, got {qk_matmul_output_mode}")
+    three_d = Q.dim() == 3
+    q = _to_heads(Q, q_num_heads, "Q")
+    k = _to_heads(K, kv_num_heads, "K")
+    v = _to_heads(V, kv_num_heads, "V")
+    if past_key is not None:
+        k = torch.cat((past_key, k), dim=2)
+        v = torch.cat((past_value, v), dim=2)
+    bsz, hq, q_len, head = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    if hq % hkv or v.shape[1] != hkv:
+        raise ValueError(f"Attention: {hq} query heads are not a multiple of {hkv} key/value heads "
+                         f"(K has {hkv}, V has {v.shape[1]})")
+    groups = hq // hkv
+    scale_v = 1.0 / math.sqrt(head) if scale is None else float(scale)
+    softmax_dtype = torch_dtype(softmax_precision) if softmax_precision is not None else None
+
+    if past_key is not None:
+        offset: int | torch.Tensor = past_key.shape[2]
+    elif nonpad_kv_seqlen is not None:
+        offset = nonpad_kv_seqlen - q_len
+    else:
+        offset = 0
+    causal = bool(is_causal)
+    wants = ctx.outputs_wanted
+    want_qk = len(wants) > 3 and wants[3]
+
+    # Causal alone with top-left alignment is SDPA's is_causal; with a cache offset that already
+    # shows every key (decode) it is no restriction at all.
+    plain_causal = causal and attn_mask is None and nonpad_kv_seqlen is None and \
+        left_window_size < 0 and right_window_size < 0
+    if plain_causal and isinstance(offset, int) and offset >= kv_len - 1:
+        causal = plain_causal = False
+    sdpa = _sdpa_ok(q, softcap, want_qk, softmax_dtype)
+    if sdpa and plain_causal and offset == 0:
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale_v, enable_gqa=groups > 1)
+    else:
+        structural = _structural_mask(q_len, kv_len, offset, causal, left_window_size, right_window_size,
+                                      nonpad_kv_seqlen, q.device)
+        mask = _combine_masks(attn_mask, structural, kv_len, q.dtype)
+        if sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale_v, enable_gqa=groups > 1)
+            if mask is not None:
+                y = torch.where(_fully_masked_rows(mask), torch.zeros((), dtype=y.dtype, device=y.device), y)
+            qk_out = None
+        else:
+            y, qk_out = _explicit_attention(q, k, v, mask, scale_v, softcap, softmax_dtype,
+                                            qk_matmul_output_mode, groups)
+    if three_d:
+        y = y.transpose(1, 2).reshape(bsz, q_len, -1)
+    if len(wants) == 1:
+        return y
+    return y, k, v, (qk_out if want_qk else None)
+
+
+# --------------------------------------------------------------------------------------------
+# RotaryEmbedding
+
+
+@op("RotaryEmbedding", since=23)
+def rotary_embedding(
+    X: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, position_ids: torch.Tensor | None = None,
+    *, interleaved: int = 0, num_heads: int = 0, rotary_embedding_dim: int = 0,
+) -> torch.Tensor:
+    if X.dim() == 4:
+        x = X.transpose(1, 2)  # (B, S, H, D)
+    elif X.dim() == 3:
+        if not num_heads:
+            raise ValueError("RotaryEmbedding with a 3-D input needs the num_heads attribute")
+        b, s, hidden = X.shape
+        if hidden % num_heads:
+            raise ValueError(f"RotaryEmbedding: hidden size {hidden} is not divisible by num_heads={num_heads}")
+        x = X.reshape(b, s, num_heads, hidden // num_heads)
+    else:
+        raise ValueError(f"RotaryEmbedding expects a 3-D or 4-D input, got shape {tuple(X.shape)}")
+    head = x.shape[-1]
+    rot = rotary_embedding_dim or head
+    if rot % 2 or rot > head:
+        raise ValueError(f"RotaryEmbedding: rotary_embedding_dim {rot} must be even and <= head size {head}")
+    if position_ids is not None:
+        cos, sin = cos_cache[position_ids], sin_cache[position_ids]  # (B, S, rot/2)
+    else:
+        cos, sin = cos_cache, sin_cache
+    if cos.shape[-1] != rot // 2 or sin.shape[-1] != rot // 2:
+        raise ValueError(f"RotaryEmbedding: cos/sin caches have last dimension {cos.shape[-1]}/{sin.shape[-1]}, "
+                         f"expected rotary_embedding_dim/2 = {rot // 2}")
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (B, S, 1, rot/2)
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    if interleaved:
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+    else:
+        x1, x2 = x_rot[..., : rot // 2], x_rot[..., rot // 2:]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        rotated = torch.stack((real, imag), dim=-1).reshape(x_rot.shape)
+    else:
+        rotated = torch.cat((real, imag), dim=-1)
+    out = torch.cat((rotated, x_pass), dim=-1)
+    return out.reshape(X.shape) if X.dim() == 3 else out.transpose(1, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# LinearAttention, CausalConvWithState, SwiGLU
+
+
+def _unpack(x: torch.Tensor, heads: int, name: str) -> torch.Tensor:
+    if x.dim() != 3:
+        raise ValueError(f"LinearAttention input {name} must be rank 3 (B, T, H*D), got shape {tuple(x.shape)}")
+    b, t, hd = x.shape
+    if hd % heads:
+        raise ValueError(f"LinearAttention input {name}: last dimension {hd} is not divisible by {heads} heads")
+    return x.reshape(b, t, heads, hd // heads).transpose(1, 2)
+
+
+@op("LinearAttention", since=27)
+def linear_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None = None,
+    decay: torch.Tensor | None = None, beta: torch.Tensor | None = None, *, q_num_heads: int,
+    kv_num_heads: int, chunk_size: int = 64, scale: float = 0.0, update_rule: str = "gated_delta",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"LinearAttention: unsupported update_rule '{update_rule}'; "
+                         "expected linear, gated, delta or gated_delta")
+    if q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
+        raise ValueError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple "
+                         f"of kv_num_heads ({kv_num_heads})")
+    gating = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    if gating != (decay is not None):
+        raise ValueError(f"LinearAttention: update_rule '{update_rule}' {'requires' if gating else 'forbids'} "
+                         "the decay input")
+    if delta != (beta is not None):
+        raise ValueError(f"LinearAttention: update_rule '{update_rule}' {'requires' if delta else 'forbids'} "
+                         "the beta input")
+    f32 = torch.float32
+    q = _unpack(query, q_num_heads, "query").to(f32)
+    k = _unpack(key, kv_num_heads, "key").to(f32)
+    v = _unpack(value, kv_num_heads, "value").to(f32)
+    b, _, t, d_k = q.shape
+    d_v = v.shape[-1]
+    groups = q_num_heads // kv_num_heads
+    g = None
+    if decay is not None:
+        last = decay.shape[-1]
+        if decay.dim() != 3 or last not in (kv_num_heads, kv_num_heads * d_k):
+            raise ValueError(f"LinearAttention: decay must be (B, T, {kv_num_heads}) or "
+                             f"(B, T, {kv_num_heads * d_k}), got {tuple(decay.shape)}")
+        g = torch.exp(decay.reshape(b, t, kv_num_heads, -1).transpose(1, 2).to(f32))  # (B, Hkv, T, 1|d_k)
+    bt = None
+    if beta is not None:
+        if beta.dim() != 3 or beta.shape[-1] not in (kv_num_heads, 1):
+            raise ValueError(f"LinearAttention: beta must be (B, T, {kv_num_heads}) or (B, T, 1), "
+                             f"got {tuple(beta.shape)}")
+        bt = beta.reshape(b, t, beta.shape[-1], 1).transpose(1, 2).to(f32)  # (B, Hkv|1, T, 1)
+    if past_state is not None:
+        if tuple(past_state.shape) != (b, kv_num_heads, d_k, d_v):
+            raise ValueError(f"LinearAttention: past_state has shape {tuple(past_state.shape)}, "
+                             f"expected {(b, kv_num_heads, d_k, d_v)}")
+        state_dtype = past_state.dtype
+        state = past_state.to(f32)
+    else:
+        state_dtype = query.dtype
+        state = torch.zeros((b, kv_num_heads, d_k, d_v), dtype=f32, device=query.device)
+    scale_v = float(scale) if scale else 1.0 / math.sqrt(d_k)
+    outs = []
+    for i in range(t):
+        k_t, v_t = k[:, :, i], v[:, :, i]  # (B, Hkv, d_k), (B, Hkv, d_v)
+        if g is not None:
+            state = state * g[:, :, i].unsqueeze(-1)
+        if bt is not None:
+            retrieved = torch.einsum("bhdm,bhd->bhm", state, k_t)
+            v_t = bt[:, :, i] * (v_t - retrieved)
+        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        read = state.repeat_interleave(groups, dim=1) if groups > 1 else state
+        outs.append(scale_v * torch.einsum("bhd,bhdm->bhm", q[:, :, i], read))
+    out = torch.stack(outs, dim=2) if outs else q.new_zeros((b, q_num_heads, 0, d_v))
+    out = out.transpose(1, 2).reshape(b, t, q_num_heads * d_v).to(query.dtype)
+    return out, state.to(state_dtype)
+
+
+@op("CausalConvWithState", since=27)
+def causal_conv_with_state(
+    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    past_state: torch.Tensor | None = None, *, activation: str = "none",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(f"CausalConvWithState: unsupported activation '{activation}'; expected none, silu or swish")
+    if input.dim() != 3 or weight.dim() != 3:
+        raise ValueError(f"CausalConvWithState expects input (B, C, L) and weight (C, 1, k), got "
+                         f"{tuple(input.shape)} and {tuple(weight.shape)}")
+    bsz, channels, _ = input.shape
+    k = weight.shape[2]
+    if past_state is None:
+        past_state = torch.zeros((bsz, channels, k - 1), dtype=input.dtype, device=input.device)
+    padded = torch.cat((past_state, input), dim=2)
+    wide = torch.float64 if input.dtype == torch.float64 else torch.float32
+    out = F.conv1d(padded.to(wide), weight.to(wide), None if bias is None else bias.to(wide), groups=channels)
+    out = out.to(input.dtype)
+    if activation != "none":
+        w = out.to(torch.float32)
+        out = (w * torch.sigmoid(w)).to(input.dtype)
+    return out, padded[:, :, padded.shape[2] - (k - 1):]
+
+
+@op("SwiGLU", since=28)
+def swiglu(A: torch.Tensor, B: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
+    if A.shape != B.shape or A.dtype != B.dtype:
+        raise ValueError(f"SwiGLU needs A and B of one shape and dtype (no broadcasting), got "
+                         f"{tuple(A.shape)} {A.dtype} and {tuple(B.shape)} {B.dtype}")
+    return A * torch.sigmoid(A * alpha) * B
