@@ -256,3 +256,31 @@ def test_kv_inplace_hook():
     assert k_same.data_ptr() == pk.data_ptr() and v_same.data_ptr() == pv.data_ptr()
     assert torch.equal(k_same, k_copy) and torch.allclose(out, out2)
     assert torch.equal(pk[0, :, 3], k.reshape(B, Nk, H)[0]) and torch.equal(pk[1, :, 5], k.reshape(B, Nk, H)[1])
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_qk_norm(rotary):
+    """q_norm_weight / k_norm_weight (inputs 14, 15; onnxruntime CPU rejects them, CUDA has them): crossml with
+    the weights equals onnxruntime without them on Q and K normalized per head beforehand."""
+    import torch
+
+    from crossml.ops.contrib.attention import group_query_attention
+    from crossml.ops.registry import OpContext
+
+    N, Nk, B, S, H, eps = 4, 2, 2, 5, 32, 1e-5
+    ins = gqa_io(B, S, N, Nk, H, [S, S], past=past_cache(B, Nk, 0, H), rotary=rotary)
+    wq, wk = RNG.standard_normal(H).astype(np.float32), RNG.standard_normal(H).astype(np.float32)
+
+    def rms(x, w, heads):
+        x = x.reshape(B, S, heads, H)
+        return (x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w).reshape(B, S, heads * H).astype(np.float32)
+
+    normed = dict(ins, query=rms(ins["query"], wq, N), key=rms(ins["key"], wk, Nk))
+    ref, _ = run_gqa(normed, N, Nk, do_rotary=int(rotary))
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale"]
+    args = [None if ins.get(n) is None else torch.from_numpy(ins[n]) for n in names]
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    got = group_query_attention(*args, torch.from_numpy(wq), torch.from_numpy(wk), num_heads=N, kv_num_heads=Nk,
+                                do_rotary=int(rotary), qk_norm_epsilon=eps, ctx=ctx)
+    compare(ref, [t.numpy() for t in got[:3]], [S, S], S, True, 1e-5)
