@@ -1,0 +1,82 @@
+"""crossml.genai: onnxruntime-genai's Python API on crossml.
+
+    import crossml.genai as og
+
+    model = og.Model("phi3-mini-int4-cpu")          # a folder made by the ONNX Runtime GenAI model builder
+    tokenizer = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=256)
+    generator = og.Generator(model, params)
+    generator.append_tokens(tokenizer.encode("Hello"))
+    stream = tokenizer.create_stream()
+    while not generator.is_done():
+        generator.generate_next_token()
+        print(stream.decode(generator.get_next_tokens()[0]), end="")
+"""
+
+from __future__ import annotations
+
+import logging
+
+from crossml.genai.config import Config
+from crossml.genai.errors import (
+    ConfigError,
+    GenAIError,
+    GeneratorStateError,
+    ModelFileNotFound,
+    SearchOptionError,
+    UnsupportedModelError,
+)
+from crossml.genai.generator import Generator, GeneratorParams
+from crossml.genai.model import Model
+from crossml.genai.tokenizer import Tensor, Tokenizer, TokenizerStream
+
+__version__ = "0.18.0"
+
+
+def is_cuda_available() -> bool:
+    """True when crossml's GPU provider has an adapter (it serves onnxruntime-genai's "cuda")."""
+    from crossml.runtime.providers import gpu_available
+
+    return gpu_available()
+
+
+def is_dml_available() -> bool:
+    """True when crossml's GPU provider has an adapter (it serves onnxruntime-genai's "dml")."""
+    from crossml.runtime.providers import gpu_available
+
+    return gpu_available()
+
+
+def is_rocm_available() -> bool:
+    from crossml.device.adapters import backend_vendor
+
+    return is_cuda_available() and backend_vendor() == "amd"
+
+
+def set_log_options(**options: bool | str) -> None:
+    """og.set_log_options(enabled=True, ...): ``enabled`` turns crossml.genai's log on at INFO level."""
+    logger = logging.getLogger("crossml.genai")
+    if "enabled" in options:
+        logger.setLevel(logging.INFO if options["enabled"] else logging.WARNING)
+
+
+def set_current_gpu_device_id(device_id: int) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(device_id))
+
+
+def get_current_gpu_device_id() -> int:
+    import torch
+
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
+__all__ = [
+    "Config", "ConfigError", "GenAIError", "Generator", "GeneratorParams", "GeneratorStateError", "Model",
+    "ModelFileNotFound", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream", "UnsupportedModelError",
+    "get_current_gpu_device_id", "is_cuda_available", "is_dml_available", "is_rocm_available",
+    "set_current_gpu_device_id", "set_log_options",
+]

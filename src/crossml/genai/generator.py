@@ -1,0 +1,348 @@
+"""og.GeneratorParams and og.Generator: the generation loop over a Model.
+
+The loop is three small functions, as in gpt-fast:
+
+* ``_forward`` runs the decoder on the tokens not yet in the KV cache (the prompt: prefill; one
+  token per row: decode) and keeps the logits of each row's last real token;
+* ``_select`` turns those logits into the next token per row (processors, then greedy / sampling /
+  beam search), all on the device;
+* ``generate_next_token`` = ``_forward`` if needed, then ``_select``, then append.
+
+The host learns the new tokens and the finished flags with one copy per step, made when the user
+asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode step waits on the
+device. Sequences keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad
+id, a finished row continues with pad tokens, and the step on which every row has finished is not
+appended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from crossml.genai import search
+from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
+from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionError
+from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
+from crossml.genai.model import Model
+from crossml.genai.tokenizer import Tensor
+
+
+class GeneratorParams:
+    """og.GeneratorParams(model): search options for one Generator."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self.search = dataclasses.replace(model.config.search)
+
+    def set_search_options(self, **options: Any) -> None:
+        values = {}
+        for key, value in options.items():
+            try:
+                values[key] = coerce_search_option(key, value, "set_search_options")
+            except ConfigError as exc:
+                raise SearchOptionError(str(exc)) from None
+        for key, value in values.items():
+            setattr(self.search, key, value)
+
+    def get_search_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, kind in SEARCH_OPTIONS.items():
+            v = getattr(self.search, key)
+            out[key] = bool(v) if kind is bool else float(v)
+        return out
+
+    def set_guidance(self, *args: Any, **kwargs: Any) -> None:
+        raise SearchOptionError("constrained decoding (set_guidance) is not supported by crossml.genai")
+
+
+def _check(s: SearchConfig, context_length: int) -> None:
+    def bad(key: str, accepted: str) -> SearchOptionError:
+        return SearchOptionError(f"search option {key}={getattr(s, key)!r} is not valid; accepted: {accepted}")
+
+    if s.batch_size < 1:
+        raise bad("batch_size", "an integer >= 1")
+    if s.num_beams < 1:
+        raise bad("num_beams", "an integer >= 1")
+    if not 1 <= s.num_return_sequences <= s.num_beams:
+        raise bad("num_return_sequences", f"1 .. num_beams ({s.num_beams})")
+    if not 1 <= s.max_length <= context_length:
+        raise bad("max_length", f"1 .. the model's context_length ({context_length})")
+    if s.min_length < 0:
+        raise bad("min_length", "an integer >= 0")
+    if s.top_k < 0:
+        raise bad("top_k", "an integer >= 0 (0: no top-k filter)")
+    if not 0.0 <= s.top_p <= 1.0:
+        raise bad("top_p", "0 .. 1")
+    if s.temperature <= 0.0:
+        raise bad("temperature", "a number > 0")
+    if s.repetition_penalty <= 0.0:
+        raise bad("repetition_penalty", "a number > 0 (1: no penalty)")
+    if s.num_beams > 1 and s.do_sample:
+        raise SearchOptionError("do_sample=true cannot be combined with num_beams > 1 (beam search is deterministic)")
+
+
+class Generator:
+    """og.Generator(model, params)."""
+
+    def __init__(self, model: Model, params: GeneratorParams) -> None:
+        s = dataclasses.replace(params.search)
+        _check(s, model.config.model.context_length)
+        self._model, self._s = model, s
+        mc = model.config.model
+        dev = model.device
+        self._dev = dev
+        self._rows = s.batch_size * s.num_beams
+        self._pad = mc.pad_token_id
+        self._eos = torch.tensor(mc.eos_token_id or [-1], dtype=torch.long, device=dev)
+        self._eos_list = list(mc.eos_token_id)
+        io = model.io
+        self._seq = torch.full((self._rows, s.max_length), self._pad, dtype=torch.long, device=dev)
+        self._mask = torch.zeros((self._rows, s.max_length), dtype=io.mask_dtype, device=dev)
+        self._len = 0  # columns of _seq in use
+        self._kv_len = 0  # columns already in the KV cache
+        self._prompt_last: torch.Tensor | None = None  # per row: index of its last real prompt token
+        self._logits: torch.Tensor | None = None  # [rows, vocab] float32, None: not computed yet
+        self._outputs: dict[str, torch.Tensor] = {}
+        self._done = torch.zeros(self._rows, dtype=torch.bool, device=dev)
+        self._next: torch.Tensor | None = None  # tokens chosen by the last step
+        self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
+        self._finished_step = False
+        self._cache = self._make_cache()
+        self._rng: torch.Generator | None = None
+        if s.do_sample:
+            self._rng = torch.Generator(device=dev)
+            if s.random_seed >= 0:
+                self._rng.manual_seed(s.random_seed)
+            else:
+                self._rng.seed()
+        self._beam = (search.BeamSearch(s.batch_size, s.num_beams, self._eos_list, s.length_penalty,
+                                        s.early_stopping, dev) if s.num_beams > 1 else None)
+        self._final: list[list[int]] | None = None
+
+    def _make_cache(self) -> KVCache:
+        dec, io = self._model.config.model.decoder, self._model.io
+        if self._s.past_present_share_buffer:
+            return StaticKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads,
+                                 self._s.max_length, dec.head_size, io.kv_dtype, self._dev)
+        return GrowingKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads, dec.head_size,
+                              io.kv_dtype, self._dev)
+
+    # -- appending tokens ---------------------------------------------------------------------
+    def append_tokens(self, tokens: Any) -> None:
+        """Append prompt tokens ([length] for batch 1, or [batch, length]) and run them through the model."""
+        arr = tokens.as_numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
+        if arr.ndim == 1:
+            arr = arr[None, :]
+        if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"append_tokens takes integer token ids shaped [length] or [batch, length], got "
+                             f"{arr.dtype} {arr.shape}")
+        s = self._s
+        if arr.shape[0] != s.batch_size:
+            raise ValueError(f"append_tokens: got {arr.shape[0]} sequences but search option batch_size is "
+                             f"{s.batch_size}; set_search_options(batch_size={arr.shape[0]})")
+        n = arr.shape[1]
+        if n == 0:
+            return
+        if n + self._len > s.max_length:
+            raise GeneratorStateError(f"append_tokens: {n} tokens + current sequence length {self._len} exceed "
+                                      f"max_length ({s.max_length}); raise max_length (at most context_length "
+                                      f"{self._model.config.model.context_length}) or shorten the prompt")
+        if self._len and (s.batch_size > 1 or self._beam is not None):
+            raise GeneratorStateError("append_tokens after the first prompt needs batch_size 1 and num_beams 1")
+        self._settle()
+        if self._len and self.is_done():
+            self._done.zero_()
+        rows = torch.as_tensor(arr.astype(np.int64), device=self._dev).repeat_interleave(s.num_beams, dim=0)
+        self._seq[:, self._len:self._len + n] = rows
+        if self._len == 0:
+            real = arr != self._pad
+            if not real.any(axis=1).all():
+                empty = int(np.flatnonzero(~real.any(axis=1))[0])
+                raise ValueError(f"append_tokens: sequence {empty} holds only pad tokens ({self._pad})")
+            lengths = n - np.argmax(real[:, ::-1], axis=1)  # trailing pad tokens are padding
+            lens = torch.as_tensor(lengths, device=self._dev).repeat_interleave(s.num_beams)
+            self._mask[:, :n] = (torch.arange(n, device=self._dev)[None, :] < lens[:, None]).to(self._mask.dtype)
+            self._prompt_last = lens - 1
+        else:
+            self._mask[:, self._len:self._len + n] = 1
+        self._len += n
+        self._logits = None
+        self._host = None
+        self._forward()
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _forward(self) -> None:
+        """Run the decoder on columns kv_len..len and keep each row's last-token logits."""
+        io = self._model.io
+        start, end = self._kv_len, self._len
+        feed = {io.input_ids: self._seq[:, start:end].to(io.input_ids_dtype)}
+        mask = self._mask[:, :end]
+        if io.attention_mask is not None:
+            feed[io.attention_mask] = mask
+        if io.position_ids is not None:
+            pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end]
+            feed[io.position_ids] = pos.to(io.position_dtype)
+        feed.update(self._cache.feed())
+        names = [io.logits, *self._cache.present_names]
+        outs = self._model.run(feed, names)
+        self._outputs = dict(zip(names, outs))
+        self._cache.update(outs[1:])
+        logits = outs[0]
+        if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
+            last = logits
+        elif start == 0 and self._prompt_last is not None and logits.shape[1] == end:
+            last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last]
+        else:
+            last = logits[:, -1]
+        self._logits = last.float()
+        self._kv_len = end
+
+    def _scores(self) -> torch.Tensor:
+        s = self._s
+        scores = self._logits
+        seq = self._seq[:, :self._len]
+        scores = search.apply_repetition_penalty(scores, seq, s.repetition_penalty)
+        scores = search.apply_min_length(scores, self._len, s.min_length, self._eos)
+        return search.apply_no_repeat_ngram(scores, seq, s.no_repeat_ngram_size)
+
+    def _select(self) -> torch.Tensor:
+        s = self._s
+        scores = self._scores()
+        if s.do_sample:
+            return search.sample(scores, top_k=s.top_k, top_p=s.top_p, temperature=s.temperature, generator=self._rng)
+        return search.greedy(scores)
+
+    def generate_next_token(self) -> None:
+        """Choose the next token of every sequence and append it."""
+        if self._len == 0:
+            raise GeneratorStateError("generate_next_token: call append_tokens with the prompt first")
+        if self.is_done():
+            raise GeneratorStateError("generate_next_token: generation is done (every sequence ended or reached "
+                                      f"max_length {self._s.max_length}); check is_done() before generating")
+        if self._logits is None:
+            self._forward()
+        if self._beam is not None:
+            self._beam_step()
+            return
+        token = self._select()
+        token = torch.where(self._done, torch.full_like(token, self._pad), token)
+        self._done |= torch.isin(token, self._eos)
+        self._append(token)
+
+    def _append(self, token: torch.Tensor) -> None:
+        col = self._len
+        self._seq[:, col] = token
+        self._mask[:, col] = 1
+        self._len += 1
+        self._next = token
+        self._logits = None
+        self._host = None
+        self._finished_step = False
+
+    def _beam_step(self) -> None:
+        src, token = self._beam.step(self._scores(), self._seq[:, :self._len], self._pad)
+        self._seq[:, :self._len] = self._seq[src, :self._len]
+        self._mask[:, :self._len] = self._mask[src, :self._len]
+        self._cache.reorder(src)
+        self._append(token)
+        if self._beam.done() or self._len >= self._s.max_length:
+            self._final = self._beam.finalize(self._seq[:, :self._len], self._s.num_return_sequences)
+
+    # -- host view ----------------------------------------------------------------------------
+    def _settle(self) -> tuple[np.ndarray, bool]:
+        """Copy the last step's tokens and finished flags to the host (one copy per step)."""
+        if self._host is None:
+            if self._next is None:
+                self._host = (np.zeros(0, np.int32), False)
+            elif self._beam is not None:
+                self._host = (self._next.to(torch.int32).cpu().numpy(), self._beam.done())
+            else:
+                both = torch.cat([self._next, self._done.long()]).cpu().numpy()
+                all_done = bool(both[self._rows:].all())
+                self._host = (both[: self._rows].astype(np.int32), all_done)
+                if all_done and not self._finished_step:
+                    self._len -= 1  # the step on which every row ended is not appended
+                    self._seq[:, self._len] = self._pad
+                    self._mask[:, self._len] = 0
+                    self._finished_step = True
+        return self._host
+
+    def is_done(self) -> bool:
+        if self._len == 0:
+            return False
+        if self._final is not None:
+            return True
+        _, all_done = self._settle()
+        return all_done or self._len >= self._s.max_length
+
+    def get_next_tokens(self) -> np.ndarray:
+        return self._settle()[0].copy()
+
+    def token_count(self) -> int:
+        self._settle()
+        return self._len
+
+    def get_sequence(self, index: int) -> np.ndarray:
+        self._settle()
+        count = self._s.batch_size * (self._s.num_return_sequences if self._beam is not None else 1)
+        if not 0 <= index < count:
+            raise IndexError(f"get_sequence: index {index} is out of range; there are {count} sequences")
+        if self._final is not None:
+            return np.asarray(self._final[index], dtype=np.int32)
+        row = index * self._s.num_beams // (self._s.num_return_sequences if self._beam is not None else 1)
+        return self._seq[row, :self._len].to(torch.int32).cpu().numpy()
+
+    # -- logits and outputs -------------------------------------------------------------------
+    def get_logits(self) -> np.ndarray:
+        """The last-token logits of every row, [rows, 1, vocab] float32."""
+        if self._len == 0:
+            raise GeneratorStateError("get_logits: call append_tokens first")
+        if self._logits is None:
+            self._settle()
+            self._forward()
+        return self._logits[:, None, :].cpu().numpy()
+
+    def set_logits(self, logits: Any) -> None:
+        """Replace the logits the next generate_next_token chooses from ([rows, vocab] or [rows, 1, vocab])."""
+        if self._len == 0:
+            raise GeneratorStateError("set_logits: call append_tokens first")
+        arr = np.asarray(logits, dtype=np.float32)
+        vocab = self._outputs[self._model.io.logits].shape[-1] if self._outputs else arr.shape[-1]
+        if arr.size != self._rows * vocab:
+            raise ValueError(f"set_logits: expected {self._rows} x {vocab} values, got shape {arr.shape}")
+        if self._logits is None:
+            self._settle()
+            self._forward()
+        self._logits = torch.as_tensor(arr.reshape(self._rows, vocab), device=self._dev)
+
+    def get_output(self, name: str) -> np.ndarray:
+        """A decoder output of the last run (e.g. "logits", "present.0.key")."""
+        if name not in self._outputs:
+            known = ", ".join(self._outputs) or "none yet: call append_tokens first"
+            raise KeyError(f"get_output: '{name}' is not an output of the last run; outputs: {known}")
+        return self._outputs[name].cpu().numpy()
+
+    # -- rewinding ----------------------------------------------------------------------------
+    def rewind_to(self, new_length: int) -> None:
+        """Drop tokens after ``new_length``; the next step continues from sequence[:new_length]."""
+        self._settle()
+        if self._s.batch_size != 1 or self._beam is not None:
+            raise GeneratorStateError("rewind_to needs batch_size 1 and num_beams 1")
+        if not 0 <= new_length <= self._len:
+            raise GeneratorStateError(f"rewind_to({new_length}): the sequence has {self._len} tokens")
+        self._seq[:, new_length:] = self._pad
+        self._mask[:, new_length:] = 0
+        self._len = new_length
+        self._kv_len = max(new_length - 1, 0)
+        self._cache.rewind(self._kv_len)
+        self._done.zero_()
+        self._next = None
+        self._host = None
+        self._logits = None
+        self._outputs = {}
+        if new_length == 0:
+            self._prompt_last = None

@@ -1,0 +1,77 @@
+"""The decoder's KV cache: one static max-length buffer per layer, or a cache grown by concatenation.
+
+``StaticKVCache`` (``past_present_share_buffer``): ``past_key_values.i.key`` is a
+[rows, kv_heads, max_length, head_size] buffer allocated once; GroupQueryAttention writes the new
+rows into it in place (crossml's op does when the session marks it ``kv_inplace``). If a run hands
+back a different tensor (an op that copies), the cache adopts it: still no growth, no host sync.
+
+``GrowingKVCache``: ``past`` starts with length 0 and each ``present`` becomes the next ``past``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("crossml.genai")
+
+
+class KVCache:
+    """Past inputs to feed and present outputs to take back, per layer, keys and values."""
+
+    def __init__(self, past_names: list[str], present_names: list[str]) -> None:
+        self.past_names = past_names
+        self.present_names = present_names
+        self.tensors: list[torch.Tensor] = []
+
+    def feed(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.past_names, self.tensors))
+
+    def update(self, presents: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Beam search: row i of the cache becomes old row ``rows[i]``."""
+        self.tensors = [t.index_select(0, rows) for t in self.tensors]
+
+    def rewind(self, length: int) -> None:
+        raise NotImplementedError
+
+
+class StaticKVCache(KVCache):
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int, max_length: int,
+                 head_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(past_names, present_names)
+        self.tensors = [torch.zeros((rows, kv_heads, max_length, head_size), dtype=dtype, device=device)
+                        for _ in past_names]
+        self._warned = False
+
+    def update(self, presents: list[torch.Tensor]) -> None:
+        for i, p in enumerate(presents):
+            buf = self.tensors[i]
+            if p is buf or p.data_ptr() == buf.data_ptr():
+                continue
+            if p.shape != buf.shape:
+                raise RuntimeError(f"static KV cache: '{self.present_names[i]}' came back with shape {tuple(p.shape)}, "
+                                   f"expected the shared buffer's {tuple(buf.shape)}")
+            if not self._warned:
+                log.info("static KV cache: the model returned copies of the shared buffers (not written in place)")
+                self._warned = True
+            self.tensors[i] = p
+
+    def rewind(self, length: int) -> None:
+        pass  # rows past `length` are masked out and overwritten by the next run
+
+
+class GrowingKVCache(KVCache):
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int, head_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(past_names, present_names)
+        self.tensors = [torch.zeros((rows, kv_heads, 0, head_size), dtype=dtype, device=device) for _ in past_names]
+
+    def update(self, presents: list[torch.Tensor]) -> None:
+        self.tensors = list(presents)
+
+    def rewind(self, length: int) -> None:
+        self.tensors = [t[:, :, :length].contiguous() for t in self.tensors]

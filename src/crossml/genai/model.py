@@ -1,0 +1,170 @@
+"""og.Model: a model folder's decoder as a crossml.InferenceSession, plus what generation needs to know.
+
+The decoder ONNX file runs through ``crossml.InferenceSession`` on the providers genai_config.json
+(or the Config) names: crossml's GPU provider for ``gpu`` / ``cuda`` / ``dml``, the CPU otherwise.
+Inputs and outputs stay torch tensors on the session's device between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from crossml.genai.config import DECODER_ONLY_TYPES, Config
+from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
+from crossml.runtime.options import GraphOptimizationLevel, SessionOptions
+from crossml.runtime.ortvalue import OrtValue
+from crossml.runtime.session import InferenceSession
+
+log = logging.getLogger("crossml.genai")
+
+_OPT_LEVELS = {"ORT_DISABLE_ALL": GraphOptimizationLevel.ORT_DISABLE_ALL,
+               "ORT_ENABLE_BASIC": GraphOptimizationLevel.ORT_ENABLE_BASIC,
+               "ORT_ENABLE_EXTENDED": GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+               "ORT_ENABLE_ALL": GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+@dataclass
+class DecoderIO:
+    """Names and types of the decoder's inputs and outputs, as the session reports them."""
+
+    input_ids: str
+    attention_mask: str | None
+    position_ids: str | None
+    past_names: list[str]
+    present_names: list[str]
+    logits: str
+    kv_dtype: torch.dtype
+    mask_dtype: torch.dtype
+    position_dtype: torch.dtype
+    input_ids_dtype: torch.dtype
+
+
+class Model:
+    """og.Model(config_or_path)."""
+
+    def __init__(self, config: Config | str | os.PathLike[str]) -> None:
+        self.config = config if isinstance(config, Config) else Config(config)
+        mc = self.config.model
+        if mc.type not in DECODER_ONLY_TYPES:
+            raise UnsupportedModelError(
+                f"model type '{mc.type}' (model.type in {self.config._file}) is not supported by crossml.genai; "
+                f"supported decoder-only types: {', '.join(DECODER_ONLY_TYPES)}")
+        filename = mc.decoder.filename
+        model_path = os.path.join(self.config.path, filename)
+        data = self.config._model_data.get(filename)
+        if data is None and not os.path.isfile(model_path):
+            raise ModelFileNotFound(f"decoder model '{model_path}' (model.decoder.filename in {self.config._file}) "
+                                    "not found")
+        providers = self.config.providers()
+        self.session = InferenceSession(model_path if data is None else data, self._session_options(),
+                                        providers=providers)
+        self.device: torch.device = self.session.device
+        self.io = self._decoder_io()
+        _mark_kv_inplace(self.session)
+
+    @property
+    def type(self) -> str:
+        return self.config.model.type
+
+    @property
+    def device_type(self) -> str:
+        """"CPU", or the GPU provider's onnxruntime-genai name ("DML", "CUDA", "GPU")."""
+        if self.device.type == "cpu":
+            return "CPU"
+        name = self.session.get_providers()[0]
+        return {"DmlExecutionProvider": "DML", "CUDAExecutionProvider": "CUDA"}.get(name, "GPU")
+
+    def _session_options(self) -> SessionOptions:
+        so = SessionOptions()
+        cfg = self.config.session_options()
+        for key, value in cfg.items():
+            if key in ("intra_op_num_threads", "inter_op_num_threads"):
+                setattr(so, key, int(value))
+            elif key == "enable_profiling":
+                so.enable_profiling = bool(value)
+                if isinstance(value, str) and value:
+                    so.profile_file_prefix = value
+            elif key == "log_id":
+                so.logid = str(value)
+            elif key == "log_severity_level":
+                so.log_severity_level = int(value)
+            elif key == "graph_optimization_level" and str(value) in _OPT_LEVELS:
+                so.graph_optimization_level = _OPT_LEVELS[str(value)]
+            elif key == "config_entries" and isinstance(value, dict):
+                for k, v in value.items():
+                    so.add_session_config_entry(str(k), str(v))
+            elif key != "provider_options":
+                log.debug("genai_config session option '%s' has no effect in crossml", key)
+        # the builder's decoders take the total length from attention_mask's shape, so every token is a
+        # new input signature: per-signature capture would re-plan each step. Run the plan eagerly.
+        if not so.has_session_config_entry("ep.dml.enable_graph_capture"):
+            so.add_session_config_entry("ep.dml.enable_graph_capture", "0")
+        return so
+
+    def _decoder_io(self) -> DecoderIO:
+        dec = self.config.model.decoder
+        inputs = {a.name: a for a in self.session.get_inputs()}
+        outputs = {a.name for a in self.session.get_outputs()}
+        n = dec.num_hidden_layers
+        pk = dec.input_name("past_key_names", "past_key_values.%d.key")
+        pv = dec.input_name("past_value_names", "past_key_values.%d.value")
+        ok = dec.output_name("present_key_names", "present.%d.key")
+        ov = dec.output_name("present_value_names", "present.%d.value")
+        past = [name % i for i in range(n) for name in (pk, pv)]
+        present = [name % i for i in range(n) for name in (ok, ov)]
+        ids = dec.input_name("input_ids", "input_ids")
+        logits = dec.output_name("logits", "logits")
+        where = f"{self.config.path}/{dec.filename}"
+        missing = [x for x in [ids, *past] if x not in inputs] + [x for x in [logits, *present] if x not in outputs]
+        if missing:
+            raise UnsupportedModelError(
+                f"'{where}' lacks {', '.join(missing)} named by genai_config.json (model.decoder.inputs/outputs); "
+                f"its inputs are {', '.join(inputs)} and outputs {', '.join(sorted(outputs))}")
+        extra = [x for x in inputs if x not in {ids, *past, dec.input_name("attention_mask", "attention_mask"),
+                                                  dec.input_name("position_ids", "position_ids")}]
+        if extra:
+            raise UnsupportedModelError(f"'{where}' has inputs crossml.genai does not feed: {', '.join(extra)}")
+        mask = dec.input_name("attention_mask", "attention_mask")
+        pos = dec.input_name("position_ids", "position_ids")
+
+        def dtype(name: str | None, default: torch.dtype) -> torch.dtype:
+            if name is None or name not in inputs:
+                return default
+            return _torch_dtype(inputs[name].type)
+
+        return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
+                         position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
+                         logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
+                         position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64))
+
+    def run(self, feed: dict[str, torch.Tensor], output_names: list[str]) -> list[torch.Tensor]:
+        """Run the decoder on device tensors; returns device tensors."""
+        outs = self.session.run_with_ort_values(output_names, {k: OrtValue.ortvalue_from_torch(v)
+                                                               for k, v in feed.items()})
+        return [o.as_torch() for o in outs]
+
+
+def _torch_dtype(type_string: str) -> torch.dtype:
+    return _FROM_STRING.get(type_string, torch.float32)
+
+
+_FROM_STRING = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,
+                "tensor(int64)": torch.int64, "tensor(int32)": torch.int32}
+
+
+def _mark_kv_inplace(session: InferenceSession) -> None:
+    """Let GroupQueryAttention write new keys/values into the static cache buffers in place.
+
+    crossml's GQA does so when its OpContext carries ``extra["kv_inplace"]``; the engine has no
+    public switch for it yet, so the flag is set on the session's plan steps here.
+    """
+    plan: Any = getattr(session, "_plan", None)
+    for step in getattr(plan, "steps", ()):
+        ctx = step.attrs.get("ctx") if isinstance(step.attrs, dict) else None
+        if step.op_type == "GroupQueryAttention" and ctx is not None:
+            ctx.extra["kv_inplace"] = True
