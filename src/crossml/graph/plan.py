@@ -188,6 +188,9 @@ class PlanOptions:
     #: keep 2-D convolution weights channels-last on the device (the layout tensor cores want);
     #: activations follow the weights' layout through the network.
     channels_last: bool = False
+    #: session-level facts handed to every op that asks for a context (OpContext.extra), e.g.
+    #: ``kv_inplace``: GroupQueryAttention may write new keys/values into the shared past buffer.
+    op_extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Builder:
@@ -444,11 +447,11 @@ class _Builder:
             types.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
         return OpContext(node_name=node.name, op_type=node.op_type, opset=opset, num_outputs=len(node.output),
                          output_types=tuple(types), outputs_wanted=tuple(bool(o) for o in node.output),
-                         device=device)
+                         device=device, extra=dict(self.opt.op_extra))
 
     def _subplan(self, g: onnx.GraphProto, device: torch.device) -> SubPlan:
         opt = PlanOptions(device=device, fold_constants=self.opt.fold_constants,
-                          fallback_to_cpu=self.opt.fallback_to_cpu)
+                          fallback_to_cpu=self.opt.fallback_to_cpu, op_extra=self.opt.op_extra)
         types = dict(self.value_types)
         for vi in list(g.value_info) + list(g.input) + list(g.output):
             types[vi.name] = vi.type

@@ -139,8 +139,10 @@ class InferenceSession:
 
     def _plan_options(self) -> PlanOptions:
         gpu = self._providers[0].config
+        cfg = self._sess_options._config
+        extra = {"kv_inplace": cfg.get(KV_INPLACE, "0") == "1"}
         return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
-                           channels_last=gpu is not None and gpu.prefer_nhwc)
+                           channels_last=gpu is not None and gpu.prefer_nhwc, op_extra=extra)
 
     def _capture_enabled(self) -> bool:
         if self._gpu is None or not capture_supported(self._device) or self._profiler is not None:
@@ -411,6 +413,9 @@ class InferenceSession:
 
 
 MAX_SIGNATURES = 32
+#: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
+#: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
+KV_INPLACE = "crossml.kv_cache_in_place"
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
