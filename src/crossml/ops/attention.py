@@ -338,25 +338,25 @@ def linear_attention(
 
 @op("CausalConvWithState", since=27)
 def causal_conv_with_state(
-    input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None, *, activation: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if activation not in ("none", "silu", "swish"):
         raise ValueError(f"CausalConvWithState: unsupported activation '{activation}'; expected none, silu or swish")
-    if input.dim() != 3 or weight.dim() != 3:
-        raise ValueError(f"CausalConvWithState expects input (B, C, L) and weight (C, 1, k), got "
-                         f"{tuple(input.shape)} and {tuple(weight.shape)}")
-    bsz, channels, _ = input.shape
+    if x.dim() != 3 or weight.dim() != 3:
+        raise ValueError(f"CausalConvWithState expects x (B, C, L) and weight (C, 1, k), got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    bsz, channels, _ = x.shape
     k = weight.shape[2]
     if past_state is None:
-        past_state = torch.zeros((bsz, channels, k - 1), dtype=input.dtype, device=input.device)
-    padded = torch.cat((past_state, input), dim=2)
-    wide = torch.float64 if input.dtype == torch.float64 else torch.float32
+        past_state = torch.zeros((bsz, channels, k - 1), dtype=x.dtype, device=x.device)
+    padded = torch.cat((past_state, x), dim=2)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = F.conv1d(padded.to(wide), weight.to(wide), None if bias is None else bias.to(wide), groups=channels)
-    out = out.to(input.dtype)
+    out = out.to(x.dtype)
     if activation != "none":
         w = out.to(torch.float32)
-        out = (w * torch.sigmoid(w)).to(input.dtype)
+        out = (w * torch.sigmoid(w)).to(x.dtype)
     return out, padded[:, :, padded.shape[2] - (k - 1):]
 
 
