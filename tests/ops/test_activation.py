@@ -55,10 +55,11 @@ def test_unary_activation(op_type, dtype, providers):
     check(op_type, {"x": x}, opset=24, providers=providers, expected=want, rtol=t, atol=t, **attrs)
 
 
-def test_gelu_tanh():
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_gelu_tanh(providers):
     x = (RNG.standard_normal((4, 5)) * 3).astype(np.float32)
     want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    check("Gelu", {"x": x}, opset=20, approximate="tanh", expected=want, rtol=1e-5, atol=1e-6)
+    check("Gelu", {"x": x}, providers=providers, opset=20, approximate="tanh", expected=want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("opset", [1, 6])
@@ -69,15 +70,17 @@ def test_legacy_opsets(opset):
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64])
-def test_relu_integers(dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_relu_integers(dtype, providers):
     x = ints(dtype, (20,))
-    check("Relu", {"x": x}, opset=14, expected=np.maximum(x, 0))
+    check("Relu", {"x": x}, providers=providers, opset=14, expected=np.maximum(x, 0))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.float16])
-def test_shrink_dtypes(dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_shrink_dtypes(dtype, providers):
     x = np.arange(-6, 7).astype(dtype) if np.dtype(dtype).kind != "u" else np.arange(0, 13).astype(dtype)
-    check("Shrink", {"x": x}, opset=9, bias=1.5, lambd=2.0)
+    check("Shrink", {"x": x}, providers=providers, opset=9, bias=1.5, lambd=2.0)
 
 
 @pytest.mark.parametrize("providers", PROVIDERS)
@@ -139,10 +142,11 @@ def test_opset11_coerces_to_2d(op_type):
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16, np.float64])
 @pytest.mark.parametrize("op_type", SOFTMAX)
-def test_softmax_family_dtypes(op_type, dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_softmax_family_dtypes(op_type, dtype, providers):
     x = RNG.standard_normal((3, 5)).astype(dtype)
     want = reference(op_type, {"x": x.astype(np.float64)}, opset=13).astype(dtype)
-    check(op_type, {"x": x}, opset=13, expected=want, rtol=tol(dtype), atol=tol(dtype))
+    check(op_type, {"x": x}, providers=providers, opset=13, expected=want, rtol=tol(dtype), atol=tol(dtype))
 
 
 def test_hardmax_empty():

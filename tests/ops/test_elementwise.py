@@ -136,12 +136,13 @@ def test_float_mod(dtype, fmod):
 
 @pytest.mark.parametrize("dtype", [np.float16, BF16, np.float64])
 @pytest.mark.parametrize("op_type", ["Add", "Sub", "Mul", "Div"])
-def test_float_arithmetic_keeps_dtype(op_type, dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_float_arithmetic_keeps_dtype(op_type, dtype, providers):
     a = RNG.standard_normal((2, 3, 4)).astype(dtype)
     b = (RNG.standard_normal((3, 1)) + 3).astype(dtype)
     fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op_type]
     want = fn(a.astype(np.float32), b.astype(np.float32)).astype(dtype)
-    check(op_type, {"a": a, "b": b}, expected=want, rtol=1e-2, atol=1e-2)
+    check(op_type, {"a": a, "b": b}, providers=providers, expected=want, rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("opset", [1, 6])
@@ -229,12 +230,13 @@ def test_equal_strings():
 @pytest.mark.parametrize(("base", "exp"), [(np.int32, np.float32), (np.int64, np.int64), (np.float32, np.int32),
                                            (np.float16, np.float32), (np.uint8, np.int64), (np.float64, np.int64),
                                            (np.int8, np.int8)])
-def test_pow_types(base, exp):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_pow_types(base, exp, providers):
     a = np.array([[1, 2, 3], [-2, 0, 5]]).astype(base) if np.dtype(base).kind != "u" else np.array([[1, 2, 3]], base)
     b = np.array([3, 2, 1]).astype(exp)
     with np.errstate(over="ignore"):
         want = np.power(a.astype(np.float64), b.astype(np.float64)).astype(base)
-    check("Pow", {"a": a, "b": b}, expected=want, rtol=1e-3)
+    check("Pow", {"a": a, "b": b}, providers=providers, expected=want, rtol=1e-3)
 
 
 def test_pow_uint64_wraps():
@@ -251,7 +253,8 @@ def test_pow_uint64_wraps():
 @pytest.mark.parametrize("op_type", ["Abs", "Neg", "Reciprocal", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tan", "Asin",
                                      "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Ceil", "Floor",
                                      "Round", "Sign", "Erf"])
-def test_unary_float(op_type, dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_unary_float(op_type, dtype, providers):
     x = RNG.uniform(-0.95, 0.95, (3, 5)).astype(np.float32)
     if op_type in ("Sqrt", "Log", "Reciprocal"):
         x = np.abs(x) + 0.1
@@ -266,17 +269,18 @@ def test_unary_float(op_type, dtype):
     else:
         want = reference(op_type, {"x": x.astype(ref_dtype)}).astype(dtype)
     tol = 1e-12 if dtype == np.float64 else 2e-2
-    check(op_type, {"x": x}, expected=want, rtol=tol, atol=tol)
+    check(op_type, {"x": x}, providers=providers, expected=want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("dtype", INT_TYPES)
-def test_abs_sign_integers(dtype):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_abs_sign_integers(dtype, providers):
     x = ints(dtype, (10,))
     if np.dtype(dtype).kind == "i":
         x[0] = np.iinfo(dtype).min
     with np.errstate(over="ignore"):
-        check("Abs", {"x": x}, expected=np.abs(x))
-    check("Sign", {"x": x}, expected=np.sign(x).astype(dtype))
+        check("Abs", {"x": x}, providers=providers, expected=np.abs(x))
+    check("Sign", {"x": x}, providers=providers, expected=np.sign(x).astype(dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64])
@@ -288,16 +292,18 @@ def test_neg_integers(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize(("neg", "pos"), [(1, 1), (0, 1), (1, 0), (0, 0)])
-def test_isinf_isnan(dtype, neg, pos):
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_isinf_isnan(dtype, neg, pos, providers):
     x = np.array([1.0, np.inf, -np.inf, np.nan, 0.0, -3.0], dtype)
-    check("IsInf", {"x": x}, detect_negative=neg, detect_positive=pos,
+    check("IsInf", {"x": x}, providers=providers, detect_negative=neg, detect_positive=pos,
           expected=(np.isposinf(x) & bool(pos)) | (np.isneginf(x) & bool(neg)))
-    check("IsNaN", {"x": x}, expected=np.isnan(x))
+    check("IsNaN", {"x": x}, providers=providers, expected=np.isnan(x))
 
 
-def test_isnan_float8():
+@pytest.mark.parametrize("providers", PROVIDERS)
+def test_isnan_float8(providers):
     x = np.array([1.0, np.nan, -2.0], np.float32).astype(ml_dtypes.float8_e4m3fn)
-    check("IsNaN", {"x": x}, expected=np.array([False, True, False]))
+    check("IsNaN", {"x": x}, providers=providers, expected=np.array([False, True, False]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from crossml.ops._util import WIDEN, norm_axis, widened
-from crossml.ops.registry import op
+from crossml.ops.registry import OpContext, op
 
 Tensor = torch.Tensor
 
@@ -54,6 +54,18 @@ def _legacy_broadcast(a: Tensor, b: Tensor, broadcast: int, axis: int | None) ->
         raise ValueError(f"inputs of shapes {tuple(a.shape)} and {tuple(b.shape)} differ and the node does not "
                          f"set broadcast=1 (opset < 7 broadcasting)")
     return a, b
+
+
+_SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _bits(x: Tensor) -> Tensor:
+    """The same bits in a dtype with kernels everywhere (CUDA lacks bitwise ops and where for uint16-64)."""
+    if x.dtype in _SIGNED_VIEW:
+        return x.view(_SIGNED_VIEW[x.dtype])
+    if x.dtype.is_floating_point and x.element_size() == 1:  # float8
+        return x.view(torch.uint8)
+    return x
 
 
 def _ordered(x: Tensor) -> Tensor:
@@ -125,7 +137,7 @@ def neg(x: Tensor) -> Tensor:
 @op("Sign", since=9)
 def sign(x: Tensor) -> Tensor:
     if not x.dtype.is_signed and not x.dtype.is_floating_point:
-        return (x != 0).to(x.dtype)
+        return (_bits(x) != 0).to(x.dtype)
     return torch.sign(x)
 
 
@@ -156,9 +168,8 @@ def not_(x: Tensor) -> Tensor:
 
 
 @op("BitwiseNot", since=18)
-@widened
 def bitwise_not(x: Tensor) -> Tensor:
-    return torch.bitwise_not(x)
+    return torch.bitwise_not(_bits(x)).view(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -229,8 +240,11 @@ def _pow(a: Tensor, b: Tensor) -> Tensor:
         if not b.dtype.is_floating_point:
             b = b.to(torch.float64 if a.dtype == torch.float64 else torch.float32)
         return torch.pow(a, b).to(a.dtype)
-    if b.dtype.is_floating_point:  # integer base, float exponent: like numpy, then truncate
-        return torch.pow(_as_int64(a).double(), b.double()).to(a.dtype)
+    if b.dtype.is_floating_point:  # integer base, float exponent: pow in double, then truncate
+        r = torch.pow(_as_int64(a).double(), b.double())
+        # GPU pow may land an ulp below an exact integer (3 ** 1.0 -> 2.9999...): snap before truncating
+        r = torch.where((r - r.round()).abs() <= 1e-12 * r.abs().clamp_min(1), r.round(), r)
+        return r.to(a.dtype)
     out = torch.pow(_as_int64(a), _as_int64(b))  # wraps modulo 2**64; the cast keeps the low bits
     return out.view(torch.uint64) if a.dtype == torch.uint64 else out.to(a.dtype)
 
@@ -283,13 +297,21 @@ def _compare(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor
     return run
 
 
-def _equal(a: Any, b: Any) -> Tensor:
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):  # string tensors live on the host
-        return torch.from_numpy(np.asarray(np.asarray(a) == np.asarray(b), dtype=bool))
+@op("Equal", since=1)
+def equal_legacy(a: Tensor, b: Tensor, *, broadcast: int = 0, axis: int | None = None) -> Tensor:
+    _same_type("Equal", a, b)
+    return torch.eq(*_legacy_broadcast(a, b, broadcast, axis))
+
+
+@op("Equal", since=7, ctx=True)
+def equal(a: Any, b: Any, *, ctx: OpContext) -> Tensor:
+    _same_type("Equal", a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):  # strings live on the host; the result need not
+        eq = torch.from_numpy(np.asarray(np.asarray(a) == np.asarray(b), dtype=bool))
+        return eq.to(ctx.device) if ctx.device is not None else eq
     return torch.eq(a, b)
 
 
-_binary("Equal", _equal)
 _binary("Less", _compare(torch.lt))
 _binary("Greater", _compare(torch.gt))
 _binary("LessOrEqual", _compare(torch.le), legacy=False, since=12)
@@ -297,9 +319,16 @@ _binary("GreaterOrEqual", _compare(torch.ge), legacy=False, since=12)
 _binary("And", torch.logical_and)
 _binary("Or", torch.logical_or)
 _binary("Xor", torch.logical_xor)
-_binary("BitwiseAnd", torch.bitwise_and, legacy=False, since=18)
-_binary("BitwiseOr", torch.bitwise_or, legacy=False, since=18)
-_binary("BitwiseXor", torch.bitwise_xor, legacy=False, since=18)
+def _bitwise(fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    def run(a: Tensor, b: Tensor) -> Tensor:
+        return fn(_bits(a), _bits(b)).view(a.dtype)
+
+    return run
+
+
+_binary("BitwiseAnd", _bitwise(torch.bitwise_and), legacy=False, since=18)
+_binary("BitwiseOr", _bitwise(torch.bitwise_or), legacy=False, since=18)
+_binary("BitwiseXor", _bitwise(torch.bitwise_xor), legacy=False, since=18)
 
 
 @op("BitShift", since=11)
@@ -371,9 +400,7 @@ def where(cond: Any, x: Any, y: Any) -> Any:
         c = cond.cpu().numpy() if isinstance(cond, Tensor) else np.asarray(cond)
         return np.where(c, x, y).astype(object)
     _same_type("Where", x, y)
-    if x.dtype.is_floating_point and x.element_size() == 1:  # float8: select the bit patterns
-        return torch.where(cond, x.view(torch.uint8), y.view(torch.uint8)).view(x.dtype)
-    return torch.where(cond, x, y)
+    return torch.where(cond, _bits(x), _bits(y)).view(x.dtype)  # selects bit patterns: any dtype
 
 
 @op("Clip", since=1)
