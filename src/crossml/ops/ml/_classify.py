@@ -46,6 +46,8 @@ def finalize_classifier(scores: torch.Tensor, has: torch.Tensor, base: np.ndarra
             if post != "NONE":
                 probs = post_transform(probs, post)
         return label, probs.to(torch.float32)
+    if n_labels == 2:
+        return _two_classes(scores, has, base, labels, post, ctx)
     if len(base):
         if len(base) != n_labels:
             raise ValueError(f"base_values has {len(base)} entries; expected one per class ({n_labels})")
@@ -54,3 +56,18 @@ def finalize_classifier(scores: torch.Tensor, has: torch.Tensor, base: np.ndarra
     masked = torch.where(has, scores, torch.full_like(scores, -math.inf))
     label = labels_output(masked.argmax(dim=1), labels, ctx)
     return label, post_transform(scores, post).to(torch.float32)
+
+
+def _two_classes(scores: torch.Tensor, has: torch.Tensor, base: np.ndarray, labels: list[Any], post: str,
+                 ctx: OpContext) -> tuple[Any, torch.Tensor]:
+    """Weights for both classes: the label is positive when class 1 scored above 0 (onnxruntime)."""
+    s0, s1 = scores[:, 0], scores[:, 1]
+    if len(base) == 2:
+        p1 = torch.where(has[:, 1], float(base[1]) + s0, s1 + float(base[1]))
+        s0 = torch.where(has[:, 1], -p1, s0 + float(base[0]))
+        s1 = p1
+    elif len(base) == 1:
+        s0 = s0 + float(base[0])
+    pos = torch.where(has[:, 1], s1, torch.where(has[:, 0], s0, torch.zeros_like(s0)))
+    label = labels_output((pos > 0).to(torch.int64), labels, ctx)
+    return label, post_transform(torch.stack([s0, s1], dim=1), post).to(torch.float32)

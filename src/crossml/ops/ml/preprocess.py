@@ -46,7 +46,7 @@ def binarizer(x: torch.Tensor, *, threshold: float = 0.0) -> torch.Tensor:
 def normalizer(x: torch.Tensor, *, norm: str = "MAX") -> torch.Tensor:
     x = x.to(torch.float32)
     if norm == "MAX":
-        div = x.abs().amax(dim=-1, keepdim=True)
+        div = x.amax(dim=-1, keepdim=True)  # onnxruntime: the largest value, not |x|
     elif norm == "L1":
         div = x.abs().sum(dim=-1, keepdim=True)
     elif norm == "L2":

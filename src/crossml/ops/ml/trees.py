@@ -193,12 +193,13 @@ def tree_ensemble_regressor(
                             _thresholds(xin, nodes_values, nodes_values_as_tensor), nodes_modes, nodes_truenodeids,
                             nodes_falsenodeids, nodes_missing_value_tracks_true, target_treeids, target_nodeids,
                             target_ids, weights, n_targets)
-    scores, _ = aggregate(forest, leaf_indices(forest, xin), aggregate_function, torch.float64)
+    scores, has = aggregate(forest, leaf_indices(forest, xin), aggregate_function, torch.float64)
     base = _np(base_values_as_tensor if base_values_as_tensor is not None else base_values, np.float64)
     if len(base):
         if len(base) != n_targets:
             raise ValueError(f"base_values has {len(base)} entries; expected n_targets={n_targets}")
         scores = scores + torch.from_numpy(base).to(scores.device)
+    scores = torch.where(has, scores, torch.zeros_like(scores))  # onnxruntime: a target no leaf scored is 0
     return post_transform_(scores, post_transform).to(torch.float32)
 
 
