@@ -135,7 +135,7 @@ class BeamSearch:
                     break
                 if t in self.eos:
                     if rank < self.beams:
-                        self._add(b, Hypothesis(self._penalised(s, length), seq_h[row] + [t]))
+                        self._add(b, Hypothesis(self._penalised(s, length), seq_h[row]))  # EOS not kept
                     continue
                 src.append(row)
                 tok.append(t)

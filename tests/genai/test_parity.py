@@ -1,0 +1,152 @@
+"""crossml.genai against onnxruntime-genai 0.18 on tiny builder-made models.
+
+Both run the same script through the same API: greedy sequences must be identical, and the logits of
+every step must agree within 1e-4 for fp32 models.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import crossml.genai as xg
+from tests.genai.conftest import ARCHS, PRECISIONS
+
+PROMPT = "Hello world! How are you"
+BATCH = ["The quick brown fox jumps over", "def f(x):"]
+#: EOS_NOTE: onnxruntime-genai's Config.overlay appends to model.eos_token_id instead of replacing it
+#: (overlaying [7] onto 1 gives [1, 7]); crossml replaces. Overlays here list the model's EOS (1) first,
+#: which gives the same EOS set in both.
+
+
+def _eos_overlay(*ids: int) -> str:
+    return json.dumps({"model": {"eos_token_id": sorted(set(ids))}})
+
+
+def generate(og, folder: str, prompts: list[str], max_length: int = 24, overlay: str | None = None,
+             **options) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Greedy-generate with module ``og``; returns the sequences and the logits of every step."""
+    config = og.Config(folder)
+    if overlay:
+        config.overlay(overlay)
+    model = og.Model(config)
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, batch_size=len(prompts), **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
+    logits = [gen.get_logits().copy()]
+    while not gen.is_done():
+        gen.generate_next_token()
+        if not gen.is_done():
+            logits.append(gen.get_logits().copy())
+    count = len(prompts) * int(options.get("num_return_sequences", 1))
+    return [gen.get_sequence(i).tolist() for i in range(count)], logits
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_greedy_parity(genai_models, og_ref, arch: str, precision: str, prompts: list[str]) -> None:
+    folder = genai_models[(arch, precision)]
+    ref_seq, ref_logits = generate(og_ref, folder, prompts)
+    seq, logits = generate(xg, folder, prompts)
+    assert seq == ref_seq
+    assert len(logits) == len(ref_logits)
+    if precision == "fp32":
+        for step, (a, b) in enumerate(zip(logits, ref_logits)):
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=f"logits of step {step}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma"])
+def test_eos_and_padding_parity(genai_models, og_ref, arch: str) -> None:
+    """A row that ends early continues with pad tokens; the step on which all rows end is not appended."""
+    folder = genai_models[(arch, "fp32")]
+    ref_seq, _ = generate(og_ref, folder, BATCH, max_length=40)
+    # make tokens each row generates early into EOS tokens, so both rows end at different steps
+    eos = sorted({1, ref_seq[0][8], ref_seq[1][12]})  # 1: the model's EOS (see EOS_NOTE)
+    overlay = _eos_overlay(*eos)
+    ref, _ = generate(og_ref, folder, BATCH, max_length=40, overlay=overlay)
+    got, _ = generate(xg, folder, BATCH, max_length=40, overlay=overlay)
+    assert got == ref
+    ref1, _ = generate(og_ref, folder, [BATCH[0]], max_length=40, overlay=overlay)
+    got1, _ = generate(xg, folder, [BATCH[0]], max_length=40, overlay=overlay)
+    assert got1 == ref1
+
+
+@pytest.mark.parametrize("options", [{"repetition_penalty": 1.5}, {"min_length": 20}, {"repetition_penalty": 0.7}],
+                         ids=["rep1.5", "min_length", "rep0.7"])
+def test_processor_parity(genai_models, og_ref, options) -> None:
+    folder = genai_models[("llama", "fp32")]
+    overlay = None
+    if "min_length" in options:  # an EOS the model would produce early, so min_length matters
+        seq, _ = generate(og_ref, folder, [PROMPT], max_length=30)
+        overlay = _eos_overlay(1, seq[0][8])
+    ref, _ = generate(og_ref, folder, [PROMPT], max_length=30, overlay=overlay, **options)
+    got, _ = generate(xg, folder, [PROMPT], max_length=30, overlay=overlay, **options)
+    assert got == ref
+
+
+def test_no_shared_buffer_parity(genai_models, og_ref) -> None:
+    folder = genai_models[("qwen2", "fp32")]
+    ref, ref_logits = generate(og_ref, folder, BATCH, past_present_share_buffer=False)
+    got, logits = generate(xg, folder, BATCH, past_present_share_buffer=False)
+    assert got == ref
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{"num_beams": 4, "num_return_sequences": 2},
+                                     {"num_beams": 3, "num_return_sequences": 3, "length_penalty": 0.5,
+                                      "early_stopping": False}], ids=["beams4", "beams3_lp"])
+def test_beam_search_parity(genai_models, og_ref, options) -> None:
+    folder = genai_models[("llama", "fp32")]
+    seq, _ = generate(og_ref, folder, [PROMPT], max_length=30)
+    overlay = _eos_overlay(1, seq[0][7], seq[0][10])
+    ref = _beam(og_ref, folder, overlay, **options)
+    got = _beam(xg, folder, overlay, **options)
+    assert got == ref
+
+
+def _beam(og, folder: str, overlay: str, **options) -> list[list[int]]:
+    config = og.Config(folder)
+    config.overlay(overlay)
+    model = og.Model(config)
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=24, **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(PROMPT))
+    while not gen.is_done():
+        gen.generate_next_token()
+    return [gen.get_sequence(i).tolist() for i in range(options["num_return_sequences"])]
+
+
+def test_tokenizer_parity(genai_models, og_ref) -> None:
+    folder = genai_models[("llama", "fp32")]
+    ref_tok = og_ref.Tokenizer(og_ref.Model(folder))
+    tok = xg.Tokenizer(xg.Model(folder))
+    texts = ["Hello world", " leading space", "<|user|>hi<|end|>", "", "a\nb  c", "Grüße 你好 🙂 café"]
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids.tolist() == ref_tok.encode(text).tolist(), text
+        assert tok.decode(ids) == ref_tok.decode(ids)
+    batch = tok.encode_batch(texts[:2])
+    assert batch.as_numpy().tolist() == ref_tok.encode_batch(texts[:2]).as_numpy().tolist()
+    ids = [0, *tok.encode("Grüße 你好 🙂 café").tolist(), 1, 3]
+    s, r = tok.create_stream(), ref_tok.create_stream()
+    assert [s.decode(i) for i in ids] == [r.decode(i) for i in ids]
+    assert tok.bos_token_id == ref_tok.bos_token_id
+    assert tok.pad_token_id == ref_tok.pad_token_id
+    assert tok.eos_token_ids.tolist() == ref_tok.eos_token_ids.tolist()
+    for t in ["<|user|>", "<pad>", "not-a-token"]:
+        assert tok.to_token_id(t) == ref_tok.to_token_id(t)
+    messages = '[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]'
+    for add in (True, False):
+        assert tok.apply_chat_template(messages, add_generation_prompt=add) == \
+            ref_tok.apply_chat_template(messages, add_generation_prompt=add)
+    template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    assert tok.apply_chat_template(messages, template_str=template, add_generation_prompt=False) == \
+        ref_tok.apply_chat_template(messages, template_str=template, add_generation_prompt=False)
