@@ -197,16 +197,12 @@ def _div_signed(a: Tensor, b: Tensor) -> Tensor:
     return torch.div(a, b, rounding_mode="trunc")  # C semantics: truncate toward zero
 
 
-def _udiv64(a: Tensor, b: Tensor) -> Tensor:
-    return _udivmod64(a, b)[0]
-
-
 _div_wide = widened(_div_signed)
 
 
 def _div(a: Tensor, b: Tensor) -> Tensor:
     if a.dtype == torch.uint64:
-        return _udiv64(a.view(torch.int64), b.view(torch.int64)).view(torch.uint64)
+        return _udivmod64(a.view(torch.int64), b.view(torch.int64))[0].view(torch.uint64)
     return _div_wide(a, b)
 
 
