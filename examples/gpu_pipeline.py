@@ -34,11 +34,16 @@ class Pipeline:
     device: torch.device
     size: int = 224
 
+    def __post_init__(self) -> None:
+        # normalisation constants live on the device: no host->device copy per frame
+        self.mean = MEAN.to(self.device)
+        self.std = STD.to(self.device)
+
     def preprocess(self, frames: torch.Tensor) -> torch.Tensor:
         """uint8 [N, H, W, 3] -> normalised float32 [N, 3, 224, 224], on the frames' device."""
         x = frames.permute(0, 3, 1, 2).float().div_(255.0)
         x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
-        return ((x - MEAN.to(x.device)) / STD.to(x.device)).contiguous()
+        return ((x - self.mean) / self.std).contiguous()
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         """ResNet-50 through an IOBinding: input wrapped without a copy, output left on the device."""

@@ -61,15 +61,10 @@ class CommandList:
         with _capture_lock:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            prev = torch.cuda.get_sync_debug_mode()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                self._replay(Queue(self.device, side))  # warm-up: kernel selection, lazy inits
-            finally:
-                torch.cuda.set_sync_debug_mode(prev)
+            self._replay(Queue(self.device, side))  # warm-up: kernel selection, lazy inits
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._replay(Queue(self.device, torch.cuda.current_stream(self.device)))
             self._graph = graph
         q.synchronize()

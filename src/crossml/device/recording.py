@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-_capture_lock = threading.Lock()  # sync-debug mode is process-wide: one capture at a time
+_capture_lock = threading.Lock()  # one capture at a time
 
 
 def capture_supported(device: torch.device) -> bool:
@@ -25,8 +25,8 @@ class Recording:
     session's per-signature plans replay).
 
     ``fn(inputs)`` must take device tensors and return a list of values; it is run once eagerly
-    (with host syncs turned into errors, so a function that reads device data on the host is
-    refused) and then recorded. Replays are serialised per command list; outputs are copied out
+    and then recorded (a function that reads device data on the host cannot be recorded: the
+    capture raises, and the caller falls back to running it eagerly). Replays are serialised per command list; outputs are copied out
     of the recorded buffers so a later replay never overwrites what a caller holds.
     """
 
@@ -39,16 +39,13 @@ class Recording:
         with _capture_lock:
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
-            prev = torch.cuda.get_sync_debug_mode()
             with torch.cuda.stream(side):
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    fn(list(self.inputs))  # warm-up: allocator, kernel selection, lazy inits
-                finally:
-                    torch.cuda.set_sync_debug_mode(prev)
+                fn(list(self.inputs))  # warm-up: allocator, kernel selection, lazy inits
             torch.cuda.current_stream(device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # thread-local: other threads keep launching (and syncing) while this one records;
+            # a host sync inside fn makes the capture fail here, and the caller runs eagerly
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.outputs = fn(list(self.inputs))
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[Any]:

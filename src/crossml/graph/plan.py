@@ -236,6 +236,8 @@ class _Builder:
             return slot
         if name not in self.value_device:
             self._import_outer(name)
+            if name in self.constants:  # an outer-scope constant: materialise it here
+                return self.slot_of(name, device, host)
         src_dev = self.value_device[name]
         src = self.slots[(name, _dev_key(src_dev))]
         if _dev_key(src_dev) == _dev_key(want):
