@@ -1,7 +1,7 @@
 """Control flow: If, Loop and Scan. Subgraph attributes arrive as callables ``g(*inputs) -> outputs``.
 
 Host syncs: If reads its condition once; Loop reads its trip count once and the body's condition
-once per iteration (only when the loop has a condition input); Scan never syncs.
+once per iteration (skipped while the body passes its condition through unchanged); Scan never syncs.
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ def loop(m: Any, cond: Any, *v_initial: Any, body: Graph, ctx: OpContext) -> tup
         carried = list(outs[1:1 + n_carried])
         for k in range(n_scan):
             scans[k].append(outs[1 + n_carried + k])
-        if cond is not None:  # without a condition input the body's condition is ignored
+        # onnxruntime honours the body's condition even without a condition input; a body that passes
+        # its condition through unchanged (the same tensor) costs no host read
+        if outs[0] is not cond_value:
             cond_value = outs[0]
             keep_going = _truth(cond_value)
         i += 1

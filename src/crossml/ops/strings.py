@@ -85,7 +85,7 @@ def string_split(x: Any, *, delimiter: str = "", maxsplit: int | None = None) ->
     x = _strings(x)
     sep = delimiter or None  # empty / missing: split on runs of whitespace
     limit = -1 if maxsplit is None else maxsplit
-    parts = [s.split(sep, limit) for s in x.reshape(-1).tolist()]
+    parts = [s.split(sep, limit) if s else [] for s in x.reshape(-1).tolist()]  # "" has no substrings
     width = max((len(p) for p in parts), default=0)
     y = np.full((len(parts), width), "", dtype=object)
     for i, p in enumerate(parts):
