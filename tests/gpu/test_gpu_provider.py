@@ -43,7 +43,8 @@ def test_providers_and_device(affine_model):
         assert s.get_providers()[0] == name
         assert s.device.type == "cuda"
         x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
-        np.testing.assert_allclose(s.run(None, {"x": x})[0], affine_reference(x)[0], rtol=1e-5, atol=1e-6)
+        # TF32 matmul is the default (as onnxruntime's CUDA provider): ~1e-3 relative
+        np.testing.assert_allclose(s.run(None, {"x": x})[0], affine_reference(x)[0], rtol=2e-3, atol=2e-3)
     opts = s.get_provider_options()["DmlExecutionProvider"]
     assert opts["device_id"] == "0" and opts["enable_graph_capture"] == "true"
 
@@ -95,11 +96,11 @@ def test_iobinding_on_device(affine_model):
     b.synchronize_outputs()
     y = b.get_outputs()[0]
     assert y.device_name() == "cuda"
-    np.testing.assert_allclose(y.numpy(), y_ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(z.cpu().numpy(), z_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y.numpy(), y_ref, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(z.cpu().numpy(), z_ref, rtol=2e-3, atol=2e-3)
     b.bind_ortvalue_input("x", ort.OrtValue.from_dlpack(x))
     s.run_with_iobinding(b)
-    np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], y_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], y_ref, rtol=2e-3, atol=2e-3)
 
 
 def test_eight_threads_mixed_shapes():

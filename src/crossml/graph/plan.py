@@ -373,6 +373,10 @@ class _Builder:
             for sp in subplans.values():
                 reads.extend(sp.outer_slots)
         fn = spec.fn
+        if device.type != "cpu" and not spec.host_output and (spec.host_inputs or not node.input):
+            # ops that build tensors from host values (ConstantOfShape, Range, Random*...) create
+            # them on the CPU: their results move to the step's device here
+            fn = _on_device(fn, device)
         self.steps.append(Step(fn=fn, inputs=tuple(in_slots), outputs=outs, attrs=attrs, release=(),
                                node_name=node.name, op_type=node.op_type, device=device,
                                subgraphs=subplans, single=len(node.output) == 1))
@@ -624,6 +628,19 @@ def _to(v: Any, device: torch.device) -> Any:
     if isinstance(v, torch.Tensor) and v.device != device:
         return v.to(device)
     return v
+
+
+def _on_device(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    def run(*args: Any, **kw: Any) -> Any:
+        out = fn(*args, **kw)
+        if isinstance(out, torch.Tensor):
+            return out if out.device == device else out.to(device)
+        if isinstance(out, tuple):
+            return tuple(o.to(device) if isinstance(o, torch.Tensor) and o.device != device else o for o in out)
+        return out
+
+    run.__name__ = getattr(fn, "__name__", "op")
+    return run
 
 
 def _copy_to(device: torch.device) -> Callable[[Any], Any]:
