@@ -359,23 +359,23 @@ def _pad(x: torch.Tensor, pads: list[int], mode: str, value: torch.Tensor | None
     width = [(0, 0)] * r
     for i, a in enumerate(axes):
         width[a] = (pads[i], pads[len(axes) + i])
+    # negative pads crop first; the other modes then reflect / wrap what is left, as onnxruntime does
+    x = x[tuple(slice(max(-b, 0), max(x.shape[a] - max(-e, 0), max(-b, 0))) for a, (b, e) in enumerate(width))]
+    width = [(max(b, 0), max(e, 0)) for b, e in width]
     if mode == "constant":
-        crop = tuple(slice(max(-b, 0), x.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width))
-        x = x[crop]
-        out_shape = [d + max(b, 0) + max(e, 0) for d, (b, e) in zip(x.shape, width)]
+        out_shape = [d + b + e for d, (b, e) in zip(x.shape, width)]
         if value is None:
             value = torch.zeros((), dtype=x.dtype, device=x.device)
         out = value.reshape(()).to(x.device).expand(out_shape).clone()
-        out[tuple(slice(max(b, 0), max(b, 0) + d) for d, (b, _) in zip(x.shape, width))] = x
+        out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, width))] = x
         return out
     for a, (b, e) in enumerate(width):
         if b == 0 and e == 0:
             continue
         d = x.shape[a]
-        n_out = d + b + e
-        if d == 0 and n_out > 0:
+        if d == 0:
             raise ValueError(f"cannot pad an empty axis {a} in '{mode}' mode")
-        x = x.index_select(a, _source_index(max(n_out, 0), b, d, mode, x.device))
+        x = x.index_select(a, _source_index(d + b + e, b, d, mode, x.device))
     return x
 
 
