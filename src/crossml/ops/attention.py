@@ -80,6 +80,8 @@ def _combine_masks(
         user = F.pad(user, (0, kv_len - user.shape[-1]), value=fill)
     if user is None:
         return structural
+    if user.dim() < 2:  # a rank-1 mask broadcasts over the query rows
+        user = user.reshape(1, -1)
     if user.dtype == torch.bool:
         return user if structural is None else user & structural
     bias = user.to(dtype)
@@ -344,7 +346,7 @@ def causal_conv_with_state(
     if activation not in ("none", "silu", "swish"):
         raise ValueError(f"CausalConvWithState: unsupported activation '{activation}'; expected none, silu or swish")
     if x.dim() != 3 or weight.dim() != 3:
-        raise ValueError(f"CausalConvWithState expects x (B, C, L) and weight (C, 1, k), got "
+        raise ValueError(f"CausalConvWithState expects input (B, C, L) and weight (C, 1, k), got "
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
     bsz, channels, _ = x.shape
     k = weight.shape[2]
