@@ -1,0 +1,218 @@
+"""crossml.genai API behaviour and errors (no onnxruntime-genai needed beyond the model builder)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import crossml.genai as og
+from crossml.genai.config import translate_gpu_options
+
+PROMPT = "Hello world! How are you"
+
+
+@pytest.fixture(scope="module")
+def folder(genai_models) -> str:
+    return genai_models[("llama", "fp32")]
+
+
+@pytest.fixture(scope="module")
+def model(folder) -> og.Model:
+    return og.Model(folder)
+
+
+def _copy(folder: str, tmp_path, edit=None) -> str:
+    dst = tmp_path / "m"
+    shutil.copytree(folder, dst)
+    if edit is not None:
+        path = dst / "genai_config.json"
+        cfg = json.loads(path.read_text())
+        edit(cfg)
+        path.write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def _greedy(model: og.Model, n: int = 8, **options) -> og.Generator:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64, **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    for _ in range(n):
+        gen.generate_next_token()
+    return gen
+
+
+# -- errors -------------------------------------------------------------------------------------
+def test_missing_folder_and_config(tmp_path) -> None:
+    with pytest.raises(og.ModelFileNotFound, match="does not exist"):
+        og.Model(str(tmp_path / "nope"))
+    with pytest.raises(og.ModelFileNotFound, match="genai_config.json"):
+        og.Config(str(tmp_path))
+
+
+def test_missing_model_file(folder, tmp_path) -> None:
+    path = _copy(folder, tmp_path)
+    (tmp_path / "m" / "model.onnx").unlink()
+    with pytest.raises(og.ModelFileNotFound, match=r"model\.onnx.*model\.decoder\.filename"):
+        og.Model(path)
+
+
+def test_unsupported_model_type(folder, tmp_path) -> None:
+    path = _copy(folder, tmp_path, lambda c: c["model"].update(type="whisper"))
+    with pytest.raises(og.UnsupportedModelError, match="'whisper'.*supported decoder-only types: .*llama"):
+        og.Model(path)
+
+
+def test_unknown_search_option(model) -> None:
+    params = og.GeneratorParams(model)
+    with pytest.raises(og.SearchOptionError, match="unknown search option 'bogus'.*Accepted options: .*max_length"):
+        params.set_search_options(bogus=1)
+    with pytest.raises(og.SearchOptionError, match="'do_sample' takes true or false"):
+        params.set_search_options(do_sample="yes")
+    params.set_search_options(num_beams=2, num_return_sequences=3)
+    with pytest.raises(og.SearchOptionError, match="num_return_sequences=3.*1 .. num_beams"):
+        og.Generator(model, params)
+
+
+def test_unknown_provider(folder) -> None:
+    config = og.Config(folder)
+    with pytest.raises(og.ConfigError, match="unknown execution provider 'webgpu'.*cpu, gpu, cuda, dml"):
+        config.append_provider("webgpu")
+
+
+def test_prompt_longer_than_max_length(model) -> None:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=4)
+    gen = og.Generator(model, params)
+    with pytest.raises(og.GeneratorStateError, match=r"5 tokens \+ current sequence length 0 exceed max_length \(4\)"):
+        gen.append_tokens(np.arange(10, 15))
+    params.set_search_options(max_length=10_000)
+    with pytest.raises(og.SearchOptionError, match="context_length"):
+        og.Generator(model, params)
+
+
+def test_all_pad_row_and_batch_mismatch(model) -> None:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, batch_size=2)
+    gen = og.Generator(model, params)
+    with pytest.raises(ValueError, match="batch_size is 2"):
+        gen.append_tokens(np.array([[5, 6, 7]]))
+    with pytest.raises(ValueError, match="only pad tokens"):
+        gen.append_tokens(np.array([[5, 6, 7], [2, 2, 2]]))
+    with pytest.raises(og.GeneratorStateError, match="append_tokens"):
+        og.Generator(model, params).generate_next_token()
+
+
+# -- config -------------------------------------------------------------------------------------
+def test_overlay_and_search_defaults(folder) -> None:
+    config = og.Config(folder)
+    config.overlay('{"search": {"max_length": 32, "top_k": 5}}')
+    params = og.GeneratorParams(og.Model(config))
+    opts = params.get_search_options()
+    assert opts["max_length"] == 32.0 and opts["top_k"] == 5.0 and opts["do_sample"] is False
+    with pytest.raises(og.ConfigError, match="unknown search option 'bogus'"):
+        config.overlay('{"search": {"bogus": 1}}')
+    assert config.search.max_length == 32  # a refused overlay leaves the config as it was
+
+
+def test_provider_options(folder) -> None:
+    config = og.Config(folder)
+    config.clear_providers()
+    assert config.providers() == [("CPUExecutionProvider", {})]
+    config.append_provider("dml")
+    config.set_provider_option("dml", "performance_preference", "high_performance")
+    config.set_provider_option("dml", "disable_metacommands", True)
+    config.set_decoder_provider_options_hardware_device_type("dml", "GPU")
+    config.set_decoder_provider_options_hardware_vendor_id("dml", 4318)
+    assert config.providers() == [
+        ("DmlExecutionProvider", {"performance_preference": "high_performance", "disable_metacommands": "true",
+                                  "device_filter": "gpu", "hardware_vendor_id": "4318"}),
+        ("CPUExecutionProvider", {}),
+    ]
+    assert translate_gpu_options("cuda", {"device_id": 0, "enable_cuda_graph": "0"}) == \
+        {"device_id": "0", "enable_cuda_graph": "0"}
+    with pytest.raises(og.ConfigError, match="device_filtering_options key 'bogus'"):
+        translate_gpu_options("dml", {"device_filtering_options": {"bogus": 1}})
+
+
+def test_availability_flags() -> None:
+    assert isinstance(og.is_cuda_available(), bool)
+    assert og.is_dml_available() == og.is_cuda_available()
+
+
+# -- generation ---------------------------------------------------------------------------------
+def test_static_cache_written_in_place(model) -> None:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    gen = og.Generator(model, params)
+    buffers = [t.data_ptr() for t in gen._cache.tensors]
+    gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    for _ in range(4):
+        gen.generate_next_token()
+    assert [t.data_ptr() for t in gen._cache.tensors] == buffers
+    assert tuple(gen._cache.tensors[0].shape) == (1, 2, 32, 16)
+    assert float(gen._cache.tensors[0][:, :, : gen.token_count() - 1].abs().sum()) > 0
+    assert gen.get_output("present.0.key").shape == (1, 2, 32, 16)
+
+
+def test_growing_cache_matches_static(model) -> None:
+    a = _greedy(model, 10).get_sequence(0)
+    b = _greedy(model, 10, past_present_share_buffer=False).get_sequence(0)
+    assert a.tolist() == b.tolist()
+
+
+def test_rewind_and_continue(model) -> None:
+    gen = _greedy(model, 8)
+    full = gen.get_sequence(0).tolist()
+    keep = len(full) - 5
+    gen.rewind_to(keep)
+    assert gen.token_count() == keep and gen.get_sequence(0).tolist() == full[:keep]
+    for _ in range(5):
+        gen.generate_next_token()
+    assert gen.get_sequence(0).tolist() == full
+    gen.rewind_to(0)
+    gen.append_tokens(np.array(full[:keep]))
+    gen.generate_next_token()
+    assert gen.get_sequence(0).tolist() == full[: keep + 1]
+    with pytest.raises(og.GeneratorStateError, match=f"the sequence has {keep + 1} tokens"):
+        gen.rewind_to(keep + 2)
+
+
+def test_set_logits_and_get_logits(model) -> None:
+    gen = _greedy(model, 1)
+    logits = gen.get_logits()
+    assert logits.shape == (1, 1, 366) and logits.dtype == np.float32
+    forced = np.zeros_like(logits)
+    forced[..., 42] = 10.0
+    gen.set_logits(forced)
+    gen.generate_next_token()
+    assert gen.get_next_tokens().tolist() == [42]
+
+
+def test_sampling(model) -> None:
+    greedy = _greedy(model, 6).get_sequence(0).tolist()
+    assert _greedy(model, 6, do_sample=True, top_k=1).get_sequence(0).tolist() == greedy
+    assert _greedy(model, 6, do_sample=True, top_p=1e-6, top_k=0).get_sequence(0).tolist() == greedy
+    a = _greedy(model, 12, do_sample=True, top_k=50, temperature=2.0, random_seed=7).get_sequence(0).tolist()
+    b = _greedy(model, 12, do_sample=True, top_k=50, temperature=2.0, random_seed=7).get_sequence(0).tolist()
+    c = _greedy(model, 12, do_sample=True, top_k=50, temperature=2.0, random_seed=8).get_sequence(0).tolist()
+    assert a == b and a != c
+    gen = _greedy(model, 0, do_sample=True, top_k=3, random_seed=1)
+    for _ in range(20):  # only the 3 best tokens are ever drawn
+        logits = gen.get_logits()[0, 0]
+        gen.generate_next_token()
+        assert gen.get_next_tokens()[0] in np.argsort(logits)[-3:]
+
+
+def test_tokenizer_stream_multibyte(model) -> None:
+    tok = og.Tokenizer(model)
+    text = "Grüße 你好 🙂 café naïve"
+    ids = tok.encode(text)
+    stream = tok.create_stream()
+    pieces = [stream.decode(int(i)) for i in ids]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert tok.decode_batch(tok.encode_batch([text, "Hello"])) == [text, "Hello"]
