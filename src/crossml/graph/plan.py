@@ -191,6 +191,9 @@ class PlanOptions:
     #: session-level facts handed to every op that asks for a context (OpContext.extra), e.g.
     #: ``kv_inplace``: GroupQueryAttention may write new keys/values into the shared past buffer.
     op_extra: dict[str, Any] = field(default_factory=dict)
+    #: DirectML's disable_metacommands: matrix products and convolutions run crossml's own Triton
+    #: kernels (crossml.kernels) instead of the vendor libraries torch calls.
+    disable_metacommands: bool = False
 
 
 class _Builder:
@@ -373,6 +376,8 @@ class _Builder:
             for sp in subplans.values():
                 reads.extend(sp.outer_slots)
         fn = spec.fn
+        if self.opt.disable_metacommands and device.type != "cpu" and domain == "":
+            fn = _own_kernel(node.op_type) or fn
         if device.type != "cpu" and not spec.host_output and (spec.host_inputs or not node.input):
             # ops that build tensors from host values (ConstantOfShape, Range, Random*...) create
             # them on the CPU: their results move to the step's device here
@@ -457,7 +462,8 @@ class _Builder:
 
     def _subplan(self, g: onnx.GraphProto, device: torch.device) -> SubPlan:
         opt = PlanOptions(device=device, fold_constants=self.opt.fold_constants,
-                          fallback_to_cpu=self.opt.fallback_to_cpu, op_extra=self.opt.op_extra)
+                          fallback_to_cpu=self.opt.fallback_to_cpu, op_extra=self.opt.op_extra,
+                          disable_metacommands=self.opt.disable_metacommands)
         types = dict(self.value_types)
         for vi in list(g.value_info) + list(g.input) + list(g.output):
             types[vi.name] = vi.type
@@ -628,6 +634,13 @@ def _to(v: Any, device: torch.device) -> Any:
     if isinstance(v, torch.Tensor) and v.device != device:
         return v.to(device)
     return v
+
+
+def _own_kernel(op_type: str) -> Callable[..., Any] | None:
+    """crossml's Triton implementation of ``op_type`` (used with disable_metacommands), if any."""
+    from crossml.kernels import METACOMMAND_FREE
+
+    return METACOMMAND_FREE.get(op_type)
 
 
 def _on_device(fn: Callable[..., Any], device: torch.device) -> Callable[..., Any]:

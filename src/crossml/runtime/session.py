@@ -142,7 +142,8 @@ class InferenceSession:
         cfg = self._sess_options._config
         extra = {"kv_inplace": cfg.get(KV_INPLACE, "0") == "1"}
         return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
-                           channels_last=gpu is not None and gpu.prefer_nhwc, op_extra=extra)
+                           channels_last=gpu is not None and gpu.prefer_nhwc, op_extra=extra,
+                           disable_metacommands=gpu is not None and gpu.disable_metacommands)
 
     def _capture_enabled(self) -> bool:
         if self._gpu is None or not capture_supported(self._device) or self._profiler is not None:
