@@ -149,3 +149,25 @@ def test_fp16_model_runs_in_fp16():
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), a.astype(np.float32) @ onnx.numpy_helper.to_array(w).astype(np.float32),
                                rtol=2e-2, atol=5e-2)
+
+
+def test_disable_metacommands_runs_no_vendor_library():
+    """With disable_metacommands, no cuBLAS / cuDNN kernel runs, and results match within tolerance."""
+    rng = np.random.default_rng(4)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    fc = onnx.numpy_helper.from_array(rng.standard_normal((8 * 16 * 16, 10)).astype(np.float32), "fc")
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("Flatten", ["r"], ["f"]), h.make_node("MatMul", ["f", "fc"], ["y"])]
+    m = make_model(nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 3, 16, 16])],
+                   [h.make_tensor_value_info("y", T.FLOAT, [2, 10])], [w, fc])
+    x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)
+    opts = {"disable_metacommands": "true", "enable_graph_capture": "false", "use_tf32": "0"}
+    s = ort.InferenceSession(m, providers=[("GPUExecutionProvider", opts)])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = s.run(None, {"x": x})[0]
+        torch.cuda.synchronize()
+    names = [e.name.lower() for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    vendor = [n for n in names if any(k in n for k in ("cublas", "cudnn", "xmma", "cutlass", "gemv", "sm90_", "sm80_"))]
+    assert not vendor, vendor[:5]
+    want = cpu_reference(m, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
