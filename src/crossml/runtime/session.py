@@ -18,6 +18,8 @@ import torch
 from crossml import dtypes
 from crossml.device.recording import Recording, capture_supported
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
+from crossml.graph.passes import apply_rules
+from crossml.graph.passes.conv_relu import RULE as CONV_RELU
 from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -105,6 +107,13 @@ class InferenceSession:
         apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
         self._raw_model = model
         model = prepare(model)
+        gpu = self._providers[0].config
+        if (gpu is not None and self._device.type == "cuda" and not gpu.disable_metacommands
+                and opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+                and opts._config.get("ep.dml.disable_graph_fusion", "0") != "1"):
+            fired = apply_rules(model, GPU_FUSIONS)
+            if fired:
+                log.info("graph fusions: %s", fired)
         self._model = model
         g = model.graph
         init_names = {t.name for t in g.initializer}
@@ -123,6 +132,8 @@ class InferenceSession:
             # onnxruntime's CUDA provider allows TF32 for fp32 matmul / convolution unless use_tf32=0
             torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
             torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
+            # onnxruntime's CUDA provider searches convolution algorithms exhaustively by default
+            torch.backends.cudnn.benchmark = True
         self._capture = self._capture_enabled()
         # the CUDA provider's user_compute_stream: run every launch on the caller's stream
         self._user_stream = (torch.cuda.ExternalStream(self._gpu.user_stream, device=self._device)
@@ -414,6 +425,9 @@ class InferenceSession:
 
 
 MAX_SIGNATURES = 32
+#: rewrites applied on GPUs (vendor-library fusions; off with disable_metacommands or
+#: the session entry ep.dml.disable_graph_fusion=1)
+GPU_FUSIONS = [CONV_RELU]
 #: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
 #: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
 KV_INPLACE = "crossml.kv_cache_in_place"
