@@ -55,9 +55,11 @@ def test_greedy_parity(genai_models, og_ref, arch: str, precision: str, prompts:
     seq, logits = generate(xg, folder, prompts)
     assert seq == ref_seq
     assert len(logits) == len(ref_logits)
-    if precision == "fp32":
-        for step, (a, b) in enumerate(zip(logits, ref_logits)):
-            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=f"logits of step {step}")
+    # int4: MatMulNBits accuracy_level 4 quantizes activations to int8, so a rounding flip can move a
+    # logit by a quantization step; observed differences are ~3e-6, the bound leaves room for one flip
+    atol = 1e-4 if precision == "fp32" else 1e-3
+    for step, (a, b) in enumerate(zip(logits, ref_logits)):
+        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"logits of step {step}")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])
