@@ -33,3 +33,26 @@ def fused_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, 
     if z is not None:
         y = y + z
     return torch.relu(y)
+
+
+@op("ScaledDotProductAttention", since=1, domain=DOMAIN)
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                                 *, scale: float = 1.0, k_transposed: int = 0) -> torch.Tensor:
+    """softmax(q @ kᵀ · scale + mask) @ v, k given as [.., S, D] (or [.., D, S] with k_transposed=1)."""
+    if k_transposed:
+        k = k.transpose(-1, -2)
+    if mask is not None and mask.dtype != q.dtype and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+@op("FastGeluErf", since=1, domain=DOMAIN)
+def gelu_erf(x: torch.Tensor) -> torch.Tensor:
+    """x · Φ(x) with the exact (erf) form."""
+    return torch.nn.functional.gelu(x)
+
+
+@op("Linear", since=1, domain=DOMAIN)
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x @ w + b (w: [K, N]) as one call with the bias in the epilogue."""
+    return torch.nn.functional.linear(x, w.t(), b)

@@ -19,7 +19,10 @@ from crossml import dtypes
 from crossml.device.recording import Recording, capture_supported
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
 from crossml.graph.passes import apply_rules
+from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
+from crossml.graph.passes.gelu import RULE as GELU
+from crossml.graph.passes.linear import RULE as LINEAR
 from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -107,11 +110,9 @@ class InferenceSession:
         apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
         self._raw_model = model
         model = prepare(model)
-        gpu = self._providers[0].config
-        if (gpu is not None and self._device.type == "cuda" and not gpu.disable_metacommands
-                and opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        if (opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 and opts._config.get("ep.dml.disable_graph_fusion", "0") != "1"):
-            fired = apply_rules(model, GPU_FUSIONS)
+            fired = apply_rules(model, fusion_rules(self._providers[0].config, self._device))
             if fired:
                 log.info("graph fusions: %s", fired)
         self._model = model
@@ -425,9 +426,18 @@ class InferenceSession:
 
 
 MAX_SIGNATURES = 32
-#: rewrites applied on GPUs (vendor-library fusions; off with disable_metacommands or
-#: the session entry ep.dml.disable_graph_fusion=1)
-GPU_FUSIONS = [CONV_RELU]
+
+
+def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
+    """The rewrites for a provider (all off with the session entry ep.dml.disable_graph_fusion=1).
+
+    With disable_metacommands only fusions that call no vendor library remain."""
+    if gpu is not None and gpu.disable_metacommands:
+        return [GELU]
+    rules = [GELU, ATTENTION, LINEAR]
+    if device.type == "cuda":
+        rules.append(CONV_RELU)
+    return rules
 #: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
 #: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
 KV_INPLACE = "crossml.kv_cache_in_place"

@@ -1,0 +1,35 @@
+"""Reading constant scalars (initializers or Constant nodes) during pattern matching."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from crossml.graph.passes import GraphView
+
+
+def scalar(view: GraphView, name: str) -> float | None:
+    """The value of a one-element constant ``name``, else None."""
+    t = view.initializers.get(name)
+    if t is None:
+        node = view.producer.get(name)
+        if node is None or node.op_type != "Constant":
+            return None
+        for a in node.attribute:
+            if a.name == "value":
+                t = a.t
+            elif a.name == "value_float":
+                return float(a.f)
+        if t is None:
+            return None
+    arr = numpy_helper.to_array(t)
+    return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+
+
+def near(value: float | None, target: float, tol: float = 1e-3) -> bool:
+    return value is not None and bool(np.isclose(value, target, rtol=tol, atol=tol))
+
+
+def other_input(node: onnx.NodeProto, name: str) -> str:
+    return node.input[1] if node.input[0] == name else node.input[0]
