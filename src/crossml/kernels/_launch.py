@@ -1,0 +1,123 @@
+"""What the Triton kernels share: the two ways to run a kernel, the TF32 decision, dtype checks.
+
+A kernel is compiled for GPU tensors (``triton.jit``, autotuned). With ``TRITON_INTERPRET=1`` set
+before triton is first imported, Triton's interpreter runs every kernel instead (numpy on the
+host, CPU tensors included), so the kernels are testable on a CPU; it is slow, so interpreted
+launches use one small fixed tile instead of autotuning.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+#: dtypes the kernels compute (fp32 accumulation; fp64 accumulates in fp64).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: grid dimensions 1 and 2 are limited to 65535 programs on CUDA.
+GRID_YZ_MAX = 65535
+
+
+def _is_interpreted(fn: object) -> bool:
+    return type(fn).__name__ == "InterpretedFunction"
+
+
+def _probe() -> None:
+    pass
+
+
+#: whether Triton interprets kernels: ``triton.jit`` decides when it decorates, so both triton's own
+#: library (decorated when triton was first imported) and kernels decorated now must agree
+INTERPRET = _is_interpreted(tl.zeros) and _is_interpreted(triton.jit(_probe))
+
+
+def _numpy24_interpreter_fix() -> None:
+    """Triton 3.6's interpreter turns loop bounds into ints with ``int(array_of_shape_1)``, which
+    numpy >= 2.4 refuses (triton-lang/triton#9171, fixed upstream by #9172): convert via ``.item()``."""
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_crossml_fixed", False):
+        return
+
+    def patched(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._crossml_fixed = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRET and int(np.__version__.split(".")[0]) * 100 + int(np.__version__.split(".")[1]) >= 204:
+    _numpy24_interpreter_fix()
+
+
+def use_interpreter(t: torch.Tensor, what: str) -> bool:
+    """True when the kernels run in Triton's interpreter; a CPU tensor needs it (else ValueError)."""
+    if INTERPRET:
+        return True
+    if t.device.type == "cpu":
+        raise ValueError(f"{what}: the Triton kernels run on GPU tensors, got a CPU tensor; use the registered "
+                         "op on the CPU, or set TRITON_INTERPRET=1 before importing triton to interpret them")
+    return False
+
+
+@functools.cache
+def _tf32_capable(device_type: str, index: int) -> bool:
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return False
+    props = torch.cuda.get_device_properties(index)
+    if torch.version.hip:
+        # Triton accepts input_precision="tf32" (XF32) on CDNA3 only
+        return str(getattr(props, "gcnArchName", "")).startswith("gfx942")
+    return props.major >= 8
+
+
+def want_tf32(t: torch.Tensor, allow_tf32: bool | None, default: bool) -> bool:
+    """Whether an fp32 product on ``t``'s device may use TF32 (``allow_tf32`` None: ``default``)."""
+    allow = default if allow_tf32 is None else allow_tf32
+    if not allow or t.dtype != torch.float32 or INTERPRET:
+        return False
+    return _tf32_capable(t.device.type, t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def check_float(what: str, *ts: torch.Tensor) -> None:
+    """Same floating dtype and device for every tensor, else a TypeError/ValueError saying which."""
+    dtypes = {t.dtype for t in ts}
+    if len(dtypes) > 1:
+        raise TypeError(f"{what} inputs must share one element type, got {', '.join(str(t.dtype) for t in ts)}")
+    if ts[0].dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{what} Triton kernel takes float16/bfloat16/float32/float64 tensors, got {ts[0].dtype}; "
+                        "use the registered op for other types")
+    devices = {t.device for t in ts}
+    if len(devices) > 1:
+        raise ValueError(f"{what} inputs are on different devices: {', '.join(str(t.device) for t in ts)}")
+
+
+def cdiv(a: int, b: int) -> int:
+    return triton.cdiv(a, b)
+
+
+def batch_grid(n: int) -> tuple[int, int]:
+    """Grid dimensions 1 and 2 covering ``n`` batch entries (dimension 1 is at most 65535)."""
+    return max(1, min(n, GRID_YZ_MAX)), max(1, cdiv(n, GRID_YZ_MAX))
+
+
+def prune_tiles(m_name: str, n_name: str) -> Callable[..., list[triton.Config]]:
+    """An ``early_config_prune`` dropping tiles far larger than the problem (fewer configs to time)."""
+
+    def prune(configs: list[triton.Config], named_args: dict, **kwargs: Any) -> list[triton.Config]:
+        m = max(16, triton.next_power_of_2(int(named_args[m_name])))
+        n = max(16, triton.next_power_of_2(int(named_args[n_name])))
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] <= m and c.kwargs["BLOCK_N"] <= n]
+        if kept:
+            return kept
+        smallest = min(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in configs)
+        return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] == smallest]
+
+    return prune
