@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -18,7 +17,7 @@ from crossml.genai.config import DECODER_ONLY_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
-from crossml.runtime.session import InferenceSession
+from crossml.runtime.session import KV_INPLACE, InferenceSession
 
 log = logging.getLogger("crossml.genai")
 
@@ -65,7 +64,6 @@ class Model:
                                         providers=providers)
         self.device: torch.device = self.session.device
         self.io = self._decoder_io()
-        _mark_kv_inplace(self.session)
 
     @property
     def type(self) -> str:
@@ -104,6 +102,8 @@ class Model:
         # new input signature: per-signature capture would re-plan each step. Run the plan eagerly.
         if not so.has_session_config_entry("ep.dml.enable_graph_capture"):
             so.add_session_config_entry("ep.dml.enable_graph_capture", "0")
+        # GroupQueryAttention writes new keys/values into the static cache buffers in place
+        so.add_session_config_entry(KV_INPLACE, "1")
         return so
 
     def _decoder_io(self) -> DecoderIO:
@@ -155,16 +155,3 @@ def _torch_dtype(type_string: str) -> torch.dtype:
 
 _FROM_STRING = {"tensor(float)": torch.float32, "tensor(float16)": torch.float16, "tensor(bfloat16)": torch.bfloat16,
                 "tensor(int64)": torch.int64, "tensor(int32)": torch.int32}
-
-
-def _mark_kv_inplace(session: InferenceSession) -> None:
-    """Let GroupQueryAttention write new keys/values into the static cache buffers in place.
-
-    crossml's GQA does so when its OpContext carries ``extra["kv_inplace"]``; the engine has no
-    public switch for it yet, so the flag is set on the session's plan steps here.
-    """
-    plan: Any = getattr(session, "_plan", None)
-    for step in getattr(plan, "steps", ()):
-        ctx = step.attrs.get("ctx") if isinstance(step.attrs, dict) else None
-        if step.op_type == "GroupQueryAttention" and ctx is not None:
-            ctx.extra["kv_inplace"] = True
