@@ -314,7 +314,10 @@ def max_roi_pool(x: torch.Tensor, rois: torch.Tensor, *, pooled_shape: list[int]
     dt = torch.float64 if x.dtype == torch.float64 else torch.float32
     roi = rois.to(dt)
     bidx = roi[:, 0].long()
-    sx, sy, ex, ey = (torch.round(roi[:, i] * spatial_scale) for i in (1, 2, 3, 4))
+    def round_away(t: torch.Tensor) -> torch.Tensor:  # C's round(): halves away from zero
+        return torch.sign(t) * torch.floor(t.abs() + 0.5)
+
+    sx, sy, ex, ey = (round_away(roi[:, i] * spatial_scale) for i in (1, 2, 3, 4))
     rw = (ex - sx + 1).clamp(min=1)
     rh = (ey - sy + 1).clamp(min=1)
 
