@@ -1,0 +1,89 @@
+"""crossml's own Triton kernels, each beside its torch reference (``matmul.py``, ``conv.py``).
+
+``METACOMMAND_FREE`` maps ONNX op types to drop-in replacements for the registered ops, with the
+same signatures, used by the plan builder when the GPU provider option
+``disable_metacommands=true`` is set: floating-point MatMul / Gemm / Conv on a GPU run the
+Triton kernels, so no vendor math library (cuBLAS, cuDNN, hipBLAS, MIOpen) runs for them.
+Integer tensors and CPU tensors go to the registered op. Triton is imported on first use, so
+importing this package needs no triton.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["METACOMMAND_FREE"]
+
+log = logging.getLogger("crossml")
+
+#: device types Triton compiles for (CUDA also covers ROCm builds of torch)
+_TRITON_DEVICES = ("cuda", "xpu")
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_warned: set[tuple[str, str]] = set()
+
+
+def _registered(op_type: str) -> Callable[..., Any]:
+    """The registered implementation (highest opset) of an ai.onnx op."""
+    import crossml.ops.conv  # noqa: F401 - registers Conv
+    import crossml.ops.matmul  # noqa: F401 - registers MatMul, Gemm
+    from crossml.ops.registry import lookup
+
+    spec = lookup("", op_type, 99)
+    if spec is None:
+        raise RuntimeError(f"no registered {op_type} op to fall back to")
+    return spec.fn
+
+
+def _use_triton(op_type: str, *ts: torch.Tensor | None) -> bool:
+    """Floating tensors of one dtype on a Triton device: the kernels take them."""
+    first = ts[0]
+    if not all(isinstance(t, torch.Tensor) for t in ts if t is not None) or first.device.type == "cpu":
+        return False
+    if first.dtype not in _FLOATS or any(t is not None and t.dtype != first.dtype for t in ts[:2]):
+        return False
+    if first.device.type not in _TRITON_DEVICES:
+        key = (op_type, first.device.type)
+        if key not in _warned:
+            _warned.add(key)
+            log.warning("disable_metacommands: Triton does not run on %s devices; %s uses the registered op",
+                        first.device.type, op_type)
+        return False
+    return True
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if _use_triton("MatMul", a, b):
+        from crossml.kernels.matmul import matmul as triton_matmul
+
+        return triton_matmul(a, b)
+    return _registered("MatMul")(a, b)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alpha: float = 1.0,
+         beta: float = 1.0, transA: int = 0, transB: int = 0, broadcast: int = 0) -> torch.Tensor:
+    if _use_triton("Gemm", a, b) and (c is None or (isinstance(c, torch.Tensor) and c.is_floating_point())):
+        from crossml.kernels.matmul import gemm as triton_gemm
+
+        return triton_gemm(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB)
+    return _registered("Gemm")(a, b, c, alpha=alpha, beta=beta, transA=transA, transB=transB, broadcast=broadcast)
+
+
+def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, auto_pad: str = "NOTSET",
+         dilations: list[int] | None = None, group: int = 1, kernel_shape: list[int] | None = None,
+         pads: list[int] | None = None, strides: list[int] | None = None) -> torch.Tensor:
+    if _use_triton("Conv", x, w, b) and (b is None or b.dtype == x.dtype):
+        if kernel_shape and list(kernel_shape) != list(w.shape[2:]):
+            raise ValueError(f"Conv kernel_shape {kernel_shape} does not match the weight shape {tuple(w.shape)}")
+        from crossml.kernels.conv import conv as triton_conv
+
+        return triton_conv(x, w, b, strides=strides, pads=pads, dilations=dilations, group=group, auto_pad=auto_pad)
+    return _registered("Conv")(x, w, b, auto_pad=auto_pad, dilations=dilations, group=group,
+                               kernel_shape=kernel_shape, pads=pads, strides=strides)
+
+
+#: ONNX op type -> replacement with the registered op's signature (see the module docstring)
+METACOMMAND_FREE: dict[str, Callable[..., Any]] = {"MatMul": matmul, "Gemm": gemm, "Conv": conv}

@@ -1,0 +1,47 @@
+"""Shared by the kernel tests: where the kernels run, tolerances per dtype, random inputs.
+
+A kernel test module sets TRITON_INTERPRET=1 when torch sees no GPU, before triton is imported
+(this module imports it): Triton's interpreter then runs the kernels on CPU tensors. With a GPU
+the variable stays unset, so the ``gpu`` tests run the compiled kernels (the CPU cases skip).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from crossml.kernels._launch import INTERPRET  # noqa: E402
+
+#: cpu: the interpreter (needs TRITON_INTERPRET=1 before triton's first import); cuda: compiled kernels
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRET, reason="Triton is not interpreting (TRITON_INTERPRET "
+                                                                       "unset when triton was first imported)")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(INTERPRET, reason="Triton is interpreting")]),
+]
+
+#: (rtol, atol) against an fp64 reference of the same (rounded) inputs
+TOL = {
+    torch.float64: (1e-9, 1e-9),
+    torch.float32: (1e-5, 1e-4),
+    torch.float16: (5e-3, 1e-2),
+    torch.bfloat16: (3e-2, 8e-2),
+}
+#: fp32 with TF32 tensor-core products (10-bit mantissa inputs)
+TF32_TOL = (5e-3, 5e-2)
+
+
+def rand(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype).to(device)
+
+
+def assert_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, tol: tuple[float, float] | None = None) -> float:
+    """Compare with the fp64 reference; return the max abs error (for reports)."""
+    rtol, atol = tol or TOL[dtype]
+    assert y.dtype == dtype
+    got = y.detach().double().cpu()
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
+    return float((got - ref).abs().max()) if got.numel() else 0.0
