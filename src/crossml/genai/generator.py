@@ -10,7 +10,9 @@ The loop is three small functions, as in gpt-fast:
 
 The host learns the new tokens and the finished flags with one copy per step, made when the user
 asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode step waits on the
-device. Sequences keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad
+device. On a GPU with the static KV cache every decode step has the same input shapes (the
+attention mask spans max_length), so the session replays one recorded graph per step; prompts run
+eagerly. Sequences keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad
 id, a finished row continues with pad tokens, and the step on which every row has finished is not
 appended.
 """
@@ -112,6 +114,8 @@ class Generator:
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
         self._finished_step = False
         self._cache = self._make_cache()
+        # decode with fixed shapes (see crossml.genai.model): one recorded graph for every decode step
+        self._static = model._static_decode and s.past_present_share_buffer
         self._rng: torch.Generator | None = None
         if s.do_sample:
             self._rng = torch.Generator(device=dev)
@@ -125,6 +129,12 @@ class Generator:
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
+        if self._model._static_decode and not self._s.past_present_share_buffer:
+            raise SearchOptionError(
+                "past_present_share_buffer=false cannot run on a decoder session with graph capture (every "
+                "decode step would be a new graph); keep it true, or turn capture off with the session config "
+                "entry ep.dml.enable_graph_capture=0 (genai_config.json: model.decoder.session_options."
+                "config_entries)")
         if self._s.past_present_share_buffer:
             return StaticKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads,
                                  self._s.max_length, dec.head_size, io.kv_dtype, self._dev)
@@ -180,15 +190,20 @@ class Generator:
         io = self._model.io
         start, end = self._kv_len, self._len
         feed = {io.input_ids: self._seq[:, start:end].to(io.input_ids_dtype)}
-        mask = self._mask[:, :end]
+        static = self._static and start > 0 and end - start == 1
+        if static:  # decode: a max-length mask (zeros after `end`), the same shapes every step
+            mask = self._mask
+            pos = (mask.sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0)
+        else:
+            mask = self._mask[:, :end]
+            pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end] if io.position_ids is not None else None
         if io.attention_mask is not None:
             feed[io.attention_mask] = mask
         if io.position_ids is not None:
-            pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end]
             feed[io.position_ids] = pos.to(io.position_dtype)
         feed.update(self._cache.feed())
         names = [io.logits, *self._cache.present_names]
-        outs = self._model.run(feed, names)
+        outs = self._model.run(feed, names, eager=self._static and not static)
         self._outputs = dict(zip(names, outs))
         self._cache.update(outs[1:])
         logits = outs[0]

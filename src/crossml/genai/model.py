@@ -3,6 +3,15 @@
 The decoder ONNX file runs through ``crossml.InferenceSession`` on the providers genai_config.json
 (or the Config) names: crossml's GPU provider for ``gpu`` / ``cuda`` / ``dml``, the CPU otherwise.
 Inputs and outputs stay torch tensors on the session's device between steps.
+
+Static decode (GPUs, ``past_present_share_buffer``): as onnxruntime-genai's CUDA-graph mode, every
+decode step feeds the same shapes (input_ids / position_ids [rows, 1], attention_mask [rows,
+max_length] with zeros after the real tokens, the max-length KV buffers), so the session's
+per-signature command list (graph capture) is recorded on the first decode step and replayed on the
+others. The builder's decoders derive ``seqlens_k`` from the mask's sum and ``total_sequence_length``
+from its width; GroupQueryAttention gives the same result for a total of max_length (rows past the
+real length are masked by causality). Capture is on unless the session config entry
+``ep.dml.enable_graph_capture`` (genai_config ``session_options.config_entries``) says otherwise.
 """
 
 from __future__ import annotations
@@ -13,13 +22,18 @@ from dataclasses import dataclass
 
 import torch
 
+from crossml.device.recording import capture_supported
 from crossml.genai.config import DECODER_ONLY_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
-from crossml.runtime.options import GraphOptimizationLevel, SessionOptions
+from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
 from crossml.runtime.session import KV_INPLACE, InferenceSession
 
 log = logging.getLogger("crossml.genai")
+
+CAPTURE = "ep.dml.enable_graph_capture"
+#: run config entry (onnxruntime's CUDA provider): -1 runs this call without graph capture / replay
+GRAPH_ID = "gpu_graph_id"
 
 _OPT_LEVELS = {"ORT_DISABLE_ALL": GraphOptimizationLevel.ORT_DISABLE_ALL,
                "ORT_ENABLE_BASIC": GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -60,10 +74,16 @@ class Model:
             raise ModelFileNotFound(f"decoder model '{model_path}' (model.decoder.filename in {self.config._file}) "
                                     "not found")
         providers = self.config.providers()
-        self.session = InferenceSession(model_path if data is None else data, self._session_options(),
-                                        providers=providers)
+        so = self._session_options()
+        self.session = InferenceSession(model_path if data is None else data, so, providers=providers)
         self.device: torch.device = self.session.device
         self.io = self._decoder_io()
+        #: decode steps feed fixed shapes (max-length attention mask) so one recorded graph replays them;
+        #: on when the session captures (a GPU). Internal: tests force it on the CPU.
+        self._static_decode = (capture_supported(self.device) and so.get_session_config_entry(CAPTURE).strip().lower() in ("1", "true")
+                               and self.config.search.past_present_share_buffer)
+        self._eager = RunOptions()
+        self._eager.add_run_config_entry(GRAPH_ID, "-1")
 
     @property
     def type(self) -> str:
@@ -98,10 +118,11 @@ class Model:
                     so.add_session_config_entry(str(k), str(v))
             elif key != "provider_options":
                 log.debug("genai_config session option '%s' has no effect in crossml", key)
-        # the builder's decoders take the total length from attention_mask's shape, so every token is a
-        # new input signature: per-signature capture would re-plan each step. Run the plan eagerly.
-        if not so.has_session_config_entry("ep.dml.enable_graph_capture"):
-            so.add_session_config_entry("ep.dml.enable_graph_capture", "0")
+        # the builder's decoders take the total length from attention_mask's shape. With the static KV cache
+        # the generator feeds a max-length mask in decode (one input signature: capture it once and replay);
+        # a growing cache makes every token a new signature, which per-signature capture would re-plan.
+        if not so.has_session_config_entry(CAPTURE):
+            so.add_session_config_entry(CAPTURE, "1" if self.config.search.past_present_share_buffer else "0")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
@@ -142,10 +163,14 @@ class Model:
                          logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64))
 
-    def run(self, feed: dict[str, torch.Tensor], output_names: list[str]) -> list[torch.Tensor]:
-        """Run the decoder on device tensors; returns device tensors."""
+    def run(self, feed: dict[str, torch.Tensor], output_names: list[str], *, eager: bool = False) -> list[torch.Tensor]:
+        """Run the decoder on device tensors; returns device tensors.
+
+        ``eager``: a run whose shapes will not come again (a prompt): asks the session not to record it
+        (run config entry gpu_graph_id=-1, as onnxruntime's CUDA provider)."""
         outs = self.session.run_with_ort_values(output_names, {k: OrtValue.ortvalue_from_torch(v)
-                                                               for k, v in feed.items()})
+                                                               for k, v in feed.items()},
+                                                self._eager if eager else None)
         return [o.as_torch() for o in outs]
 
 

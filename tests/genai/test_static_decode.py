@@ -1,0 +1,144 @@
+"""The static-shape decode path (GPU graph capture's) gives exactly the tokens and logits of the default path.
+
+On a GPU the generator feeds every decode step a max-length attention mask (and [rows, 1] ids /
+positions, the static KV buffers), so one recorded graph replays all decode steps. Here the path is
+forced on the CPU through the model's internal flag and compared with the default path on the same
+models: the builder's decoders take ``seqlens_k`` from the mask's sum and ``total_sequence_length``
+from its width, and GroupQueryAttention must give the same results for a total of max_length.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import crossml.genai as og
+from crossml.genai.errors import SearchOptionError
+from tests.genai.conftest import ARCHS, PRECISIONS
+
+PROMPT = "Hello world! How are you"
+BATCH = ["The quick brown fox jumps over", "def f(x):"]
+MAX_LENGTH = 40
+
+
+def _model(folder: str, static: bool) -> og.Model:
+    model = og.Model(folder)
+    assert not model._static_decode  # the CPU: today's path unless forced
+    model._static_decode = static
+    return model
+
+
+def _spy(model: og.Model) -> list[dict[str, tuple[int, ...]]]:
+    """Record the input shapes of every decoder run."""
+    seen: list[dict[str, tuple[int, ...]]] = []
+    run = model.run
+
+    def spy(feed: dict[str, Any], names: list[str], **kw: Any) -> Any:
+        seen.append({k: tuple(v.shape) for k, v in feed.items()})
+        return run(feed, names, **kw)
+
+    model.run = spy  # type: ignore[method-assign]
+    return seen
+
+
+def _generate(model: og.Model, prompts: list[str], max_length: int = MAX_LENGTH,
+              **options: Any) -> tuple[list[list[int]], list[np.ndarray]]:
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, batch_size=len(prompts), **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
+    logits = [gen.get_logits().copy()]
+    while not gen.is_done():
+        gen.generate_next_token()
+        if not gen.is_done():
+            logits.append(gen.get_logits().copy())
+    count = len(prompts) * int(options.get("num_return_sequences", 1))
+    return [gen.get_sequence(i).tolist() for i in range(count)], logits
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_static_decode_matches_default(genai_models, arch: str, precision: str, prompts: list[str]) -> None:
+    folder = genai_models[(arch, precision)]
+    ref_seq, ref_logits = _generate(_model(folder, False), prompts)
+    model = _model(folder, True)
+    shapes = _spy(model)
+    seq, logits = _generate(model, prompts)
+    assert seq == ref_seq
+    assert len(logits) == len(ref_logits)
+    for step, (a, b) in enumerate(zip(logits, ref_logits)):
+        np.testing.assert_array_equal(a, b, err_msg=f"logits of step {step}")
+    # prefill: the prompt's own width; every decode step: one signature with a max-length mask
+    rows = len(prompts)
+    io = model.io
+    assert shapes[0][io.attention_mask][1] < MAX_LENGTH
+    decode = shapes[1:]
+    assert len(decode) == len(logits) - 1 and decode
+    assert all(s == decode[0] for s in decode)
+    assert decode[0][io.input_ids] == (rows, 1)
+    assert decode[0][io.attention_mask] == (rows, MAX_LENGTH)
+    if io.position_ids is not None:
+        assert decode[0][io.position_ids] == (rows, 1)
+
+
+@pytest.mark.parametrize("options", [{"num_beams": 3, "num_return_sequences": 2},
+                                     {"do_sample": True, "top_k": 5, "random_seed": 7},
+                                     {"repetition_penalty": 1.3, "min_length": 30}],
+                         ids=["beams", "sample", "processors"])
+def test_static_decode_search_options(genai_models, options: dict[str, Any]) -> None:
+    folder = genai_models[("qwen2", "fp32")]
+    ref_seq, ref_logits = _generate(_model(folder, False), [PROMPT], max_length=30, **options)
+    seq, logits = _generate(_model(folder, True), [PROMPT], max_length=30, **options)
+    assert seq == ref_seq
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_static_decode_rewind_and_chunks(genai_models) -> None:
+    """A later prompt chunk runs eagerly; a one-token chunk and the steps after a rewind take the static path."""
+    folder = genai_models[("llama", "fp32")]
+
+    def run(static: bool) -> tuple[list[int], np.ndarray]:
+        model = _model(folder, static)
+        tok = og.Tokenizer(model)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=48)
+        gen = og.Generator(model, params)
+        gen.append_tokens(tok.encode(PROMPT))
+        for _ in range(5):
+            gen.generate_next_token()
+        gen.append_tokens(tok.encode(" the fox")[1:])  # a chunk (without BOS)
+        gen.append_tokens(np.array([7]))  # a one-token chunk
+        for _ in range(4):
+            gen.generate_next_token()
+        gen.rewind_to(12)
+        for _ in range(6):
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist(), gen.get_logits()
+
+    (ref_seq, ref_logits), (seq, logits) = run(False), run(True)
+    assert seq == ref_seq
+    np.testing.assert_array_equal(logits, ref_logits)
+
+
+def test_static_decode_needs_shared_buffer(genai_models) -> None:
+    model = _model(genai_models[("llama", "fp32")], True)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, past_present_share_buffer=False)
+    with pytest.raises(SearchOptionError, match="ep.dml.enable_graph_capture=0"):
+        og.Generator(model, params)
+
+
+def test_capture_entry_follows_shared_buffer(genai_models) -> None:
+    """The decoder session records graphs (on GPUs) with the static cache, and not with a growing one."""
+    folder = genai_models[("llama", "fp32")]
+    so = og.Model(folder).session.get_session_options()
+    assert so.get_session_config_entry("ep.dml.enable_graph_capture") == "1"
+    config = og.Config(folder)
+    config.overlay('{"search": {"past_present_share_buffer": false}}')
+    so = og.Model(config).session.get_session_options()
+    assert so.get_session_config_entry("ep.dml.enable_graph_capture") == "0"
