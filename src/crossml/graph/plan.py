@@ -633,6 +633,8 @@ def _dev_key(d: torch.device) -> str:
 def _to(v: Any, device: torch.device) -> Any:
     if isinstance(v, torch.Tensor) and v.device != device:
         return v.to(device)
+    if isinstance(v, list):  # a (folded) sequence
+        return [_to(x, device) for x in v]
     return v
 
 
