@@ -350,6 +350,8 @@ class InferenceSession:
                 vals[slot] = v
             return execute(plan, vals)
 
+        if not any(st.device.type != "cpu" for st in plan.steps):
+            return run_plan  # nothing runs on the device: nothing to record
         if plan.capture_blockers:
             log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
             return run_plan
