@@ -3,10 +3,11 @@
 Run as a script (the tests run it once per session, in a subprocess, so transformers and the builder
 stay out of the test process)::
 
-    python tests/genai/_build.py OUT_DIR llama:fp32 llama:int4 qwen2:fp32 ...
+    python tests/genai/_build.py OUT_DIR llama:fp32 llama:int4 qwen2:fp32 llama:fp16:cuda ...
 
 Writes OUT_DIR/hf_<arch> (config, safetensors, tokenizer) and OUT_DIR/<arch>_<precision> (the
-builder's genai_config.json, model.onnx, tokenizer files). Weights are seeded: the same on every run.
+builder's genai_config.json, model.onnx, tokenizer files) for the CPU, or
+OUT_DIR/<arch>_<precision>_<ep> for another execution provider (``-e cuda``). Weights are seeded: the same on every run.
 """
 
 from __future__ import annotations
@@ -75,12 +76,13 @@ def main(out_dir: str, specs: list[str]) -> None:
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
     for spec in specs:
-        arch, precision = spec.split(":")
+        arch, precision, *rest = spec.split(":")
+        ep = rest[0] if rest else "cpu"
         hf = os.path.join(out_dir, f"hf_{arch}")
         if not os.path.isfile(os.path.join(hf, "config.json")):
             make_hf_model(arch, hf)
-        dst = os.path.join(out_dir, f"{arch}_{precision}")
-        args = (None, hf, dst, precision, "cpu", os.path.join(out_dir, "cache"))
+        dst = os.path.join(out_dir, f"{arch}_{precision}" + ("" if ep == "cpu" else f"_{ep}"))
+        args = (None, hf, dst, precision, ep, os.path.join(out_dir, "cache"))
         create_model(*args, **parse_extra_options(*args, None))
 
 

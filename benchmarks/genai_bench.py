@@ -1,0 +1,409 @@
+"""LLM generation on one GPU: crossml.genai vs onnxruntime-genai (CUDA, with / without its CUDA graph)
+vs Hugging Face transformers with a static cache.
+
+Models are Qwen2.5-0.5B- and Llama-3.2-1B-shaped with random weights (no downloads): the Hugging Face
+config is written from the published shapes, a random-weight model and a small trained BPE tokenizer
+are saved, and onnxruntime-genai's model builder converts them (``-p fp16 -e cuda`` and
+``-p int4 -e cuda``). Everything built is kept under --workdir and reused by later runs.
+
+Measured per (model, precision, runtime), batch 1, greedy:
+
+* prefill tokens/s: a --prompt-token prompt (median of --repeats runs after a warm-up);
+* decode tokens/s: --new tokens, the host reading each token as it comes (EOS is held off with
+  min_length so every runtime makes the same number of steps);
+* bandwidth fraction: decode tokens/s x bytes read per token (the weights every token reads, plus the
+  KV cache at the average context) / a measured device-to-device copy bandwidth (bytes read + written).
+
+Run (about 8 minutes on an H200 with a cold --workdir, far less once models are built)::
+
+    PYTHONPATH=src:$ORT_GENAI_CUDA python benchmarks/genai_bench.py --out benchmarks/results
+
+Each runtime runs in its own try/except; a failure is reported in its row and the table goes on.
+Writes OUT/genai_bench.json and OUT/genai_bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+#: published shapes (config.json of Qwen/Qwen2.5-0.5B and meta-llama/Llama-3.2-1B)
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(arch="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "llama-3.2-1b": dict(arch="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True,
+                         max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, head_dim=64,
+                         rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+}
+RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static")
+CORPUS = ["The quick brown fox jumps over the lazy dog. " * 4, "def f(x):\n    return x * 2\n",
+          "Hello world! How are you today? It is a fine day for a benchmark."] * 30
+
+
+# -- models ----------------------------------------------------------------------------------------
+def make_hf(name: str, dst: str) -> None:
+    """A random-weight Hugging Face model of the named shape, with a small trained tokenizer (fp16 safetensors)."""
+    if os.path.isfile(os.path.join(dst, "config.json")):
+        return
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    os.makedirs(dst, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=1000, special_tokens=["<s>", "</s>", "<pad>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(os.path.join(dst, "tokenizer.json"))
+    with open(os.path.join(dst, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "model_max_length": 131072,
+                   "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, f)
+    shape = dict(SHAPES[name])
+    arch = shape.pop("arch")
+    cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}[arch]
+    config = getattr(transformers, cls[0])(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                           torch_dtype="float16")
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(dev):
+        model = getattr(transformers, cls[1])(config).to(torch.float16)
+    model.save_pretrained(dst)
+    del model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+
+
+def build_cmd(hf: str, dst: str, precision: str, cache: str) -> list[str]:
+    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", precision,
+            "-e", "cuda", "-c", cache]
+
+
+def build_all(work: str, names: list[str], precisions: list[str], log: Callable[[str], None]) -> dict[tuple, str]:
+    """Build every (model, precision) missing under ``work``, the builder runs in parallel subprocesses."""
+    folders, procs = {}, []
+    for name in names:
+        hf = os.path.join(work, f"hf_{name}")
+        make_hf(name, hf)
+        for p in precisions:
+            dst = os.path.join(work, f"{name}_{p}_cuda")
+            folders[(name, p)] = dst
+            if os.path.isfile(os.path.join(dst, "genai_config.json")):
+                continue
+            logf = open(os.path.join(work, f"build_{name}_{p}.log"), "w")  # noqa: SIM115 - closed below
+            env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+            cmd = build_cmd(hf, dst, p, os.path.join(work, f"cache_{name}_{p}"))
+            log(f"building {name} {p}: {' '.join(cmd)}")
+            procs.append((name, p, subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env), logf))
+    for name, p, proc, logf in procs:
+        rc = proc.wait()
+        logf.close()
+        if rc:
+            log(f"builder failed for {name} {p} (exit {rc}); see {logf.name}")
+            folders.pop((name, p))
+    return folders
+
+
+def bytes_per_token(folder: str, shape: dict[str, Any], context: float) -> dict[str, float]:
+    """Bytes a decode token reads: every initializer except the embedding table (one row of it), plus the
+    KV cache at ``context`` positions."""
+    import onnx
+
+    m = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+    g = m.graph
+    sizes = {}
+    for t in g.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        if "length" in ext:
+            sizes[t.name] = int(ext["length"])
+        else:
+            n = 1
+            for d in t.dims:
+                n *= d
+            sizes[t.name] = n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize if n else len(t.raw_data)
+    ids = {i.name for i in g.input if "input_ids" in i.name}
+    embed = {n.input[0] for n in g.node if n.op_type.startswith("Gather") and len(n.input) > 1 and n.input[1] in ids}
+    weights = sum(v for k, v in sizes.items() if k not in embed)
+    head = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    kv = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * head * 2 * context
+    return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    import torch
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    bw = 2 * n * reps / (time.perf_counter() - t0)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+# -- runtimes --------------------------------------------------------------------------------------
+def _sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def _released() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        gc.collect()
+        with contextlib.suppress(Exception):
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) -> dict[str, float]:
+    """Prefill and decode timings through the onnxruntime_genai API (crossml.genai or onnxruntime_genai)."""
+    import numpy as np
+
+    total = len(prompt) + new
+    ids = np.asarray(prompt, dtype=np.int32)
+
+    def generator() -> Any:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=total, min_length=total, do_sample=False)
+        return og.Generator(model, params)
+
+    warm = generator()  # records / captures the prompt and decode graphs
+    warm.append_tokens(ids)
+    for _ in range(8):
+        warm.generate_next_token()
+        warm.get_next_tokens()
+    del warm
+    _sync()
+    prefill, gen = [], None
+    for _ in range(repeats):
+        gen = generator()
+        _sync()
+        t0 = time.perf_counter()
+        gen.append_tokens(ids)
+        _sync()
+        prefill.append(time.perf_counter() - t0)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(new):
+        gen.generate_next_token()
+        gen.get_next_tokens()  # the host gets each token, as a streaming caller does
+    _sync()
+    dt = time.perf_counter() - t0
+    assert len(gen.get_sequence(0)) == total
+    return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "decode_tok_s": new / dt,
+            "decode_ms_per_token": dt / new * 1e3}
+
+
+def run_crossml(folder: str, prompt: list[int], new: int, repeats: int) -> dict[str, Any]:
+    import crossml.genai as xg
+
+    with _released():
+        model = xg.Model(folder)
+        out = _genai_loop(xg, model, prompt, new, repeats)
+        out["device"] = model.device_type
+        out["static_decode"] = bool(model._static_decode)
+        del model
+    return out
+
+
+def _import_ortgenai() -> Any:
+    import ctypes
+    import glob
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is not None:  # the wheel's libonnxruntime, if a separate package
+        import onnxruntime
+
+        for lib in glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")):
+            with contextlib.suppress(OSError):
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                break
+    import onnxruntime_genai
+
+    return onnxruntime_genai
+
+
+def run_ortgenai(folder: str, prompt: list[int], new: int, repeats: int, graph: bool) -> dict[str, Any]:
+    og = _import_ortgenai()
+    with _released():
+        config = og.Config(folder)
+        config.clear_providers()
+        config.append_provider("cuda")
+        config.set_provider_option("cuda", "enable_cuda_graph", "1" if graph else "0")
+        model = og.Model(config)
+        out = _genai_loop(og, model, prompt, new, repeats)
+        out["device"] = getattr(model, "device_type", "cuda")
+        del model
+    return out
+
+
+def run_hf(hf: str, prompt: list[int], new: int, repeats: int, compile_: bool) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    with _released():
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float16).to("cuda").eval()
+        ids = torch.tensor([prompt], device="cuda")
+        kw = dict(do_sample=False, cache_implementation="static", pad_token_id=2, disable_compile=not compile_)
+
+        def gen(n: int) -> float:
+            _sync()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                     **kw)
+            _sync()
+            assert out.shape[1] == len(prompt) + n
+            return time.perf_counter() - t0
+
+        gen(8)  # warm-up (and compilation with --hf-compile)
+        one = statistics.median(gen(1) for _ in range(repeats))
+        full = gen(new)
+    return {"prefill_tok_s": len(prompt) / one, "decode_tok_s": (new - 1) / (full - one),
+            "decode_ms_per_token": (full - one) / (new - 1) * 1e3, "device": "cuda", "compiled": compile_}
+
+
+# -- report ----------------------------------------------------------------------------------------
+def markdown(payload: dict[str, Any]) -> str:
+    m = payload["machine"]
+    lines = [
+        "# LLM generation on one GPU: crossml.genai vs onnxruntime-genai vs transformers", "",
+        f"GPU: {m.get('gpu')}; torch {m.get('torch')}; onnxruntime-genai {payload.get('ortgenai_version')}; "
+        f"transformers {payload.get('transformers_version')}.",
+        f"Batch 1, greedy, prompt {payload['prompt']} tokens, {payload['new']} new tokens; random weights. "
+        f"Copy bandwidth (read + write): {payload['copy_bandwidth_gbs']:.0f} GB/s. "
+        "BW fraction = decode tok/s x bytes read per token / copy bandwidth.", "",
+        "| model | precision | runtime | prefill tok/s | decode tok/s | ms/token | MB read/token | BW fraction | note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in payload["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | - | - | - | - | - | "
+                         f"error: {r['error'].replace('|', '/')[:160]} |")
+            continue
+        mb = r.get("bytes_per_token", {}).get("total", 0) / 1e6
+        frac = r.get("bandwidth_fraction")
+        lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
+                     f"{r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
+                     f"{'' if frac is None else f'{frac:.2f}'} | {r.get('note', '')} |")
+    lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_bench.py; rerun it to "
+              "regenerate (models are cached under --workdir).", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
+    ap.add_argument("--models", default=",".join(SHAPES))
+    ap.add_argument("--precisions", default="fp16,int4")
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES))
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hf-compile", action="store_true", help="let transformers torch.compile the static-cache decode")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    sys.path.insert(0, HERE)
+    import torch
+    from _common import machine
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
+
+    names = [n for n in args.models.split(",") if n]
+    precisions = [p for p in args.precisions.split(",") if p]
+    runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = [n for n in names if n not in SHAPES] + [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        ap.error(f"unknown model/runtime {unknown}; models: {list(SHAPES)}, runtimes: {list(RUNTIMES)}")
+    if not torch.cuda.is_available():
+        sys.exit("genai_bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+    os.makedirs(args.workdir, exist_ok=True)
+    bw = copy_bandwidth()
+    log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    folders = build_all(args.workdir, names, precisions, log)
+    log("models ready")
+    versions = {}
+    for mod, key in (("onnxruntime_genai", "ortgenai_version"), ("transformers", "transformers_version")):
+        try:
+            versions[key] = (_import_ortgenai() if mod == "onnxruntime_genai" else __import__(mod)).__version__
+        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+            versions[key] = f"unavailable ({type(exc).__name__}: {exc})"[:120]
+    rows: list[dict[str, Any]] = []
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 900, (args.prompt,), generator=g).tolist()
+    context = args.prompt + args.new / 2
+    for name in names:
+        hf = os.path.join(args.workdir, f"hf_{name}")
+        for p in precisions + ["fp16-hf"]:
+            for rt in runtimes:
+                if (rt == "hf-static") != (p == "fp16-hf"):
+                    continue
+                prec = "fp16" if p == "fp16-hf" else p
+                row: dict[str, Any] = {"model": name, "precision": prec, "runtime": rt}
+                try:
+                    folder = folders.get((name, prec))
+                    if folder is None:
+                        raise RuntimeError(f"no {prec} model was built (see {args.workdir}/build_{name}_{prec}.log)")
+                    row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
+                    if rt == "crossml":
+                        row.update(run_crossml(folder, prompt, args.new, args.repeats))
+                    elif rt.startswith("ortgenai"):
+                        row.update(run_ortgenai(folder, prompt, args.new, args.repeats, rt.endswith("graph")))
+                        row["note"] = "enable_cuda_graph=1" if rt.endswith("graph") else "enable_cuda_graph=0"
+                    else:
+                        row.update(run_hf(hf, prompt, args.new, args.repeats, args.hf_compile))
+                        row["note"] = "generate(cache_implementation='static')" + (
+                            ", torch.compile" if args.hf_compile else ", eager")
+                    row["bandwidth_fraction"] = row["decode_tok_s"] * row["bytes_per_token"]["total"] / bw
+                    log(f"{name} {prec} {rt}: prefill {row['prefill_tok_s']:.0f} tok/s, decode "
+                        f"{row['decode_tok_s']:.1f} tok/s ({row['bandwidth_fraction']:.2f} of bandwidth)")
+                except Exception as exc:  # noqa: BLE001 - one runtime failing does not stop the table
+                    row["error"] = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+                    row["traceback"] = traceback.format_exc()[-3000:]
+                    log(f"{name} {prec} {rt}: {row['error'][:300]}")
+                rows.append(row)
+    payload = {"benchmark": "genai_bench", "machine": machine(), "prompt": args.prompt, "new": args.new,
+               "repeats": args.repeats, "copy_bandwidth_gbs": bw / 1e9, **versions, "rows": rows,
+               "wall_s": time.perf_counter() - t_start}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "genai_bench.json"), "w") as f:
+        json.dump(payload, f, indent=2)
+    md = markdown(payload)
+    with open(os.path.join(args.out, "genai_bench.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

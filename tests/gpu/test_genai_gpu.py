@@ -1,0 +1,139 @@
+"""crossml.genai on a real GPU: fp16 / int4 builder models (``-e cuda``) against the CPU, and decode capture.
+
+Models come from tests/genai/_build.py (random weights, hidden 64, 2 layers), built once per session
+in a subprocess (needs onnxruntime-genai's model builder and transformers), or from the folder named
+by CROSSML_GENAI_TEST_MODELS (a prebuilt OUT_DIR of _build.py with the specs in SPECS).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import crossml.genai as og
+from crossml.device.recording import Recording
+
+pytestmark = pytest.mark.gpu
+
+ARCHS = ("llama", "qwen2")
+SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")]
+BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
+PROMPT = "Hello world! How are you"
+BATCH = ["The quick brown fox jumps over", "def f(x):"]
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prebuilt = os.environ.get("CROSSML_GENAI_TEST_MODELS")
+    if prebuilt:
+        return Path(prebuilt)
+    missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"building genai test models needs {', '.join(missing)} (or set CROSSML_GENAI_TEST_MODELS)")
+    out = tmp_path_factory.mktemp("genai_gpu_models")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, str(BUILD), str(out), *SPECS], capture_output=True, text=True, env=env,
+                          timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+def _generate(model: og.Model, prompts: list[str], new: int = NEW) -> tuple[list[list[int]], list[np.ndarray]]:
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64, batch_size=len(prompts))
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
+    logits = [gen.get_logits().copy()]
+    for _ in range(new):
+        gen.generate_next_token()
+        logits.append(gen.get_logits().copy())
+    return [gen.get_sequence(i).tolist() for i in range(len(prompts))], logits
+
+
+def _decode_recordings(model: og.Model) -> list[Any]:
+    """The session's recorded graphs whose input_ids are one token per row."""
+    ids = [i for i, a in enumerate(model.session.get_inputs()) if a.name == model.io.input_ids][0]
+    return [r for key, r in model.session._runners.items() if key[ids][0][1] == 1 and isinstance(r, Recording)]
+
+
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[str]) -> None:
+    """The GPU run of a ``-e cuda`` model starts with the tokens of the CPU run (fp32 arithmetic) of the same
+    weights (for int4: the same 4-bit weights, built for the CPU), and its logits stay close."""
+    cpu = og.Model(str(models / f"{arch}_{'fp32' if precision == 'fp16' else 'int4'}"))
+    assert cpu.device.type == "cpu"
+    gpu = og.Model(str(models / f"{arch}_{precision}_cuda"))
+    assert gpu.device.type == "cuda" and gpu.device_type in ("CUDA", "GPU")
+    assert gpu._static_decode
+    ref_seq, ref_logits = _generate(cpu, prompts)
+    seq, logits = _generate(gpu, prompts)
+    first = len(ref_seq[0]) - NEW + 4  # the prompt and the first 4 new tokens
+    assert [s[:first] for s in seq] == [s[:first] for s in ref_seq]
+    # the first steps (before any token choice could differ): fp16 activations, ~1e-3 relative
+    for step in range(4):
+        a, b = logits[step], ref_logits[step]
+        scale = float(np.abs(b).max())
+        np.testing.assert_allclose(a, b, atol=0.02 * scale, rtol=0, err_msg=f"logits of step {step}")
+    assert len(_decode_recordings(gpu)) == 1
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_decode_replays_one_graph(models: Path, precision: str) -> None:
+    """Every decode step has one input signature: one recording, captured on the first step and replayed."""
+    model = og.Model(str(models / f"llama_{precision}_cuda"))
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(PROMPT))
+    gen.generate_next_token()
+    gen.generate_next_token()  # the first decode run: recorded here
+    gen.get_next_tokens()
+    recordings = _decode_recordings(model)
+    assert len(recordings) == 1
+    runners = len(model.session._runners)
+    graph = recordings[0].graph
+    # later decode steps replay it, and wait on the device only when the host asks for the tokens
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(8):
+            gen._forward()
+            gen._append(gen._select())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(model.session._runners) == runners
+    assert _decode_recordings(model) == recordings and recordings[0].graph is graph
+    for _ in range(8):
+        gen.generate_next_token()
+    assert len(gen.get_sequence(0)) == len(tok.encode(PROMPT)) + 2 + 8 + 8
+    assert _decode_recordings(model) == recordings
+
+
+def test_static_and_eager_decode_agree(models: Path) -> None:
+    """On the GPU too, the captured static decode gives the tokens of the eager per-length decode."""
+    folder = str(models / "qwen2_fp16_cuda")
+    config = og.Config(folder)
+    config.overlay('{"model": {"decoder": {"session_options": {"config_entries": '
+                   '{"ep.dml.enable_graph_capture": "0"}}}}}')
+    eager = og.Model(config)
+    assert not eager._static_decode
+    static = og.Model(folder)
+    ref_seq, ref_logits = _generate(eager, BATCH, new=20)
+    seq, logits = _generate(static, BATCH, new=20)
+    assert seq == ref_seq
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_allclose(a, b, atol=1e-2, rtol=0)
