@@ -173,17 +173,19 @@ def _output_geometry(shape: list[int], scales: list[float], sizes: list[int], ax
     return [int(shape[i] * sc[i]) for i in range(r)], sc
 
 
-def _fast(x: torch.Tensor, out: list[int], sc: list[float], from_sizes: bool, m: _Mode) -> torch.Tensor | None:
+def _fast(x: torch.Tensor, out: list[int], sc: list[float], m: _Mode) -> torch.Tensor | None:
     """An exact shortcut for the common cases, or None."""
     r = x.dim()
     changed = [i for i in range(r) if out[i] != x.shape[i] or sc[i] != 1.0]
     if not changed:
         return x
     if m.mode == "nearest":
-        ok_coord = (m.coord in ("half_pixel", "half_pixel_symmetric")
-                    or (m.coord == "pytorch_half_pixel" and all(out[i] > 1 for i in changed))
-                    or (m.coord == "asymmetric" and m.nearest in ("floor", "simple")))
-        if not ok_coord or m.nearest == "ceil":
+        # integer upsampling repeats each element when the source coordinate lands strictly inside
+        # (k - 0.5, k + 0.5) and rounds to k (half-pixel modes), or floors to k (asymmetric)
+        centred = (m.coord in ("half_pixel", "half_pixel_symmetric")
+                   or (m.coord == "pytorch_half_pixel" and all(out[i] > 1 for i in changed)))
+        rounding = m.nearest in ("round_prefer_floor", "round_prefer_ceil")
+        if not ((centred and rounding) or (m.coord == "asymmetric" and m.nearest in ("floor", "simple"))):
             return None
         if not all(float(sc[i]).is_integer() and out[i] == x.shape[i] * int(sc[i]) for i in changed):
             return None
@@ -207,8 +209,10 @@ def _fast(x: torch.Tensor, out: list[int], sc: list[float], from_sizes: bool, m:
     align = m.coord == "align_corners"
     if align and not all(out[i] == sc[i] * x.shape[i] for i in changed):
         return None  # ONNX aligns corners on the fractional output length scale * in
-    if from_sizes or align:
+    if align or all(sc[i] == out[i] / x.shape[i] for i in changed):
         return F.interpolate(x, size=out[2:], mode=tmode, align_corners=align)
+    if any(int(x.shape[i] * sc[i]) != out[i] for i in changed):
+        return None  # keep_aspect_ratio_policy rounded the sizes: the scale is not out / in
     return F.interpolate(x, scale_factor=sc[2:], mode=tmode, align_corners=False, recompute_scale_factor=False)
 
 
@@ -226,7 +230,7 @@ def _resize(x: torch.Tensor, scales: list[float], sizes: list[int], roi: list[fl
             full_roi[a] = (roi[i], roi[len(axes) + i])
     dt = _compute_dtype(x)
     if m.coord != "tf_crop_and_resize":
-        y = _fast(x.to(dt), out, sc, bool(sizes), m)
+        y = _fast(x.to(dt), out, sc, m)
         if y is not None:
             return _restore(y, x.dtype)
     y = x.to(dt)
