@@ -118,7 +118,7 @@ def _to_float8(x: torch.Tensor, to: int, saturate: bool) -> torch.Tensor:
         return torch.clamp(x, -fmax, fmax).to(target)
     y = x.to(target)
     if to == TP.FLOAT8E4M3FN:  # torch saturates e4m3fn; ONNX gives NaN past the last rounding boundary
-        overflow = x.abs() >= 464.0
+        overflow = x.abs() > 464.0  # 464 is the tie that rounds (to even) down to 448
         bits = y.view(torch.uint8)
         y = torch.where(overflow, bits | 0x7F, bits).view(target)
     return y
