@@ -126,7 +126,7 @@ def test_fast_paths_match_tables(m: rz._Mode, sc: list[float]) -> None:
     y = x
     for a in range(4):
         if full[a] != 1.0:
-            idx, w, _ = rz._axis_table(x.shape[a], out[a], full[a], None, m)
+            idx, w, _ = rz._device_table(x.shape[a], out[a], full[a], None, m, x.device, x.dtype)
             y = rz._resize_axis(y, a, idx, w)
     torch.testing.assert_close(fast, y, rtol=1e-6, atol=1e-6)
 

@@ -121,14 +121,22 @@ def _axis_table(in_size: int, out_size: int, scale: float, roi: tuple[float, flo
     return idx.clamp(0, in_size - 1), weights, extrap
 
 
+@functools.lru_cache(maxsize=256)
+def _device_table(in_size: int, out_size: int, scale: float, roi: tuple[float, float] | None, m: _Mode,
+                  device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``_axis_table`` resident on ``device``: no host-to-device copy on later runs (or inside a captured graph)."""
+    idx, w, extrap = _axis_table(in_size, out_size, scale, roi, m)
+    mask = None if extrap is None or not bool(extrap.any()) else extrap.to(device)
+    return idx.to(device), w.to(device=device, dtype=dtype), mask
+
+
 def _resize_axis(x: torch.Tensor, axis: int, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     out, taps = idx.shape
-    idx = idx.to(x.device)
     if taps == 1:
         return x.index_select(axis, idx.reshape(-1))
     g = x.index_select(axis, idx.reshape(-1))
     g = g.reshape(*x.shape[:axis], out, taps, *x.shape[axis + 1:])
-    w = weights.to(device=x.device, dtype=x.dtype).reshape(out, taps, *([1] * (x.dim() - axis - 1)))
+    w = weights.reshape(out, taps, *([1] * (x.dim() - axis - 1)))
     return (g * w).sum(dim=axis + 1)
 
 
@@ -239,10 +247,10 @@ def _resize(x: torch.Tensor, scales: list[float], sizes: list[int], roi: list[fl
         a_roi = full_roi[a]
         if out[a] == shape[a] and sc[a] == 1.0 and (a_roi is None or a_roi == (0.0, 1.0)):
             continue
-        idx, w, extrap = _axis_table(shape[a], out[a], sc[a], a_roi, m)
+        idx, w, extrap = _device_table(shape[a], out[a], sc[a], a_roi, m, y.device, y.dtype)
         y = _resize_axis(y, a, idx, w)
-        if extrap is not None and bool(extrap.any()):
-            e = extrap.to(y.device).reshape(*([1] * a), -1, *([1] * (r - a - 1)))
+        if extrap is not None:
+            e = extrap.reshape(*([1] * a), -1, *([1] * (r - a - 1)))
             mask = e if mask is None else mask | e
     if mask is not None:
         y = torch.where(mask, torch.tensor(m.extrapolation, dtype=y.dtype, device=y.device), y)
