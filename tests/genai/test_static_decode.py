@@ -125,20 +125,17 @@ def test_static_decode_rewind_and_chunks(genai_models) -> None:
     np.testing.assert_array_equal(logits, ref_logits)
 
 
-def test_static_decode_needs_shared_buffer(genai_models) -> None:
+def test_capture_needs_shared_buffer(genai_models) -> None:
     model = _model(genai_models[("llama", "fp32")], True)
+    model._capture = True  # as on a GPU with ep.dml.enable_graph_capture=1
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=16, past_present_share_buffer=False)
     with pytest.raises(SearchOptionError, match="ep.dml.enable_graph_capture=0"):
         og.Generator(model, params)
 
 
-def test_capture_entry_follows_shared_buffer(genai_models) -> None:
-    """The decoder session records graphs (on GPUs) with the static cache, and not with a growing one."""
-    folder = genai_models[("llama", "fp32")]
-    so = og.Model(folder).session.get_session_options()
-    assert so.get_session_config_entry("ep.dml.enable_graph_capture") == "1"
-    config = og.Config(folder)
-    config.overlay('{"search": {"past_present_share_buffer": false}}')
-    so = og.Model(config).session.get_session_options()
-    assert so.get_session_config_entry("ep.dml.enable_graph_capture") == "0"
+def test_capture_entry_default_off(genai_models) -> None:
+    """Graph capture of the decoder is opt-in (session config entry) until the engine's replay is fixed."""
+    model = og.Model(genai_models[("llama", "fp32")])
+    assert model.session.get_session_options().get_session_config_entry("ep.dml.enable_graph_capture") == "0"
+    assert not model._capture

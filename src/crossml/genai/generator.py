@@ -129,7 +129,7 @@ class Generator:
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
-        if self._model._static_decode and not self._s.past_present_share_buffer:
+        if self._model._capture and not self._s.past_present_share_buffer:
             raise SearchOptionError(
                 "past_present_share_buffer=false cannot run on a decoder session with graph capture (every "
                 "decode step would be a new graph); keep it true, or turn capture off with the session config "

@@ -3,7 +3,8 @@
 ``StaticKVCache`` (``past_present_share_buffer``): ``past_key_values.i.key`` is a
 [rows, kv_heads, max_length, head_size] buffer allocated once; GroupQueryAttention writes the new
 rows into it in place (crossml's op does when the session marks it ``kv_inplace``). If a run hands
-back a different tensor (an op that copies), the cache adopts it: still no growth, no host sync.
+back a different tensor (an op that copies, or a recorded graph's output copy), it is copied back into
+the buffer, so the buffers keep their addresses for the whole generation: still no growth, no host sync.
 
 ``GrowingKVCache``: ``past`` starts with length 0 and each ``present`` becomes the next ``past``.
 """
@@ -56,9 +57,14 @@ class StaticKVCache(KVCache):
                 raise RuntimeError(f"static KV cache: '{self.present_names[i]}' came back with shape {tuple(p.shape)}, "
                                    f"expected the shared buffer's {tuple(buf.shape)}")
             if not self._warned:
-                log.info("static KV cache: the model returned copies of the shared buffers (not written in place)")
+                log.info("static KV cache: the model returned copies of the shared buffers (not written in place, "
+                         "e.g. by a recorded graph); copying them back")
                 self._warned = True
-            self.tensors[i] = p
+            buf.copy_(p)  # the buffers keep their addresses: every decode step feeds the same tensors
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        for t in self.tensors:
+            t.copy_(t.index_select(0, rows))
 
     def rewind(self, length: int) -> None:
         pass  # rows past `length` are masked out and overwritten by the next run

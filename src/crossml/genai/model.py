@@ -10,8 +10,9 @@ max_length] with zeros after the real tokens, the max-length KV buffers), so the
 per-signature command list (graph capture) is recorded on the first decode step and replayed on the
 others. The builder's decoders derive ``seqlens_k`` from the mask's sum and ``total_sequence_length``
 from its width; GroupQueryAttention gives the same result for a total of max_length (rows past the
-real length are masked by causality). Capture is on unless the session config entry
-``ep.dml.enable_graph_capture`` (genai_config ``session_options.config_entries``) says otherwise.
+real length are masked by causality). Capture is turned on with the session config entry
+``ep.dml.enable_graph_capture=1`` (genai_config ``session_options.config_entries``); it is off by
+default until the engine's replay of the decode recording is fixed (see the generator's GPU tests).
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ class Model:
         self.io = self._decoder_io()
         #: decode steps feed fixed shapes (max-length attention mask) so one recorded graph replays them;
         #: on when the session captures (a GPU). Internal: tests force it on the CPU.
-        self._static_decode = (capture_supported(self.device) and so.get_session_config_entry(CAPTURE).strip().lower() in ("1", "true")
-                               and self.config.search.past_present_share_buffer)
+        self._capture = capture_supported(self.device) and so.get_session_config_entry(CAPTURE).strip().lower() in (
+            "1", "true")
+        self._static_decode = capture_supported(self.device) and self.config.search.past_present_share_buffer
+
         self._eager = RunOptions()
         self._eager.add_run_config_entry(GRAPH_ID, "-1")
 
@@ -121,8 +124,10 @@ class Model:
         # the builder's decoders take the total length from attention_mask's shape. With the static KV cache
         # the generator feeds a max-length mask in decode (one input signature: capture it once and replay);
         # a growing cache makes every token a new signature, which per-signature capture would re-plan.
+        # Capture stays off by default: replays of the recorded decode graph gave wrong tokens / out-of-range
+        # index asserts from the second replay on (an engine issue under investigation); the entry turns it on.
         if not so.has_session_config_entry(CAPTURE):
-            so.add_session_config_entry(CAPTURE, "1" if self.config.search.past_present_share_buffer else "0")
+            so.add_session_config_entry(CAPTURE, "0")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
