@@ -452,13 +452,17 @@ class _Builder:
         return attrs, graphs
 
     def _context(self, node: onnx.NodeProto, opset: int, device: torch.device) -> OpContext:
-        types = []
-        for o in node.output:
-            tp = self.value_types.get(o)
-            types.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
         return OpContext(node_name=node.name, op_type=node.op_type, opset=opset, num_outputs=len(node.output),
-                         output_types=tuple(types), outputs_wanted=tuple(bool(o) for o in node.output),
-                         device=device, extra=dict(self.opt.op_extra))
+                         output_types=self._elem_types(node.output),
+                         outputs_wanted=tuple(bool(o) for o in node.output),
+                         device=device, extra=dict(self.opt.op_extra), input_types=self._elem_types(node.input))
+
+    def _elem_types(self, names: Sequence[str]) -> tuple[int | None, ...]:
+        out: list[int | None] = []
+        for n in names:
+            tp = self.value_types.get(n) if n else None
+            out.append(tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None)
+        return tuple(out)
 
     def _subplan(self, g: onnx.GraphProto, device: torch.device) -> SubPlan:
         opt = PlanOptions(device=device, fold_constants=self.opt.fold_constants,

@@ -72,6 +72,7 @@ class OpContext:
     output_types: tuple[int | None, ...]  # ONNX element types, None when unknown
     outputs_wanted: tuple[bool, ...]  # False where the output name is empty / unused
     device: Any = None  # torch.device the node runs on
+    input_types: tuple[int | None, ...] = ()  # ONNX element types of the inputs, None when unknown
     run_subgraph: Callable[..., Any] | None = None  # (graph_attr_name, inputs list) -> outputs list
     extra: dict[str, Any] = field(default_factory=dict)
 

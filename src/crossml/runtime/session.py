@@ -305,7 +305,7 @@ class InferenceSession:
                 raise InvalidArgument(f"Invalid input name: {name}. Inputs of the model: "
                                       f"{', '.join(a.name for a in self._inputs)}")
             converted[name] = self._convert_input(arg, value)
-        if self._capture and len(converted) == len(self._inputs):
+        if self._capture and len(converted) == len(self._inputs) and not _eager_requested(run_options):
             outs = self._run_specialized(converted)
             if outs is not None:
                 return outs
@@ -443,6 +443,11 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
 #: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
 #: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
 KV_INPLACE = "crossml.kv_cache_in_place"
+
+
+def _eager_requested(run_options: RunOptions | None) -> bool:
+    """onnxruntime's run config ``gpu_graph_id=-1``: run this call without graph capture."""
+    return run_options is not None and run_options._config.get("gpu_graph_id") == "-1"
 
 
 def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
