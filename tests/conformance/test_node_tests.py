@@ -12,7 +12,7 @@ import os
 import pytest
 
 from tests.conformance.node_cases import node_cases, run_case
-from tests.conformance.report import failures_path
+from tests.conformance.report import GPU_PROVIDERS, failures_path
 
 #: onnxruntime 1.31.1 passes 1,398 of the 1,884 cases (onnx 1.23) on its CPU provider.
 MIN_CPU_PASSES = 0
@@ -76,4 +76,4 @@ def test_node_gpu(name: str) -> None:
         pytest.skip("no GPU: torch sees no accelerator on this machine")
     if name in GPU_FAILS:
         pytest.xfail(GPU_FAILS[name])
-    run_case(name, ("GPUExecutionProvider", "CPUExecutionProvider"))
+    run_case(name, GPU_PROVIDERS)

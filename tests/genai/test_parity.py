@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import crossml.genai as xg
+from tests.genai._generation import generate_with
 from tests.genai.conftest import ARCHS, PRECISIONS
 
 PROMPT = "Hello world! How are you"
@@ -31,19 +32,7 @@ def generate(og, folder: str, prompts: list[str], max_length: int = 24, overlay:
     config = og.Config(folder)
     if overlay:
         config.overlay(overlay)
-    model = og.Model(config)
-    tok = og.Tokenizer(model)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=max_length, batch_size=len(prompts), **options)
-    gen = og.Generator(model, params)
-    gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
-    logits = [gen.get_logits().copy()]
-    while not gen.is_done():
-        gen.generate_next_token()
-        if not gen.is_done():
-            logits.append(gen.get_logits().copy())
-    count = len(prompts) * int(options.get("num_return_sequences", 1))
-    return [gen.get_sequence(i).tolist() for i in range(count)], logits
+    return generate_with(og, og.Model(config), prompts, max_length, **options)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -14,12 +14,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import crossml
 import crossml.ops.attention as attn_mod
-from crossml import dtypes
+from tests.ops._models import one_node_model
 
 RNG = np.random.default_rng(23)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -32,16 +31,7 @@ def rand(*shape: int, dtype=F32) -> np.ndarray:
 
 def model(op_type: str, inputs: dict[str, np.ndarray | None], opset: int, n_out: int = 1,
           **attrs: object) -> onnx.ModelProto:
-    """A one-node model; a None input is an omitted optional input."""
-    while inputs and list(inputs.values())[-1] is None:
-        inputs = dict(list(inputs.items())[:-1])
-    ins = [helper.make_tensor_value_info(k, dtypes.onnx_type_of_numpy(v.dtype), v.shape)
-           for k, v in inputs.items() if v is not None]
-    node = helper.make_node(op_type, [k if v is not None else "" for k, v in inputs.items()],
-                            [f"y{i}" for i in range(n_out)], **attrs)
-    outs = [onnx.ValueInfoProto(name=f"y{i}") for i in range(n_out)]
-    graph = helper.make_graph([node], "g", ins, outs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return one_node_model(op_type, inputs, opset, n_out, **attrs)
 
 
 def feeds(inputs: dict[str, np.ndarray | None]) -> dict[str, np.ndarray]:

@@ -8,27 +8,18 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import crossml
-from crossml import dtypes
+from tests.ops._models import one_node_model
 
 RNG = np.random.default_rng(5)
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 
 
-def model(op_type: str, inputs: dict[str, np.ndarray | None], opset: int, n_out: int, **attrs: object) -> onnx.ModelProto:
-    while inputs and list(inputs.values())[-1] is None:
-        inputs = dict(list(inputs.items())[:-1])
-    ins = [helper.make_tensor_value_info(k, dtypes.onnx_type_of_numpy(v.dtype), v.shape)
-           for k, v in inputs.items() if v is not None]
-    node = helper.make_node(op_type, [k if v is not None else "" for k, v in inputs.items()],
-                            [f"y{i}" for i in range(n_out)], **attrs)
-    outs = [onnx.ValueInfoProto(name=f"y{i}") for i in range(n_out)]
-    m = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8  # readable by onnxruntime
-    return m
+def model(op_type: str, inputs: dict[str, np.ndarray | None], opset: int, n_out: int = 1,
+          **attrs: object) -> onnx.ModelProto:
+    return one_node_model(op_type, inputs, opset, n_out, ir_version=8, **attrs)
 
 
 def make_inputs(op_type: str, seq: int, batch: int, inp: int, hid: int, dirs: int, dtype=np.float32,

@@ -13,7 +13,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 import crossml
-from crossml import dtypes
+from tests.ops._models import one_node_model
 
 RNG = np.random.default_rng(11)
 CPU = ["CPUExecutionProvider"]
@@ -26,14 +26,7 @@ PROVIDERS = [
 
 def model(op_type: str, inputs: dict[str, np.ndarray | None], opset: int, n_out: int = 1,
           **attrs: object) -> onnx.ModelProto:
-    """A one-node model; a None input is an omitted optional input."""
-    ins = [helper.make_tensor_value_info(k, dtypes.onnx_type_of_numpy(v.dtype), v.shape)
-           for k, v in inputs.items() if v is not None]
-    node = helper.make_node(op_type, [k if v is not None else "" for k, v in inputs.items()],
-                            [f"y{i}" for i in range(n_out)], **attrs)
-    outs = [onnx.ValueInfoProto(name=f"y{i}") for i in range(n_out)]
-    return helper.make_model(helper.make_graph([node], "g", ins, outs),
-                             opset_imports=[helper.make_opsetid("", opset)])
+    return one_node_model(op_type, inputs, opset, n_out, **attrs)
 
 
 def run(op_type: str, inputs: dict[str, np.ndarray | None], opset: int = 21, providers=None, n_out: int = 1,

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from crossml import dtypes
 from crossml.ops._util import norm_axis
 from crossml.ops.cast import FLOAT4E2M1, FLOAT8, cast_to, fp4_to_float, input_type, output_type
+from crossml.ops.conv import spatial_pads
 from crossml.ops.matmul import int_matmul
 from crossml.ops.registry import OpContext, op
 
@@ -191,25 +192,6 @@ def qlinear_matmul(a: torch.Tensor, a_scale: torch.Tensor, a_zero_point: torch.T
 # --- integer convolution ---------------------------------------------------------------------
 
 
-def _conv_pads(in_sizes: list[int], kernel: list[int], strides: list[int], dilations: list[int],
-               auto_pad: str, pads: list[int] | None) -> list[int]:
-    n = len(in_sizes)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        begin, end = [], []
-        for i in range(n):
-            out = -(-in_sizes[i] // strides[i])
-            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - in_sizes[i])
-            small, big = total // 2, total - total // 2
-            begin.append(small if auto_pad == "SAME_UPPER" else big)
-            end.append(big if auto_pad == "SAME_UPPER" else small)
-        return begin + end
-    if auto_pad == "VALID":
-        return [0] * (2 * n)
-    if auto_pad not in ("NOTSET", ""):
-        raise ValueError(f"auto_pad must be NOTSET, SAME_UPPER, SAME_LOWER or VALID, got '{auto_pad}'")
-    return list(pads) if pads else [0] * (2 * n)
-
-
 def conv_exact(x: torch.Tensor, w: torch.Tensor, *, auto_pad: str = "NOTSET", dilations: list[int] | None = None,
                group: int = 1, kernel_shape: list[int] | None = None, pads: list[int] | None = None,
                strides: list[int] | None = None) -> torch.Tensor:
@@ -221,7 +203,8 @@ def conv_exact(x: torch.Tensor, w: torch.Tensor, *, auto_pad: str = "NOTSET", di
     kernel = list(kernel_shape) if kernel_shape else list(w.shape[2:])
     strides = list(strides) if strides else [1] * nsp
     dilations = list(dilations) if dilations else [1] * nsp
-    p = _conv_pads(list(x.shape[2:]), kernel, strides, dilations, auto_pad, pads)
+    begin, end = spatial_pads(list(x.shape[2:]), kernel, strides, dilations, pads, auto_pad)
+    p = begin + end
     xf = x.to(torch.float64)
     if any(p):
         flat = []
