@@ -110,6 +110,9 @@ class InferenceSession:
         apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
         self._raw_model = model
         model = prepare(model)
+        # specialised plans are shape-inferred on the graph before fusion: onnx cannot see
+        # through crossml's fused ops, and fusion keeps the name of every value that survives
+        self._skeleton = _skeleton(model)
         if (opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 and opts._config.get("ep.dml.disable_graph_fusion", "0") != "1"):
             fired = apply_rules(model, fusion_rules(self._providers[0].config, self._device))
@@ -140,7 +143,6 @@ class InferenceSession:
         self._user_stream = (torch.cuda.ExternalStream(self._gpu.user_stream, device=self._device)
                              if self._gpu is not None and self._gpu.user_stream else None)
         self._runners: OrderedDict[tuple, Any] = OrderedDict()
-        self._skeleton: onnx.ModelProto | None = None
         for name, value in opts._initializers.items():
             self._bind_initializer(name, value)
         if opts.optimized_model_filepath:
@@ -363,8 +365,6 @@ class InferenceSession:
 
     def _specialized_types(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, onnx.TypeProto]:
         """Value types inferred with the inputs' concrete shapes (so shape computations fold)."""
-        if self._skeleton is None:
-            self._skeleton = _skeleton(self._model)
         m = onnx.ModelProto()
         m.CopyFrom(self._skeleton)
         for vi in m.graph.input:
