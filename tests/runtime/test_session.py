@@ -135,7 +135,12 @@ def test_optimized_model_file(tmp_path, affine_model):
     so.optimized_model_filepath = str(tmp_path / "opt.onnx")
     s = ort.InferenceSession(affine_model, so, providers=CPU)
     m = onnx.load(so.optimized_model_filepath)
-    assert [n.op_type for n in m.graph.node] == ["MatMul", "Add", "Relu", "Mul"]
+    assert [n.op_type for n in m.graph.node] == ["Linear", "Relu", "Mul"]  # MatMul+bias fused
+    basic = ort.SessionOptions()
+    basic.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    basic.optimized_model_filepath = str(tmp_path / "basic.onnx")
+    ort.InferenceSession(affine_model, basic, providers=CPU)
+    assert [n.op_type for n in onnx.load(basic.optimized_model_filepath).graph.node] == ["MatMul", "Add", "Relu", "Mul"]
     x = np.ones((1, 4), np.float32)
     s2 = ort.InferenceSession(so.optimized_model_filepath, providers=CPU)
     np.testing.assert_allclose(s2.run(None, {"x": x})[1], s.run(None, {"x": x})[1])
@@ -174,7 +179,7 @@ def test_profiling(tmp_path, affine_model):
     names = {e["name"] for e in events}
     assert "model_run" in names and "model_loading_and_session_initialization" in names
     node_ops = {e["args"].get("op_name") for e in events if e["cat"] == "Node"}
-    assert {"MatMul", "Add", "Relu", "Mul"} <= node_ops
+    assert {"Linear", "Relu", "Mul"} <= node_ops
     assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
 
 
