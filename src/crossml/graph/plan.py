@@ -390,7 +390,7 @@ class _Builder:
 
     def _channels_last_weight(self, name: str, device: torch.device) -> bool:
         v = self.constants.get(name)
-        return (self.opt.channels_last and device.type != "cpu" and isinstance(v, torch.Tensor)
+        return (self.opt.channels_last and isinstance(v, torch.Tensor)
                 and v.dim() == 4 and v.dtype.is_floating_point)
 
     def _channels_last_slot(self, name: str, device: torch.device) -> int:

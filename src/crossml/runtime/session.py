@@ -156,7 +156,7 @@ class InferenceSession:
         cfg = self._sess_options._config
         extra = {"kv_inplace": cfg.get(KV_INPLACE, "0") == "1"}
         return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
-                           channels_last=gpu is not None and gpu.prefer_nhwc, op_extra=extra,
+                           channels_last=gpu.prefer_nhwc if gpu is not None else True, op_extra=extra,
                            disable_metacommands=gpu is not None and gpu.disable_metacommands)
 
     def _capture_enabled(self) -> bool:
