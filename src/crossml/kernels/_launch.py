@@ -121,3 +121,28 @@ def prune_tiles(m_name: str, n_name: str) -> Callable[..., list[triton.Config]]:
         return [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] == smallest]
 
     return prune
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid`` in grouped order: GROUP_M row tiles share each
+    column tile while it is in L2."""
+    num_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
+def conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W):
+    """Kernel tap ``tap`` -> (kd, kh, kw, input d, h, w, inside-the-image mask)."""
+    kw = tap % KW
+    kh = (tap // KW) % KH
+    kd = tap // (KW * KH)
+    di = d0 + kd * dd
+    hi = h0 + kh * dh
+    wi = w0 + kw * dw
+    inside = (di >= 0) & (di < D) & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+    return kd, kh, kw, di, hi, wi, inside

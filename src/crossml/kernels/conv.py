@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, check_float, prune_tiles, use_interpreter, want_tf32
+from crossml.kernels._launch import cdiv, check_float, conv_tap, grouped_tile, prune_tiles, use_interpreter, want_tf32
 from crossml.ops.conv import spatial_pads, torch_pad_arg
 
 __all__ = ["conv", "conv_reference"]
@@ -38,13 +38,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, 
     """One (BLOCK_M positions, BLOCK_N output channels) tile of group ``program_id(1)``."""
     pid = tl.program_id(0)
     g = tl.program_id(1)
-    num_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_n = (OC_G + BLOCK_N - 1) // BLOCK_N
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(pid, M, OC_G, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -65,13 +59,7 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, 
     if CHANNEL_LOOP:
         # per kernel tap: bounds once, then contiguous blocks of channels
         for tap in range(0, KD * KH * KW):
-            kw = tap % KW
-            kh = (tap // KW) % KH
-            kd = tap // (KW * KH)
-            di = d0 + kd * dd
-            hi = h0 + kh * dh
-            wi = w0 + kw * dw
-            inside = (di >= 0) & (di < D) & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+            kd, kh, kw, di, hi, wi, inside = conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W)
             a_rows = x_rows + di * s_xd + hi * s_xh + wi * s_xw
             b_cols = w_cols + kd * s_wd + kh * s_wh + kw * s_ww
             for c0 in range(0, C_G, BLOCK_K):
@@ -142,13 +130,7 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, 
     w_cols = w_ptr + oc.to(tl.int64) * s_wo
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=ACC_DTYPE)
     for tap in range(0, KD * KH * KW):
-        kw = tap % KW
-        kh = (tap // KW) % KH
-        kd = tap // (KW * KH)
-        di = d0 + kd * dd
-        hi = h0 + kh * dh
-        wi = w0 + kw * dw
-        inside = (di >= 0) & (di < D) & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
+        kd, kh, kw, di, hi, wi, inside = conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W)
         a_rows = x_rows + di * s_xd + hi * s_xh + wi * s_xw
         a = tl.load(a_rows[:, None] + x_cols[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
         wv = tl.load(w_cols + kd * s_wd + kh * s_wh + kw * s_ww)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import batch_grid, cdiv, check_float, prune_tiles, use_interpreter, want_tf32
+from crossml.kernels._launch import batch_grid, cdiv, check_float, grouped_tile, prune_tiles, use_interpreter, want_tf32
 
 __all__ = ["gemm", "gemm_reference", "matmul", "matmul_reference"]
 
@@ -42,13 +42,7 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, y_ptr, M, N, K, B, B1,
     i0 = (batch // B1).to(tl.int64)
     i1 = (batch % B1).to(tl.int64)
     # grouped order: GROUP_M row-tiles share each column-tile of B while it is in L2
-    num_m = (M + BLOCK_M - 1) // BLOCK_M
-    num_n = (N + BLOCK_N - 1) // BLOCK_N
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
