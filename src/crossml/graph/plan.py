@@ -11,8 +11,7 @@ values in its own list.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +21,10 @@ import torch
 from crossml import dtypes
 from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_value
 from crossml.graph.expand import expand_function_node
+from crossml.graph.order import topological
 from crossml.ops import OpContext, OpSpec, load_all, lookup
 from crossml.ops.registry import canonical_domain, known_versions
-from crossml.runtime.errors import Fail, InvalidGraph, OrtError, RuntimeException
+from crossml.runtime.errors import Fail, InvalidGraph, OrtError
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 
 log = logging.getLogger("crossml")
@@ -83,92 +83,6 @@ class Plan:
         for slot, v in self.constants:
             vals[slot] = v
         return vals
-
-
-class BoundGraph:
-    """A subgraph bound to the outer values of one run; call it with the subgraph's inputs."""
-
-    __slots__ = ("_plan", "_outer", "_profiler")
-
-    def __init__(self, plan: Plan, outer: list[Any], profiler: Any = None) -> None:
-        self._plan = plan
-        self._outer = outer
-        self._profiler = profiler
-
-    @property
-    def input_names(self) -> list[str]:
-        return list(self._plan.input_slots)
-
-    @property
-    def output_names(self) -> list[str]:
-        return self._plan.output_names
-
-    def __call__(self, *inputs: Any) -> list[Any]:
-        plan = self._plan
-        vals = plan.initial_values()
-        for slot, v in zip(plan.input_slots.values(), inputs):
-            vals[slot] = v
-        for slot, v in zip(plan.outer_input_slots, self._outer):
-            vals[slot] = v
-        return execute(plan, vals, self._profiler)
-
-
-# --------------------------------------------------------------------------------------------
-# running
-
-
-def execute(plan: Plan, vals: list[Any], profiler: Any = None) -> list[Any]:
-    """Run ``plan`` on ``vals`` (inputs already in their slots); return the graph outputs."""
-    step = None
-    try:
-        if profiler is None:
-            for step in plan.steps:
-                args = [vals[i] if i >= 0 else None for i in step.inputs]
-                kw = step.attrs if step.subgraphs is None else _bind_subgraphs(step, vals, None)
-                out = step.fn(*args, **kw)
-                _store(step, out, vals)
-        else:
-            for step in plan.steps:
-                args = [vals[i] if i >= 0 else None for i in step.inputs]
-                kw = step.attrs if step.subgraphs is None else _bind_subgraphs(step, vals, profiler)
-                t0 = time.perf_counter_ns()
-                out = step.fn(*args, **kw)
-                if step.device.type != "cpu":
-                    torch.accelerator.synchronize()
-                profiler.node(step, t0, time.perf_counter_ns(), args)
-                _store(step, out, vals)
-    except OrtError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every op failure becomes an onnxruntime status
-        if step is None:
-            raise
-        raise RuntimeException(
-            f"Non-zero status code returned while running {step.op_type} node. "
-            f"Name:'{step.node_name}' Status Message: {type(exc).__name__}: {exc}"
-        ) from exc
-    return [vals[i] for i in plan.output_slots]
-
-
-def _store(step: Step, out: Any, vals: list[Any]) -> None:
-    if step.single:
-        if isinstance(out, tuple):
-            out = out[0]
-        vals[step.outputs[0]] = out
-    else:
-        if not isinstance(out, tuple):
-            out = (out,)
-        for slot, v in zip(step.outputs, out):
-            if slot >= 0:
-                vals[slot] = v
-    for slot in step.release:
-        vals[slot] = None
-
-
-def _bind_subgraphs(step: Step, vals: list[Any], profiler: Any) -> dict[str, Any]:
-    kw = dict(step.attrs)
-    for name, sub in step.subgraphs.items():  # type: ignore[union-attr]
-        kw[name] = BoundGraph(sub.plan, [vals[i] for i in sub.outer_slots], profiler)
-    return kw
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,7 +224,7 @@ class _Builder:
         for sp in graph.sparse_initializer:
             self.constants[sp.values.name] = dtypes.from_numpy(sparse_to_dense(sp))
         self.graph_outputs = {o.name for o in graph.output}
-        for node in _topological(graph, set(input_slots) | init_names, self):
+        for node in topological(graph, set(input_slots) | init_names, self):
             self.add_node(node)
         output_names = [o.name for o in graph.output]
         output_slots = [self._output_slot(n) for n in output_names]
@@ -575,43 +489,6 @@ def build_plan(model: onnx.ModelProto, options: PlanOptions,
         log.warning("%d node(s) run on the CPU (no %s kernel): %s", len(plan.fallback_nodes),
                     options.device.type, ", ".join(plan.fallback_nodes[:20]))
     return plan
-
-
-def _topological(graph: onnx.GraphProto, available: set[str], builder: _Builder) -> Iterable[onnx.NodeProto]:
-    """Nodes in an order where every input is produced first (models are usually sorted already)."""
-    nodes = list(graph.node)
-    produced = {o for n in nodes for o in n.output if o}
-    ready = set(available)
-    done = [False] * len(nodes)
-    out: list[onnx.NodeProto] = []
-    progress = True
-    while progress and len(out) < len(nodes):
-        progress = False
-        for i, n in enumerate(nodes):
-            if done[i]:
-                continue
-            deps = [x for x in n.input if x] + _implicit_inputs(n)
-            if all(x in ready or x not in produced for x in deps):
-                done[i] = True
-                out.append(n)
-                ready.update(o for o in n.output if o)
-                progress = True
-    if len(out) < len(nodes):
-        stuck = [nodes[i].name or nodes[i].op_type for i in range(len(nodes)) if not done[i]]
-        raise InvalidGraph(f"the graph has a cycle through node(s): {', '.join(stuck[:10])}")
-    return out
-
-
-def _implicit_inputs(node: onnx.NodeProto) -> list[str]:
-    names: list[str] = []
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            local = {vi.name for vi in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                local.update(n.output)
-            for n in g.node:
-                names.extend(x for x in list(n.input) + _implicit_inputs(n) if x and x not in local)
-    return names
 
 
 def _unknown_op(node: onnx.NodeProto, domain: str, opset: int, label: str) -> OrtError:

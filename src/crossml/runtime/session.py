@@ -17,13 +17,14 @@ import torch
 
 from crossml import dtypes
 from crossml.device.recording import Recording, capture_supported
+from crossml.graph.execute import execute
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
-from crossml.graph.plan import Plan, PlanOptions, build_plan, execute
+from crossml.graph.plan import Plan, PlanOptions, build_plan
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
