@@ -44,10 +44,17 @@ def test_node_cpu(name: str) -> None:
     run_case(name)
 
 
+#: cases whose expected outputs are draws of numpy's random generator: no runtime reproduces them,
+#: but a draw can match by chance, so their passing says nothing and is not checked.
+RANDOM_OUTPUTS = ("test_bernoulli", "test_training_dropout")
+
+
 def test_listed_failures_still_fail() -> None:
     """A case on the failures list that now passes must be taken off the list."""
     now_passing = []
     for name in sorted(CPU_FAILS):
+        if name.startswith(RANDOM_OUTPUTS):
+            continue
         if name not in node_cases():
             now_passing.append(f"{name} (no longer an onnx test)")
             continue
