@@ -65,3 +65,14 @@ def adapters() -> list[Adapter]:
             name, integrated = "Apple GPU", True
         out.append(Adapter(i, name, vendor, VENDOR_IDS.get(vendor, 0), t, mem, units, integrated))
     return out
+
+
+def set_current_device(index: int) -> None:
+    """Make accelerator ``index`` torch's current device (no-op without an accelerator)."""
+    if accelerator_type() is not None:
+        torch.accelerator.set_device_index(int(index))
+
+
+def current_device_index() -> int:
+    """torch's current accelerator index (0 without an accelerator)."""
+    return torch.accelerator.current_device_index() if accelerator_type() is not None else 0

@@ -62,16 +62,15 @@ def set_log_options(**options: bool | str) -> None:
 
 
 def set_current_gpu_device_id(device_id: int) -> None:
-    import torch
+    from crossml.device.adapter import set_current_device
 
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(device_id))
+    set_current_device(device_id)
 
 
 def get_current_gpu_device_id() -> int:
-    import torch
+    from crossml.device.adapter import current_device_index
 
-    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return current_device_index()
 
 
 __all__ = [
