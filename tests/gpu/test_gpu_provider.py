@@ -171,3 +171,15 @@ def test_disable_metacommands_runs_no_vendor_library():
     assert not vendor, vendor[:5]
     want = cpu_reference(m, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_add_initializer_reaches_captured_plans(affine_model):
+    """add_initializer values hold in the per-signature (captured) plans too, not only the generic one."""
+    affine_model.graph.input.append(onnx.helper.make_tensor_value_info("two", onnx.TensorProto.FLOAT, []))
+    so = ort.SessionOptions()
+    so.add_initializer("two", np.array(5.0, np.float32))
+    s = ort.InferenceSession(affine_model, so, providers=GPU)
+    x = torch.ones(3, 4, device="cuda")
+    for _ in range(2):  # first run records the command list, the second replays it
+        y, z = s._run({"x": x}, None)
+        torch.testing.assert_close(z, y * 5)

@@ -224,3 +224,16 @@ def test_module_level_api():
     ort.set_default_logger_severity(2)
     assert isinstance(ort.__version__, str)
     from crossml.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, NoSuchFile  # noqa: F401
+
+
+def test_add_initializer_replaces_the_default(affine_model):
+    affine_model.graph.input.append(onnx.helper.make_tensor_value_info("two", onnx.TensorProto.FLOAT, []))
+    so = ort.SessionOptions()
+    so.add_initializer("two", ort.OrtValue.ortvalue_from_numpy(np.array(5.0, np.float32)))
+    s = ort.InferenceSession(affine_model, so, providers=CPU)
+    y, z = s.run(None, {"x": np.ones((2, 4), np.float32)})
+    np.testing.assert_allclose(z, y * 5)
+    bad = ort.SessionOptions()
+    bad.add_initializer("W_missing", np.zeros(1, np.float32))
+    with pytest.raises(ort.InvalidArgument, match="'W_missing' is not an overridable initializer"):
+        ort.InferenceSession(affine_model, bad, providers=CPU)

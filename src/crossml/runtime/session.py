@@ -144,8 +144,8 @@ class InferenceSession:
         self._user_stream = (torch.cuda.ExternalStream(self._gpu.user_stream, device=self._device)
                              if self._gpu is not None and self._gpu.user_stream else None)
         self._runners: OrderedDict[tuple, Any] = OrderedDict()
-        for name, value in opts._initializers.items():
-            self._bind_initializer(name, value)
+        self._overrides = {name: self._initializer_value(name, value) for name, value in opts._initializers.items()}
+        self._apply_overrides(self._plan)
         if opts.optimized_model_filepath:
             self._write_optimized(opts.optimized_model_filepath)
         self._lock = threading.Lock()
@@ -177,13 +177,18 @@ class InferenceSession:
                     f"crossml supports ({MAX_OPSET}); re-export the model with opset <= {MAX_OPSET}"
                 )
 
-    def _bind_initializer(self, name: str, value: Any) -> None:
+    def _initializer_value(self, name: str, value: Any) -> Any:
+        """A SessionOptions.add_initializer value, checked and placed on the session's device."""
         if name not in {a.name for a in self._overridable}:
             raise InvalidArgument(f"add_initializer: '{name}' is not an overridable initializer of the model")
-        slot = self._plan.input_slots[name]
         v = value._value if isinstance(value, OrtValue) else dtypes.from_numpy(np.asarray(value))
-        self._plan.constants = [(s, x) for s, x in self._plan.constants if s != slot] + [
-            (slot, v.to(self._device) if isinstance(v, torch.Tensor) else v)]
+        return v.to(self._device) if isinstance(v, torch.Tensor) else v
+
+    def _apply_overrides(self, plan: Plan) -> None:
+        """Put the add_initializer values into ``plan`` (the generic plan and every specialised one)."""
+        for name, v in self._overrides.items():
+            slot = plan.input_slots[name]
+            plan.constants = [(s, x) for s, x in plan.constants if s != slot] + [(slot, v)]
 
     def _write_optimized(self, path: str) -> None:
         from onnx import numpy_helper
@@ -345,6 +350,7 @@ class InferenceSession:
     def _make_runner(self, key: tuple, example: list[torch.Tensor]) -> Any:
         shapes = {a.name: shape for a, (shape, _) in zip(self._inputs, key)}
         plan = build_plan(self._model, self._plan_options(), self._specialized_types(shapes))
+        self._apply_overrides(plan)
         slots = [plan.input_slots[a.name] for a in self._inputs]
 
         def run_plan(inputs: list[Any]) -> list[Any]:
