@@ -93,7 +93,6 @@ class Plan:
 class PlanOptions:
     device: torch.device = CPU
     fold_constants: bool = True
-    fallback_to_cpu: bool = True
     #: shared between the plans of one session (per-signature plans): initializer name -> CPU value,
     #: and (name, device) -> the device copy, so weights are converted and uploaded once.
     constant_cache: dict[Any, Any] | None = None
@@ -380,7 +379,7 @@ class _Builder:
 
     def _subplan(self, g: onnx.GraphProto, device: torch.device) -> SubPlan:
         opt = PlanOptions(device=device, fold_constants=self.opt.fold_constants,
-                          fallback_to_cpu=self.opt.fallback_to_cpu, op_extra=self.opt.op_extra,
+                          op_extra=self.opt.op_extra,
                           disable_metacommands=self.opt.disable_metacommands)
         types = dict(self.value_types)
         for vi in list(g.value_info) + list(g.input) + list(g.output):
