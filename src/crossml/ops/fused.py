@@ -2,9 +2,15 @@
 
 Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv is one library call;
 elsewhere it composes the library's Conv, Add and Relu, so results are the same on every provider.
+SiluMul runs crossml's Triton kernel on GPU tensors (imported on first use) and composes the torch
+ops elsewhere.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
 
 import torch
 
@@ -13,6 +19,7 @@ from crossml.ops.conv import conv
 from crossml.ops.registry import op
 
 DOMAIN = "com.crossml"
+log = logging.getLogger("crossml")
 
 
 @op("FusedConv", since=1, domain=DOMAIN)
@@ -55,3 +62,35 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x @ w + b (w: [K, N]) as one call with the bias in the epilogue."""
     return torch.nn.functional.linear(x, w.t(), b)
+
+
+#: device types and dtypes the Triton SiluMul kernel takes
+_TRITON_DEVICES = ("cuda", "xpu")
+_SILU_MUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _triton_silu_mul() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The Triton kernel, imported on first use; None (once logged) where triton is not installed."""
+    try:
+        from crossml.kernels.swiglu import silu_mul as kernel
+    except ImportError as e:
+        log.warning("SiluMul: triton is not importable (%s); the fused op composes torch ops instead", e)
+        return None
+    return kernel
+
+
+@op("SiluMul", since=1, domain=DOMAIN)
+def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(g · σ(g)) · up: the SiLU-gated product of LLM MLPs (Sigmoid, Mul, Mul) as one kernel on a GPU.
+
+    Elsewhere (CPU tensors, other dtypes, shapes that broadcast) the same torch ops the three
+    unfused nodes run, in their order. The kernel computes in fp32 and rounds once, so fp16 / bf16
+    results differ from the node-by-node rounding in the last bit or so.
+    """
+    if (g.device.type in _TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES and up.dtype == g.dtype
+            and up.device == g.device and g.shape == up.shape):
+        kernel = _triton_silu_mul()
+        if kernel is not None:
+            return kernel(g, up)
+    return torch.mul(torch.mul(g, torch.sigmoid(g)), up)

@@ -1,0 +1,95 @@
+"""The Triton SiLU-gated product (crossml.kernels.swiglu) against its torch reference, and the
+com.crossml SiluMul op. CPU cases run in Triton's interpreter; ``gpu`` cases compile."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from crossml.kernels.swiglu import silu_mul, silu_mul_reference  # noqa: E402
+from crossml.ops.fused import silu_mul as silu_mul_op  # noqa: E402
+from tests.kernels._common import DEVICES, assert_close, rand  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+SHAPES = [(1, 4864), (3, 1000), (2, 5, 37), (1,), (1025,)]
+
+
+def _inputs(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    g = rand(*shape, dtype=dtype, device=device, seed=1) * 4  # σ's tails as well as its middle
+    return g, rand(*shape, dtype=dtype, device=device, seed=2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_matches_reference(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    g, up = _inputs(device, dtype, shape)
+    y = silu_mul(g, up)
+    assert y.device.type == device and y.shape == g.shape
+    # fp64 of the same rounded inputs: the kernel rounds once, at the end
+    assert_close(y, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_close_to_node_by_node(device: str, dtype: torch.dtype) -> None:
+    """Against the unfused nodes in the input dtype (rounding after each): within that rounding."""
+    g, up = _inputs(device, dtype, (3, 1000))
+    ref = silu_mul_reference(g.cpu(), up.cpu())
+    tol = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}[dtype]
+    torch.testing.assert_close(silu_mul(g, up).cpu(), ref, rtol=tol[0], atol=tol[1])
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's σ(-1e4)
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_strided_extremes_and_empty(device: str) -> None:
+    g = torch.tensor([-1e4, -100.0, -20.0, 0.0, 20.0, 100.0, 1e4, float("inf")], device=device)
+    up = torch.full_like(g, 2.0)
+    want = silu_mul_reference(g.double().cpu(), up.double().cpu())
+    want[-1] = float("inf")  # inf · σ(inf) · 2
+    torch.testing.assert_close(silu_mul(g, up).double().cpu(), want)
+    a, b = _inputs(device, torch.float32, (37, 19))
+    assert_close(silu_mul(a.mT, b.mT), silu_mul_reference(a.mT.double().cpu(), b.mT.double().cpu()), torch.float32)
+    assert silu_mul(a[:0], b[:0]).shape == (0, 19)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_refuses(device: str) -> None:
+    g, up = _inputs(device, torch.float32, (3, 8))
+    with pytest.raises(ValueError, match="one shape"):
+        silu_mul(g, up[:1])
+    with pytest.raises(TypeError, match="float16/bfloat16/float32"):
+        silu_mul(g, up.half())
+    with pytest.raises(TypeError, match="float16/bfloat16/float32"):
+        silu_mul(g.double(), up.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_op_on_cpu_is_the_unfused_nodes(dtype: torch.dtype) -> None:
+    """On CPU tensors the op runs Sigmoid, Mul, Mul as the nodes do: bitwise the same, and broadcasts."""
+    g, up = _inputs("cpu", dtype, (3, 1000))
+    assert torch.equal(silu_mul_op(g, up), (g * torch.sigmoid(g)) * up)
+    assert torch.equal(silu_mul_op(g, up[:1]), (g * torch.sigmoid(g)) * up[:1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_on_gpu_runs_the_kernel_and_captures(dtype: torch.dtype) -> None:
+    g, up = _inputs("cuda", dtype, (4, 4864))
+    y = silu_mul_op(g, up)
+    assert_close(y, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
+    out = torch.empty_like(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # no host syncs: capturable
+        out.copy_(silu_mul_op(g, up))
+    g.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
