@@ -9,13 +9,14 @@ from its width, and GroupQueryAttention must give the same results for a total o
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 import crossml.genai as og
-from crossml.genai.errors import SearchOptionError
 from tests.genai._generation import generate_with
 from tests.genai.conftest import ARCHS, PRECISIONS
 
@@ -115,17 +116,52 @@ def test_static_decode_rewind_and_chunks(genai_models) -> None:
     np.testing.assert_array_equal(logits, ref_logits)
 
 
-def test_capture_needs_shared_buffer(genai_models) -> None:
+def test_growing_cache_runs_eagerly(genai_models) -> None:
+    """With past_present_share_buffer=false every step has new shapes: each run asks the session not to record
+    it (gpu_graph_id=-1), so a capturing GPU session does not record a graph per token."""
     model = _model(genai_models[("llama", "fp32")], True)
-    model._capture = True  # as on a GPU with ep.dml.enable_graph_capture=1
+    calls = []
+    run = model.run
+
+    def spy(feed, names, **kw):
+        calls.append(kw.get("eager", False))
+        return run(feed, names, **kw)
+
+    model.run = spy
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=16, past_present_share_buffer=False)
-    with pytest.raises(SearchOptionError, match="ep.dml.enable_graph_capture=0"):
-        og.Generator(model, params)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([1, 5, 9]))
+    for _ in range(3):
+        gen.generate_next_token()
+    assert calls and all(calls)
 
 
-def test_capture_entry_default_off(genai_models) -> None:
-    """Graph capture of the decoder is opt-in (session config entry) until the engine's replay is fixed."""
+def test_decode_buffers_are_lent_and_reused(genai_models) -> None:
+    """Static decode feeds the model's fixed buffers: a later generator of the same shape gets the same set
+    (so a recorded decode graph replays for it), zeroed; two live generators get different sets."""
+    model = _model(genai_models[("llama", "fp32")], True)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16)
+    a = og.Generator(model, params)
+    b = og.Generator(model, params)
+    assert a._bufs is not b._bufs
+    a.append_tokens(np.array([1, 5, 9]))
+    a.generate_next_token()
+    a.generate_next_token()
+    assert torch.equal(a._bufs.ids, a._seq[:, a._len - 2:a._len - 1])  # the last decode step's input
+    kept = a._bufs
+    del a
+    gc.collect()
+    c = og.Generator(model, params)
+    assert c._bufs is kept
+    assert not kept.mask.any() and all(not t.any() for t in kept.kv)
+
+
+def test_capture_entries(genai_models) -> None:
+    """The decoder session records decode steps unless the config turns capture off, and binds I/O in place."""
     model = og.Model(genai_models[("llama", "fp32")])
-    assert model.session.get_session_options().get_session_config_entry("ep.dml.enable_graph_capture") == "0"
-    assert not model._capture
+    so = model.session.get_session_options()
+    assert so.get_session_config_entry("crossml.graph_capture_bind_io") == "1"
+    assert not so.has_session_config_entry("ep.dml.enable_graph_capture")
+    assert not model._capture  # the CPU does not record

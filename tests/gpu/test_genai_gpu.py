@@ -8,6 +8,7 @@ by CROSSML_GENAI_TEST_MODELS (a prebuilt OUT_DIR of _build.py with the specs in 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[
     assert cpu.device.type == "cpu"
     gpu = og.Model(str(models / f"{arch}_{precision}_cuda"))
     assert gpu.device.type == "cuda" and gpu.device_type in ("CUDA", "GPU")
-    assert gpu._static_decode and not gpu._capture
+    assert gpu._static_decode and gpu._capture  # decode steps replay one recorded graph
     ref_seq, ref_logits = _generate(cpu, prompts)
     seq, logits = _generate(gpu, prompts)
     # the prompt and the first new tokens (int4: the CPU's int8 activations can flip a near-tie sooner)
@@ -93,21 +94,13 @@ def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[
 
 
 
-def _captured(folder: str) -> og.Model:
+def _captured(folder: str, capture: str = "1") -> og.Model:
     config = og.Config(folder)
-    config.overlay('{"model": {"decoder": {"session_options": {"config_entries": '
-                   '{"ep.dml.enable_graph_capture": "1"}}}}}')
+    entries = {"ep.dml.enable_graph_capture": capture}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"config_entries": entries}}}}))
     return og.Model(config)
 
 
-#: ENGINE: the second and later replays of the recorded decode signature read stale memory (wrong tokens,
-#: then "scatter gather kernel index out of bounds" asserts that poison the CUDA context), while isolated
-#: session runs of the same signature replay fine. Run with CROSSML_GENAI_CAPTURE_TESTS=1 once fixed.
-needs_replay_fix = pytest.mark.skipif(os.environ.get("CROSSML_GENAI_CAPTURE_TESTS") != "1",
-                                      reason="decode-graph replay bug in the engine (see ENGINE note)")
-
-
-@needs_replay_fix
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_decode_replays_one_graph(models: Path, precision: str) -> None:
     """Every decode step has one input signature: one recording, captured on the first step and replayed."""
@@ -141,12 +134,11 @@ def test_decode_replays_one_graph(models: Path, precision: str) -> None:
     assert _decode_recordings(model) == recordings
 
 
-@needs_replay_fix
 def test_captured_and_eager_decode_agree(models: Path) -> None:
     """On the GPU, the captured static decode gives the tokens of the eager decode."""
     folder = str(models / "qwen2_fp16_cuda")
-    eager = og.Model(folder)
-    static = _captured(folder)
+    eager = _captured(folder, "0")
+    static = og.Model(folder)  # capture is on by default
     assert static._capture and not eager._capture
     ref_seq, ref_logits = _generate(eager, BATCH, new=20)
     seq, logits = _generate(static, BATCH, new=20)

@@ -183,3 +183,29 @@ def test_add_initializer_reaches_captured_plans(affine_model):
     for _ in range(2):  # first run records the command list, the second replays it
         y, z = s._run({"x": x}, None)
         torch.testing.assert_close(z, y * 5)
+
+
+def _constant_node_model() -> onnx.ModelProto:
+    """y = (x - c) * 2 with c a Constant node (not an initializer): its device copy lives only in the plans."""
+    c = onnx.numpy_helper.from_array(np.arange(1, 5, dtype=np.float32), "cv")
+    nodes = [h.make_node("Constant", [], ["c"], value=c), h.make_node("Sub", ["x", "c"], ["d"]),
+             h.make_node("Add", ["d", "d"], ["y"])]
+    return make_model(nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
+                      [h.make_tensor_value_info("y", T.FLOAT, ["N", 4])])
+
+
+@pytest.mark.parametrize("bind", ["0", "1"])
+def test_replays_keep_plan_memory_alive(bind):
+    """A recorded graph reads its specialised plan's constants at their capture-time addresses: the recording
+    keeps the plan alive, so allocations between replays never take (and overwrite) those bytes."""
+    so = ort.SessionOptions()
+    so.add_session_config_entry("crossml.graph_capture_bind_io", bind)
+    s = ort.InferenceSession(_constant_node_model(), so, providers=GPU)
+    x = torch.arange(8, dtype=torch.float32, device="cuda").reshape(2, 4)
+    want = (x - torch.arange(1, 5, dtype=torch.float32, device="cuda")) * 2
+    for step in range(4):
+        y = s.run_with_ort_values(["y"], {"x": ort.OrtValue.ortvalue_from_torch(x)})[0].as_torch()
+        torch.testing.assert_close(y, want, msg=f"replay {step}")
+        junk = [torch.full((256,), 1e6, device="cuda") for _ in range(64)]  # reuse freed blocks, if any
+        del junk
+    assert len(s._runners) == 1

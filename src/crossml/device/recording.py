@@ -26,14 +26,27 @@ class Recording:
 
     ``fn(inputs)`` must take device tensors and return a list of values; it is run once eagerly
     and then recorded (a function that reads device data on the host cannot be recorded: the
-    capture raises, and the caller falls back to running it eagerly). Replays are serialised per command list; outputs are copied out
-    of the recorded buffers so a later replay never overwrites what a caller holds.
+    capture raises, and the caller falls back to running it eagerly). Replays are serialised per
+    command list.
+
+    The recording keeps ``fn`` alive: the graph reads device memory that ``fn`` owns (a plan's
+    constants and weights) at the addresses it had during capture, and freeing it would let the
+    allocator hand those bytes to other tensors while replays still read them.
+
+    ``bind_inputs=False`` (default): the recording owns copies of the inputs; each run copies the
+    caller's tensors in and copies the outputs out, so a later replay never overwrites what a caller
+    holds. ``bind_inputs=True``: the graph reads the example tensors where they are (no input copies;
+    a run given other tensors copies them into those addresses) and ``run`` returns the recorded
+    output buffers themselves, valid until the next replay — onnxruntime's CUDA-graph contract of
+    inputs and outputs bound at fixed addresses.
     """
 
     def __init__(self, fn: Callable[[list[Any]], list[Any]], example: Sequence[torch.Tensor],
-                 device: torch.device) -> None:
+                 device: torch.device, *, bind_inputs: bool = False) -> None:
         self.device = device
-        self.inputs = [torch.empty_like(x, device=device).copy_(x) for x in example]
+        self.fn = fn  # what the graph reads (plan constants, weights) must outlive every replay
+        self.bound = bind_inputs
+        self.inputs = list(example) if bind_inputs else [torch.empty_like(x, device=device).copy_(x) for x in example]
         self.lock = threading.Lock()
         self.done: torch.cuda.Event | None = None
         with _capture_lock:
@@ -54,9 +67,19 @@ class Recording:
             if self.done is not None:
                 stream.wait_event(self.done)
             for buf, x in zip(self.inputs, inputs):
-                buf.copy_(x, non_blocking=True)
+                if x is not buf and not _same_view(x, buf):
+                    buf.copy_(x, non_blocking=True)
             self.graph.replay()
-            outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+            if self.bound:
+                outs = list(self.outputs)
+            else:
+                outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
             self.done = torch.cuda.Event()
             self.done.record(stream)
         return outs
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` are the same elements of the same memory (copying would be a no-op)."""
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())

@@ -20,6 +20,7 @@ appended.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -103,7 +104,15 @@ class Generator:
         self._eos_list = list(mc.eos_token_id)
         io = model.io
         self._seq = torch.full((self._rows, s.max_length), self._pad, dtype=torch.long, device=dev)
-        self._mask = torch.zeros((self._rows, s.max_length), dtype=io.mask_dtype, device=dev)
+        # decode with fixed shapes at fixed addresses (see crossml.genai.model): one recorded graph for every
+        # decode step, reading the model's lent DecodeBuffers in place
+        self._static = model._static_decode and s.past_present_share_buffer
+        self._bufs = model._acquire_buffers(self._rows, s.max_length) if self._static else None
+        if self._bufs is not None:
+            weakref.finalize(self, model._release_buffers, self._bufs)
+            self._mask = self._bufs.mask
+        else:
+            self._mask = torch.zeros((self._rows, s.max_length), dtype=io.mask_dtype, device=dev)
         self._len = 0  # columns of _seq in use
         self._kv_len = 0  # columns already in the KV cache
         self._prompt_last: torch.Tensor | None = None  # per row: index of its last real prompt token
@@ -114,8 +123,6 @@ class Generator:
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
         self._finished_step = False
         self._cache = self._make_cache()
-        # decode with fixed shapes (see crossml.genai.model): one recorded graph for every decode step
-        self._static = model._static_decode and s.past_present_share_buffer
         self._rng: torch.Generator | None = None
         if s.do_sample:
             self._rng = torch.Generator(device=dev)
@@ -129,15 +136,10 @@ class Generator:
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
-        if self._model._capture and not self._s.past_present_share_buffer:
-            raise SearchOptionError(
-                "past_present_share_buffer=false cannot run on a decoder session with graph capture (every "
-                "decode step would be a new graph); keep it true, or turn capture off with the session config "
-                "entry ep.dml.enable_graph_capture=0 (genai_config.json: model.decoder.session_options."
-                "config_entries)")
         if self._s.past_present_share_buffer:
             return StaticKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads,
-                                 self._s.max_length, dec.head_size, io.kv_dtype, self._dev)
+                                 self._s.max_length, dec.head_size, io.kv_dtype, self._dev,
+                                 self._bufs.kv if self._bufs is not None else None)
         return GrowingKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads, dec.head_size,
                               io.kv_dtype, self._dev)
 
@@ -189,12 +191,18 @@ class Generator:
         """Run the decoder on columns kv_len..len and keep each row's last-token logits."""
         io = self._model.io
         start, end = self._kv_len, self._len
-        feed = {io.input_ids: self._seq[:, start:end].to(io.input_ids_dtype)}
         static = self._static and start > 0 and end - start == 1
-        if static:  # decode: a max-length mask (zeros after `end`), the same shapes every step
+        if static:  # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
+            bufs = self._bufs
+            bufs.ids.copy_(self._seq[:, start:end])
+            feed = {io.input_ids: bufs.ids}
             mask = self._mask
-            pos = (mask.sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0)
+            pos = None
+            if bufs.pos is not None:
+                pos = bufs.pos
+                pos.copy_((mask.sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0))
         else:
+            feed = {io.input_ids: self._seq[:, start:end].to(io.input_ids_dtype)}
             mask = self._mask[:, :end]
             pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end] if io.position_ids is not None else None
         if io.attention_mask is not None:
@@ -203,7 +211,8 @@ class Generator:
             feed[io.position_ids] = pos.to(io.position_dtype)
         feed.update(self._cache.feed())
         names = [io.logits, *self._cache.present_names]
-        outs = self._model.run(feed, names, eager=self._static and not static)
+        # prompts and growing-cache steps change shape every run: not worth recording
+        outs = self._model.run(feed, names, eager=not static)
         self._outputs = dict(zip(names, outs))
         self._cache.update(outs[1:])
         logits = outs[0]
@@ -213,7 +222,8 @@ class Generator:
             last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last]
         else:
             last = logits[:, -1]
-        self._logits = last.float()
+        # a copy: the logits may be a recorded graph's output buffer, which the next replay overwrites
+        self._logits = last.float() if last.dtype != torch.float32 else last.clone()
         self._kv_len = end
 
     def _scores(self) -> torch.Tensor:

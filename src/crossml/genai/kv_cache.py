@@ -42,10 +42,11 @@ class KVCache:
 
 class StaticKVCache(KVCache):
     def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int, max_length: int,
-                 head_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 head_size: int, dtype: torch.dtype, device: torch.device,
+                 tensors: list[torch.Tensor] | None = None) -> None:
         super().__init__(past_names, present_names)
-        self.tensors = [torch.zeros((rows, kv_heads, max_length, head_size), dtype=dtype, device=device)
-                        for _ in past_names]
+        self.tensors = tensors if tensors is not None else [
+            torch.zeros((rows, kv_heads, max_length, head_size), dtype=dtype, device=device) for _ in past_names]
         self._warned = False
 
     def update(self, presents: list[torch.Tensor]) -> None:

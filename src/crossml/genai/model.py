@@ -5,20 +5,25 @@ The decoder ONNX file runs through ``crossml.InferenceSession`` on the providers
 Inputs and outputs stay torch tensors on the session's device between steps.
 
 Static decode (GPUs, ``past_present_share_buffer``): as onnxruntime-genai's CUDA-graph mode, every
-decode step feeds the same shapes (input_ids / position_ids [rows, 1], attention_mask [rows,
-max_length] with zeros after the real tokens, the max-length KV buffers), so the session's
-per-signature command list (graph capture) is recorded on the first decode step and replayed on the
-others. The builder's decoders derive ``seqlens_k`` from the mask's sum and ``total_sequence_length``
-from its width; GroupQueryAttention gives the same result for a total of max_length (rows past the
-real length are masked by causality). Capture is turned on with the session config entry
-``ep.dml.enable_graph_capture=1`` (genai_config ``session_options.config_entries``); it is off by
-default until the engine's replay of the decode recording is fixed (see the generator's GPU tests).
+decode step feeds the same shapes at the same addresses: input_ids / position_ids [rows, 1],
+attention_mask [rows, max_length] with zeros after the real tokens and the max-length KV buffers, all
+from a ``DecodeBuffers`` set the model lends to one generator at a time. The session's per-signature
+command list (graph capture, on by default; off with the session config entry
+``ep.dml.enable_graph_capture=0``) is recorded on the first decode step and replayed on the others;
+with the session entry ``crossml.graph_capture_bind_io`` the replay reads those buffers in place and
+GroupQueryAttention writes the new keys and values into the KV buffers in place, so a step copies
+nothing. Sets are reused by later generators of the same shape, so their steps replay the same
+recording. The builder's decoders derive ``seqlens_k`` from the mask's sum and
+``total_sequence_length`` from its width; GroupQueryAttention gives the same result for a total of
+max_length (rows past the real length are masked by causality). Prompts run eagerly (run config
+``gpu_graph_id=-1``), as do decode steps with a growing cache.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +33,7 @@ from crossml.genai.config import DECODER_ONLY_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
-from crossml.runtime.session import KV_INPLACE, InferenceSession
+from crossml.runtime.session import CAPTURE_BIND_IO, KV_INPLACE, InferenceSession
 
 log = logging.getLogger("crossml.genai")
 
@@ -58,6 +63,19 @@ class DecoderIO:
     input_ids_dtype: torch.dtype
 
 
+class DecodeBuffers:
+    """The decode step's inputs at fixed addresses (what a recorded decode graph reads in place)."""
+
+    def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_heads: int, head_size: int,
+                 device: torch.device) -> None:
+        self.rows, self.max_length = rows, max_length
+        self.ids = torch.zeros((rows, 1), dtype=io.input_ids_dtype, device=device)
+        self.pos = torch.zeros((rows, 1), dtype=io.position_dtype, device=device) if io.position_ids else None
+        self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
+        self.kv = [torch.zeros((rows, kv_heads, max_length, head_size), dtype=io.kv_dtype, device=device)
+                   for _ in io.past_names]
+
+
 class Model:
     """og.Model(config_or_path)."""
 
@@ -79,11 +97,13 @@ class Model:
         self.session = InferenceSession(model_path if data is None else data, so, providers=providers)
         self.device: torch.device = self.session.device
         self.io = self._decoder_io()
-        #: decode steps feed fixed shapes (max-length attention mask) so one recorded graph replays them;
-        #: on when the session captures (a GPU). Internal: tests force it on the CPU.
-        self._capture = capture_supported(self.device) and so.get_session_config_entry(CAPTURE).strip().lower() in (
-            "1", "true")
+        #: the session records decode steps into a device graph (a GPU, capture not turned off)
+        self._capture = bool(self.session._capture)
+        #: decode steps feed fixed shapes (max-length attention mask) at fixed addresses, so one recorded
+        #: graph replays them; on for GPUs. Internal: tests force it on the CPU.
         self._static_decode = capture_supported(self.device) and self.config.search.past_present_share_buffer
+        self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
+        self._buffers_lock = threading.Lock()
 
         self._eager = RunOptions()
         self._eager.add_run_config_entry(GRAPH_ID, "-1")
@@ -122,15 +142,31 @@ class Model:
             elif key != "provider_options":
                 log.debug("genai_config session option '%s' has no effect in crossml", key)
         # the builder's decoders take the total length from attention_mask's shape. With the static KV cache
-        # the generator feeds a max-length mask in decode (one input signature: capture it once and replay);
-        # a growing cache makes every token a new signature, which per-signature capture would re-plan.
-        # Capture stays off by default: replays of the recorded decode graph gave wrong tokens / out-of-range
-        # index asserts from the second replay on (an engine issue under investigation); the entry turns it on.
-        if not so.has_session_config_entry(CAPTURE):
-            so.add_session_config_entry(CAPTURE, "0")
+        # the generator feeds a max-length mask in decode from fixed buffers: one input signature and one set
+        # of addresses, recorded once and replayed in place (no input copies, outputs left in the graph's buffers)
+        so.add_session_config_entry(CAPTURE_BIND_IO, "1")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
+
+    # -- fixed-address decode inputs ----------------------------------------------------------
+    def _acquire_buffers(self, rows: int, max_length: int) -> DecodeBuffers:
+        """A free set of decode inputs for ``rows`` x ``max_length`` (zeroed mask and KV), made if none is free."""
+        with self._buffers_lock:
+            free = self._buffers.setdefault((rows, max_length), [])
+            bufs = free.pop() if free else None
+        if bufs is None:
+            dec = self.config.model.decoder
+            bufs = DecodeBuffers(self.io, rows, max_length, dec.num_key_value_heads, dec.head_size, self.device)
+        else:
+            bufs.mask.zero_()
+            for t in bufs.kv:
+                t.zero_()
+        return bufs
+
+    def _release_buffers(self, bufs: DecodeBuffers) -> None:
+        with self._buffers_lock:
+            self._buffers.setdefault((bufs.rows, bufs.max_length), []).append(bufs)
 
     def _decoder_io(self) -> DecoderIO:
         dec = self.config.model.decoder

@@ -24,6 +24,7 @@ from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
+from crossml.graph.passes.swiglu import SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -140,6 +141,7 @@ class InferenceSession:
             # onnxruntime's CUDA provider searches convolution algorithms exhaustively by default
             torch.backends.cudnn.benchmark = True
         self._capture = self._capture_enabled()
+        self._bind_io = self._sess_options._config.get(CAPTURE_BIND_IO, "0").strip().lower() in ("1", "true")
         # the CUDA provider's user_compute_stream: run every launch on the caller's stream
         self._user_stream = (torch.cuda.ExternalStream(self._gpu.user_stream, device=self._device)
                              if self._gpu is not None and self._gpu.user_stream else None)
@@ -334,6 +336,8 @@ class InferenceSession:
         if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
             return None
         key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if self._bind_io:  # a recording reads its inputs in place: one per set of input addresses
+            key += tuple((t.data_ptr(), t.stride()) for t in tensors)
         runner = self._runners.get(key)
         if runner is None:
             with self._lock:
@@ -365,7 +369,7 @@ class InferenceSession:
             log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
             return run_plan
         try:
-            return Recording(run_plan, example, self._device)
+            return Recording(run_plan, example, self._device, bind_inputs=self._bind_io)
         except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
             return run_plan
@@ -442,11 +446,16 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
 
     With disable_metacommands only fusions that call no vendor library remain."""
     if gpu is not None and gpu.disable_metacommands:
-        return [GELU]
-    rules = [GELU, ATTENTION, LINEAR]
+        return [GELU, SWIGLU]
+    rules = [GELU, ATTENTION, LINEAR, SWIGLU]
     if device.type == "cuda":
         rules.append(CONV_RELU)
     return rules
+#: session config entry: "1" makes captured graphs read their inputs at the addresses of the tensors
+#: given (one recording per set of input addresses, no input copies) and hand back their own output
+#: buffers, valid until the next run with the same inputs: onnxruntime's CUDA-graph contract of I/O
+#: bound at fixed addresses. The GenAI decode loop feeds fixed buffers this way.
+CAPTURE_BIND_IO = "crossml.graph_capture_bind_io"
 #: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
 #: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
 KV_INPLACE = "crossml.kv_cache_in_place"
