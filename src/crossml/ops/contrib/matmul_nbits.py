@@ -9,9 +9,17 @@ quantized symmetrically to int8 per block of ``block_size`` along K (scale = max
 nearest even) before the dot product with the integer weights. The block dot product is exact in
 float32, so computing ``dequant(quant(A)) @ dequant(B)`` gives the same result up to the order of
 float32 accumulation.
+
+On a GPU, decode-sized MatMulNBits (at most ``KERNEL_MAX_M`` rows of A, 4 bits, no g_idx) runs the
+Triton GEMV in ``crossml.kernels.matmul_nbits``, which reads the packed weight once instead of
+dequantizing it to a dense matrix per call (the int8 path above quantizes A first, as here).
+Everything else, and every CPU call, dequantizes and multiplies as below.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 
@@ -94,6 +102,41 @@ def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.T
     return (q * scale).reshape(*a.shape[:-1], n_blocks * block_size)[..., :K]
 
 
+#: largest number of A rows (prod of its leading dims) that takes the Triton GEMV: decode sizes
+KERNEL_MAX_M = 16
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _triton_available() -> bool:
+    """Whether the Triton kernel imports (triton installed); imported on the first GPU call only."""
+    try:
+        import crossml.kernels.matmul_nbits  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                g_idx: torch.Tensor | None, bias: torch.Tensor | None, bits: int) -> bool:
+    """The Triton 4-bit GEMV (``crossml.kernels.matmul_nbits``) takes decode-sized products on a GPU:
+    A of fp16/bf16/fp32 on a CUDA/ROCm/XPU device with at most KERNEL_MAX_M rows, bits 4, no g_idx,
+    uint8 B, float scales, uint8 or float zero points, every input on A's device."""
+    if A.device.type not in ("cuda", "xpu") or bits != 4 or g_idx is not None or A.dtype not in _KERNEL_DTYPES:
+        return False
+    if A.dim() == 0 or math.prod(A.shape[:-1]) > KERNEL_MAX_M:
+        return False
+    if B.dtype != torch.uint8 or not scales.is_floating_point():
+        return False
+    if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
+        return False
+    if bias is not None and not bias.is_floating_point():
+        return False
+    if any(t is not None and t.device != A.device for t in (B, scales, zero_points, bias)):
+        return False
+    return _triton_available()
+
+
 @op("MatMulNBits", domain=MS_DOMAIN)
 def matmul_nbits(
     A: torch.Tensor,
@@ -115,10 +158,15 @@ def matmul_nbits(
         raise ValueError("MatMulNBits: weight_prepacked (EP-specific CUDA layouts) is not supported; use the plain layout")
     if A.shape[-1] != K:
         raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={K}")
+    int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
+    if _use_kernel(A, B, scales, zero_points, g_idx, bias, bits):
+        from crossml.kernels.matmul_nbits import matmul_nbits as triton_matmul_nbits
+
+        a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
+        return triton_matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size)
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
     w = dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=compute)
     a = A.to(compute)
-    int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
     if int8_path:
         a = quantize_dequantize_int8_blocks(a.float(), block_size).to(compute)
     y = a @ w.T

@@ -1,0 +1,212 @@
+"""Triton 4-bit GEMV for com.microsoft MatMulNBits at decode sizes (few rows of A).
+
+``y[M, N] = A[M, K] @ dequant(B)^T (+ bias)`` reading the packed weight once, without a dense
+dequantized copy. The layout is the op's (see ``crossml.ops.contrib.matmul_nbits``): B is uint8
+``[N, n_blocks, block_size / 2]``, two 4-bit values per byte, low nibble first; one scale per
+(row, block), ``scales`` of shape ``[N * n_blocks]`` or ``[N, n_blocks]``; zero points either
+packed uint8 (two per byte, low nibble first, ``ceil(n_blocks / 2)`` bytes per row), floats (one
+per block), or absent (8). K need not be a multiple of block_size: B's padding past K is ignored.
+
+Each program owns BLOCK_N output columns (weight rows) and walks K in chunks of BLOCK_K =
+G * block_size: it loads a ``[BLOCK_N, G, block_size / 2]`` tile of packed bytes (each row's
+bytes contiguous), and per row m of A accumulates in float32, block by block,
+``scale * (sum_k q * a - zero_point * sum_k a)``. Scales, float zero points and bias are first
+rounded to A's dtype, as the op's dequantization in A's dtype does. The grid has no host syncs and
+the output is allocated with ``torch.empty``, so a call is safe inside CUDA graph capture; tiles
+are picked by a fixed rule (no autotuning, which would time kernels during capture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, use_interpreter
+
+__all__ = ["matmul_nbits", "pick_tiles"]
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: largest M one program handles (rows beyond it are more programs along grid dimension 1)
+MAX_BLOCK_M = 16
+#: weight values one program holds per K step (BLOCK_N * BLOCK_K): 16 packed bytes per thread at 4 warps
+_TILE_ELEMS = 4096
+#: zero-point modes (constexpr ZP)
+_ZP_NONE, _ZP_PACKED, _ZP_FLOAT = 0, 1, 2
+
+
+@triton.jit
+def _matmul_nbits_kernel(a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
+                         M, N, K, N_BLOCKS, s_am, s_ak, s_bn, s_zn, s_ym,
+                         BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y."""
+    G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
+    HB: tl.constexpr = BS // 2  # packed bytes per block
+    out_ty = y_ptr.dtype.element_ty
+    pid_n = tl.program_id(0)
+    m0 = tl.program_id(1) * BLOCK_M
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # columns past N re-read the last row (never stored): no load mask along N
+    n3 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None, None]  # [BLOCK_N, 1, 1]
+    g3 = tl.arange(0, G)[None, :, None]  # [1, G, 1]
+    j3 = tl.arange(0, HB)[None, None, :]  # [1, 1, HB]
+    b_ptrs = b_ptr + n3 * s_bn + g3 * HB + j3  # each row's G * HB bytes are contiguous
+    k_even = g3 * BS + 2 * j3  # [1, G, HB]: the K offset of each byte's low nibble
+    a_row = a_ptr + m0.to(tl.int64) * s_am
+    m_idx = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    for blk0 in range(0, N_BLOCKS, G):
+        blk = blk0 + g3
+        blk_ok = blk < N_BLOCKS
+        packed = tl.load(b_ptrs + blk0 * HB, mask=blk_ok, other=0).to(tl.int32)
+        # nibble -> float without an int-to-float conversion (a quarter-rate instruction on NVIDIA
+        # GPUs): or-ing q into the mantissa of 2**23 gives the float 2**23 + q exactly
+        lo = (packed & 0xF | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        hi = (packed >> 4 | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        scale = tl.load(s_ptr + n3 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+        if ZP == 0:
+            zp = 8.0
+        elif ZP == 1:
+            zb = tl.load(z_ptr + n3 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
+            zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
+        else:
+            zp = tl.load(z_ptr + n3 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+        k = blk0 * BS + k_even
+        for mi in tl.static_range(BLOCK_M):
+            m_ok = m0 + mi < M
+            a_ptrs = a_row + mi * s_am + k * s_ak
+            a_even = tl.load(a_ptrs, mask=(k < K) & m_ok, other=0.0).to(tl.float32)
+            a_odd = tl.load(a_ptrs + s_ak, mask=(k + 1 < K) & m_ok, other=0.0).to(tl.float32)
+            dot = tl.sum(lo * a_even + hi * a_odd, axis=2, keep_dims=True)  # [BLOCK_N, G, 1]
+            a_sum = tl.sum(a_even + a_odd, axis=2, keep_dims=True)  # [1, G, 1]
+            part = tl.sum(tl.sum(scale * (dot - zp * a_sum), axis=2), axis=1)  # [BLOCK_N]
+            acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
+
+    n_ok = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
+        acc += bias[None, :]
+    rows = m0 + m_idx
+    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * s_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
+
+
+@functools.cache
+def _processors(device_type: str, index: int) -> int:
+    """Streaming multiprocessors (CUDA/ROCm compute units) of a device; 64 when unknown."""
+    try:
+        if device_type == "cuda":
+            return int(torch.cuda.get_device_properties(index).multi_processor_count)
+        if device_type == "xpu":
+            props = torch.xpu.get_device_properties(index)
+            return int(getattr(props, "gpu_subslice_count", 0) or 64)
+    except (RuntimeError, AssertionError, AttributeError):
+        pass
+    return 64
+
+
+def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a problem on a GPU of ``processors`` SMs.
+
+    BLOCK_N is the largest power of two <= 16 leaving >= 4 programs per SM (decode GEMVs are
+    bandwidth-bound: enough programs in flight to cover memory latency); BLOCK_K then fills a
+    4096-value tile, so few output columns get long contiguous runs of each weight row.
+    """
+    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
+    block_n = 16
+    while block_n > 1 and cdiv(N, block_n) < 4 * processors:
+        block_n //= 2
+    block_k = max(block_size, min(triton.next_power_of_2(max(K, 1)), _TILE_ELEMS // block_n))
+    num_warps = max(1, min(4, block_n * block_k // 1024))
+    return block_m, block_n, block_k, num_warps
+
+
+def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
+                 tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
+
+    ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
+    a multiple of block_size, all powers of two.
+    """
+    if bits != 4:
+        raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
+    if block_size < 16 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of 2 and >= 16, got {block_size}")
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"MatMulNBits Triton kernel: A must be float16/bfloat16/float32, got {a.dtype}")
+    if a.shape[-1] != K:
+        raise ValueError(f"MatMulNBits: A's last dimension {a.shape[-1]} != K={K}")
+    n_blocks = cdiv(K, block_size)
+    blob = block_size // 2
+    if b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob:
+        raise ValueError(f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], "
+                         f"got {b.dtype} {tuple(b.shape)}")
+    if not scales.is_floating_point() or scales.numel() != N * n_blocks:
+        raise ValueError(f"scales must be floats of shape [N={N}, k_blocks={n_blocks}], "
+                         f"got {scales.dtype} {tuple(scales.shape)}")
+    zp_mode = _ZP_NONE
+    if zero_points is not None:
+        if zero_points.dtype == torch.uint8:
+            zp_mode = _ZP_PACKED
+            if N == 0 or zero_points.numel() % N or zero_points.numel() // N < cdiv(n_blocks, 2):
+                raise ValueError(f"packed zero_points need >= {cdiv(n_blocks, 2)} bytes per row of N={N}, "
+                                 f"got shape {tuple(zero_points.shape)}")
+        elif zero_points.is_floating_point():
+            zp_mode = _ZP_FLOAT
+            if zero_points.numel() != N * n_blocks:
+                raise ValueError(f"float zero_points must have shape [N={N}, k_blocks={n_blocks}], "
+                                 f"got {tuple(zero_points.shape)}")
+        else:
+            raise TypeError(f"zero_points must be uint8 (packed) or floats, got {zero_points.dtype}")
+    if bias is not None and bias.numel() != N:
+        raise ValueError(f"bias must have N={N} values, got shape {tuple(bias.shape)}")
+    others = [t for t in (b, scales, zero_points, bias) if t is not None]
+    if any(t.device != a.device for t in others):
+        raise ValueError(f"MatMulNBits inputs are on different devices: {', '.join(str(t.device) for t in [a, *others])}")
+
+    lead = tuple(a.shape[:-1])
+    M = math.prod(lead)
+    y = torch.empty((*lead, N), dtype=a.dtype, device=a.device)
+    if y.numel() == 0:
+        return y
+    if K == 0:  # empty sum
+        y.zero_()
+        return y if bias is None else y.add_(bias.to(a.dtype))
+    a2 = a.reshape(M, K)
+    b2 = b.reshape(N, n_blocks * blob).contiguous()
+    s2 = scales.reshape(N, n_blocks).contiguous()
+    z2 = zero_points.reshape(N, -1).contiguous() if zero_points is not None else s2
+    bias1 = bias.reshape(N).contiguous() if bias is not None else s2
+    y2 = y.view(M, N)
+
+    interpret = use_interpreter(a, "MatMulNBits")
+    if tiles is None:
+        dev = a.device
+        sms = 1 if interpret or dev.type == "cpu" else _processors(dev.type, dev.index if dev.index is not None else 0)
+        tiles = pick_tiles(M, N, K, block_size, sms)
+    block_m, block_n, block_k, num_warps = tiles
+    if block_k % block_size or block_k & (block_k - 1) or block_n & (block_n - 1) or block_m & (block_m - 1):
+        raise ValueError(f"tiles {tiles}: BLOCK_K must be a power-of-two multiple of block_size={block_size}, "
+                         "BLOCK_M and BLOCK_N powers of two")
+    grid = (cdiv(N, block_n), cdiv(M, block_m))
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"MatMulNBits Triton kernel: M={M} rows need more than {GRID_YZ_MAX} programs along the "
+                         "grid's second dimension; this kernel is for decode sizes, use the dequantize path")
+    args = (a2, b2, s2, z2, bias1, y2, M, N, K, n_blocks, a2.stride(0), a2.stride(1), b2.stride(0), z2.stride(0),
+            y2.stride(0))
+    meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None,
+            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    if interpret:
+        _matmul_nbits_kernel[grid](*args, **meta)
+        return y
+    with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
+        _matmul_nbits_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2)
+    return y

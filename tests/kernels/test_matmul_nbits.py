@@ -1,0 +1,212 @@
+"""The Triton 4-bit GEMV (crossml.kernels.matmul_nbits) against MatMulNBits' dequantize + matmul.
+CPU cases run in Triton's interpreter; ``gpu`` cases compile (and go through the op's fast path)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from crossml.kernels.matmul_nbits import matmul_nbits, pick_tiles  # noqa: E402
+from crossml.ops.contrib.matmul_nbits import dequantize_nbits  # noqa: E402
+from crossml.ops.contrib.matmul_nbits import matmul_nbits as matmul_nbits_op  # noqa: E402
+from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
+
+
+def _weight(N: int, K: int, block_size: int, zp_kind: str | None, dtype: torch.dtype, device: str, seed: int = 0):
+    """Random packed B [N, n_blocks, block_size / 2], scales [N * n_blocks], zero points of ``zp_kind``."""
+    g = torch.Generator().manual_seed(seed)
+    nb = -(-K // block_size)
+    B = torch.randint(0, 256, (N, nb, block_size // 2), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(N * nb, generator=g) * 0.05 + 0.01).to(dtype)
+    zp = None
+    if zp_kind == "packed":
+        zp = torch.randint(0, 256, (N, -(-nb // 2)), generator=g, dtype=torch.uint8)
+    elif zp_kind == "float":
+        zp = (torch.rand(N, nb, generator=g) * 16).to(dtype)
+    return B.to(device), scales.to(device), None if zp is None else zp.to(device)
+
+
+def _reference(a, B, scales, zp, bias, *, K: int, N: int, block_size: int) -> torch.Tensor:
+    """The op's GPU definition (dequantize in A's dtype, then matmul), in fp64 on the CPU."""
+    w = dequantize_nbits(B.cpu(), scales.cpu(), None if zp is None else zp.cpu(), None, K=K, N=N, bits=4,
+                         block_size=block_size, dtype=a.dtype)
+    y = a.double().cpu() @ w.double().T
+    return y if bias is None else y + bias.cpu().to(a.dtype).double()
+
+
+CASES = [  # block_size, K, N, M, zero points, bias: every value of each axis, not the full product
+    (16, 64, 24, 1, None, False),
+    (16, 96, 130, 3, "packed", True),
+    (32, 96, 130, 1, "float", False),  # K = 3 blocks
+    (32, 256, 24, 3, None, True),
+    (128, 96, 24, 1, "packed", False),  # K < block_size: one partial block
+    (128, 256, 130, 3, "float", True),
+    (32, 64, 130, 1, "packed", False),
+    (128, 64, 24, 3, None, False),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "bs{}_K{}_N{}_M{}_{}_{}".format(*c[:5], "bias" if c[5] else ""))
+def test_matches_dequantize_matmul(device: str, dtype: torch.dtype, case: tuple) -> None:
+    bs, K, N, M, zp_kind, with_bias = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device)
+    a = rand(M, K, dtype=dtype, device=device, seed=1)
+    bias = rand(N, dtype=dtype, device=device, seed=2) if with_bias else None
+    # interpreter tiles: several K steps, partial quantization blocks and a partial N tile, few programs
+    tiles = (1 if M == 1 else 4, 64, max(bs, 64), 4) if device == "cpu" else None
+    y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, tiles=tiles)
+    assert y.device.type == device and y.shape == (M, N)
+    assert_close(y, _reference(a, B, scales, zp, bias, K=K, N=N, block_size=bs), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tiles", [(1, 4, 128, 1), (2, 32, 32, 4)])
+def test_other_tiles_and_layouts(device: str, tiles: tuple[int, int, int, int]) -> None:
+    """Leading batch dims of A, 2-D scales, M split over programs, a K step past the last block."""
+    K, N, bs = 96, 8, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float32, device, seed=3)
+    a = rand(3, 1, K, dtype=torch.float32, device=device, seed=4)
+    y = matmul_nbits(a, B.reshape(N, -1), scales.reshape(N, -1), zp, K=K, N=N, block_size=bs, tiles=tiles)
+    assert y.shape == (3, 1, N)
+    ref = _reference(a.reshape(3, K), B, scales, zp, None, K=K, N=N, block_size=bs).reshape(3, 1, N)
+    assert_close(y, ref, torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_and_fp32_scales_with_fp16_activations(device: str) -> None:
+    K, N, bs = 64, 24, 16
+    B, scales, zp = _weight(N, K, bs, "float", torch.float32, device, seed=5)
+    for dtype in (torch.bfloat16, torch.float16):
+        a = rand(2, K, dtype=dtype, device=device, seed=6)
+        y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, tiles=(2, 32, 32, 4) if device == "cpu" else None)
+        assert_close(y, _reference(a, B, scales, zp, None, K=K, N=N, block_size=bs), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_name_the_problem(device: str) -> None:
+    B, scales, zp = _weight(8, 64, 32, None, torch.float32, device)
+    a = rand(1, 64, device=device)
+    with pytest.raises(ValueError, match="bits must be 4"):
+        matmul_nbits(a, B, scales, K=64, N=8, block_size=32, bits=8)
+    with pytest.raises(ValueError, match="B must be uint8"):
+        matmul_nbits(a, B[:4], scales, K=64, N=8, block_size=32)
+    with pytest.raises(ValueError, match="last dimension"):
+        matmul_nbits(a[:, :32], B, scales, K=64, N=8, block_size=32)
+    with pytest.raises(TypeError, match="float16/bfloat16/float32"):
+        matmul_nbits(a.double(), B, scales, K=64, N=8, block_size=32)
+
+
+def test_tiles_for_decode_shapes() -> None:
+    """The tile rule on a 132-SM GPU for Qwen2-0.5B's decode GEMVs: legal tiles, enough programs."""
+    for K, N in [(896, 4864), (4864, 896), (896, 151936)]:
+        for bs in (16, 32, 128, 256):
+            bm, bn, bk, warps = pick_tiles(1, N, K, bs, 132)
+            assert bm == 1 and bk % bs == 0 and bk & (bk - 1) == 0 and 1 <= warps <= 4
+            assert bn * bk <= 4096 or bk == bs
+            assert -(-N // bn) >= 4 * 132
+    assert pick_tiles(3, 4864, 896, 32, 132)[0] == 4
+    assert pick_tiles(40, 4864, 896, 32, 132)[0] == 16
+
+
+def test_op_on_cpu_does_not_use_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors keep the dequantize + matmul path (bit-identical to before)."""
+    import crossml.kernels.matmul_nbits as kernel
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the Triton kernel ran for CPU tensors")
+
+    monkeypatch.setattr(kernel, "matmul_nbits", fail)
+    B, scales, zp = _weight(8, 64, 32, "packed", torch.float32, "cpu")
+    a = rand(1, 64)
+    y = matmul_nbits_op(a, B, scales, zp, K=64, N=8, block_size=32)
+    w = dequantize_nbits(B, scales, zp, None, K=64, N=8, bits=4, block_size=32, dtype=torch.float32)
+    assert torch.equal(y, a @ w.T)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+@pytest.mark.parametrize("level", [0, 4])
+def test_op_routes_to_the_kernel(monkeypatch: pytest.MonkeyPatch, level: int) -> None:
+    """The op's fast path (forced on for CPU tensors, interpreted): int8 activations for level 4, bias."""
+    import crossml.kernels.matmul_nbits as kernel
+    import crossml.ops.contrib.matmul_nbits as op_module
+
+    calls = []
+    original = kernel.matmul_nbits
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs, tiles=(2, 32, 64, 4))
+
+    K, N, bs = 96, 24, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float32, "cpu")
+    a, bias = rand(2, K, seed=1), rand(N, seed=2)
+    kw = {"K": K, "N": N, "block_size": bs, "accuracy_level": level}
+    ref = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
+    monkeypatch.setattr(kernel, "matmul_nbits", spy)
+    monkeypatch.setattr(op_module, "_use_kernel", lambda *args: True)
+    y = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
+    assert len(calls) == 1
+    assert_close(y, ref.double(), torch.float32)
+
+
+def test_importing_crossml_does_not_import_triton() -> None:
+    code = "import sys, crossml, crossml.ops.contrib.matmul_nbits; assert 'triton' not in sys.modules"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --- GPU: compiled kernel at decode shapes, through the op's fast path, and under graph capture ---
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("K", "N"), [(896, 4864), (4864, 896), (896, 151936)])
+def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int) -> None:
+    B, scales, zp = _weight(N, K, 32, "packed", dtype, "cuda")
+    a = rand(1, 1, K, dtype=dtype, device="cuda", seed=1)
+    y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=32)
+    ref = _reference(a.reshape(1, K), B, scales, zp, None, K=K, N=N, block_size=32).reshape(1, 1, N)
+    rtol, atol = TOL[dtype]
+    assert_close(y, ref, dtype, tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("M", [1, 5, 16, 17])
+def test_gpu_op_fast_path(level: int, M: int) -> None:
+    """The op on CUDA (kernel for M <= 16, dequantize + matmul above) against its own CPU path."""
+    K, N, bs = 320, 200, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cuda")
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
+    bias = rand(N, dtype=torch.float16, device="cuda", seed=2)
+    kw = {"K": K, "N": N, "block_size": bs, "accuracy_level": level}
+    y = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
+    ref = matmul_nbits_op(a.cpu(), B.cpu(), scales.cpu(), zp.cpu(), None, bias.cpu(), **kw)
+    torch.testing.assert_close(y.cpu(), ref, rtol=1e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_capture() -> None:
+    K, N, bs = 896, 4864, 32
+    B, scales, zp = _weight(N, K, bs, None, torch.float16, "cuda")
+    a = rand(1, K, dtype=torch.float16, device="cuda", seed=1)
+    y0 = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs)
+    a.copy_(rand(1, K, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs))
+    assert not torch.equal(y, y0)
