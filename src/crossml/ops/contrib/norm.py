@@ -7,9 +7,18 @@
   deviation and the residual sum itself.
 
 Statistics are computed in float32 for half-precision inputs (``stash_type`` 1), as onnxruntime does.
+
+On CUDA / XPU tensors the RMSNorm forms (last axis, fp16 / bf16 / fp32, stash_type 1) run as one
+Triton kernel each (``crossml.kernels.rmsnorm``, imported on first GPU use): in a decode step the
+eight or so torch kernels of the definitions below would dominate. Everything else, the CPU
+included, runs the torch code.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
 
 import torch
 
@@ -17,6 +26,45 @@ from crossml.ops._util import norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
+#: device types and storage types the Triton RMSNorm kernels take
+_KERNEL_DEVICES = ("cuda", "xpu")
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+log = logging.getLogger("crossml")
+
+
+@functools.cache
+def _rmsnorm_kernels() -> ModuleType | None:
+    """``crossml.kernels.rmsnorm``, or None where triton does not import or only interprets
+    (the interpreter copies through the host, which a captured graph cannot hold)."""
+    try:
+        from crossml.kernels import _launch, rmsnorm
+    except (ImportError, RuntimeError) as e:
+        log.info("RMSNorm ops use torch: the Triton kernels do not import (%s)", e)
+        return None
+    return None if _launch.INTERPRET else rmsnorm
+
+
+def _kernel_vector(t: torch.Tensor | None, x: torch.Tensor) -> bool:
+    """None, or a [..., H] tensor of x's hidden size H with no more dims than x (weights, bias)."""
+    return t is None or (0 < t.dim() <= x.dim() and t.shape[-1] == x.shape[-1] and t.numel() == x.shape[-1])
+
+
+def _broadcasts_to(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``t`` broadcasts to x's shape without growing it (else torch's error stands)."""
+    try:
+        return torch.broadcast_shapes(t.shape, x.shape) == x.shape
+    except RuntimeError:
+        return False
+
+
+def _use_kernel(x: torch.Tensor, *ts: torch.Tensor | None) -> bool:
+    """x on a Triton device, every tensor of a kernel storage type on x's device, triton importable."""
+    if x.device.type not in _KERNEL_DEVICES or x.dim() == 0 or x.shape[-1] == 0:
+        return False
+    if not all(t is None or (t.dtype in _KERNEL_DTYPES and t.device == x.device) for t in (x, *ts)):
+        return False
+    return _rmsnorm_kernels() is not None
 
 
 def _stash(x: torch.Tensor, stash_type: int) -> torch.Tensor:
@@ -48,6 +96,9 @@ def _stat_type(x: torch.Tensor, stash_type: int) -> torch.dtype:
 def simplified_layer_normalization(
     X: torch.Tensor, scale: torch.Tensor, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if (stash_type == 1 and _use_kernel(X, scale) and norm_axis(axis, X.dim()) == X.dim() - 1
+            and _kernel_vector(scale, X)):
+        return _rmsnorm_kernels().rms_norm(X, scale, epsilon)
     y, _, inv = _normalize(X, axis, epsilon, True, stash_type)
     out = (y * _stash(scale, stash_type)).to(scale.dtype)
     return out, inv.to(_stat_type(X, stash_type))
@@ -71,11 +122,15 @@ def layer_normalization(
     return y.to(X.dtype), mean.to(st), inv.to(st)
 
 
-def _skip_sum(x: torch.Tensor, skip: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _check_skip(x: torch.Tensor, skip: torch.Tensor) -> None:
     if x.dim() not in (2, 3):
         raise ValueError(f"input is expected to have rank 2 or 3, got shape {tuple(x.shape)}")
     if skip.shape[-1] != x.shape[-1] or skip.dim() > x.dim():
         raise ValueError(f"skip of shape {tuple(skip.shape)} does not broadcast to input {tuple(x.shape)}")
+
+
+def _skip_sum(x: torch.Tensor, skip: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    _check_skip(x, skip)
     s = _stash(x, 1) + _stash(skip, 1)
     return s if bias is None else s + _stash(bias, 1)
 
@@ -119,6 +174,13 @@ def skip_simplified_layer_normalization(
     epsilon: float = 1e-12,
     ctx: OpContext,
 ) -> tuple:
+    _check_skip(x, skip)
+    if (_use_kernel(x, skip, gamma, bias) and _kernel_vector(gamma, x) and _kernel_vector(bias, x)
+            and _broadcasts_to(skip, x)):
+        want = ctx.outputs_wanted + (False,) * (4 - len(ctx.outputs_wanted))
+        y, inv, s = _rmsnorm_kernels().skip_rms_norm(x, skip, gamma, bias, epsilon, store_inv=want[2],
+                                                     store_sum=want[3])
+        return y, None, inv, s
     s = _skip_sum(x, skip, bias)
     y, _, inv = _normalize(s, -1, epsilon, True)
     return _skip_outputs(ctx, x, y * _stash(gamma, 1), None, inv, s)

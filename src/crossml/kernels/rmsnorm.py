@@ -1,0 +1,229 @@
+"""Triton RMSNorm: ``SimplifiedLayerNormalization`` and ``SkipSimplifiedLayerNormalization`` in one
+kernel launch each, beside their torch definitions in ``crossml.ops.contrib.norm``.
+
+One program per row of the ``[rows, hidden]`` view. The arithmetic follows the torch ops step by
+step, in float32 whatever the storage types (fp16 / bf16 / fp32): ``s = x (+ skip) (+ bias)``,
+``inv_std = rsqrt(mean(s * s) + eps)``, ``y = (s * inv_std) * weight`` cast to the output type,
+so the results agree with the ops within an ulp of the output type (the sum of squares is
+reduced in a different order than torch's, and the compiler may fuse ``mean + eps`` into an FMA).
+The skip variant normalizes the float32 sum; the ``sum`` output is that sum cast to the input type.
+
+A row up to ``_SINGLE_MAX`` elements is held in registers (one read of each input); longer rows
+are walked twice in ``_LOOP_BLOCK`` chunks. The wrappers allocate with ``torch.empty`` and never
+read a device value on the host, so they can be captured into a CUDA graph. Under
+TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import use_interpreter
+
+__all__ = ["DTYPES", "rms_norm", "skip_rms_norm"]
+
+#: storage types the kernels take (statistics are float32 for all of them)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: longest row kept in registers whole (a power of two); longer rows loop over _LOOP_BLOCK chunks
+_SINGLE_MAX = 16384
+_LOOP_BLOCK = 4096
+
+
+@triton.jit
+def _cast(v, dst_ptr, BF16_RTNE: tl.constexpr):
+    """float32 ``v`` in ``dst_ptr``'s element type, rounded to nearest even (compiled casts do that;
+    Triton 3.6's interpreter truncates float32 -> bfloat16, so BF16_RTNE rounds on the bits there)."""
+    if BF16_RTNE:
+        u = v.to(tl.uint32, bitcast=True)
+        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+        return tl.where(v != v, v.to(tl.bfloat16), u.to(tl.uint16).to(tl.bfloat16, bitcast=True))
+    return v.to(dst_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, inv_ptr, H, inv_n, eps,
+                     BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr):
+    """Row ``program_id(0)``: y = (x * rsqrt(mean(x * x) + eps)) * w, in float32."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * H
+    y_row = y_ptr + row * H
+    cols = tl.arange(0, BLOCK)
+    if SINGLE:
+        mask = cols < H
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        inv = tl.math.rsqrt(tl.sum(x * x, axis=0) * inv_n + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, _cast(x * inv * w, y_ptr, Y_RTNE), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, H, BLOCK):
+            mask = c0 + cols < H
+            x = tl.load(x_row + c0 + cols, mask=mask, other=0.0).to(tl.float32)
+            acc += x * x
+        inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
+        for c0 in range(0, H, BLOCK):
+            mask = c0 + cols < H
+            x = tl.load(x_row + c0 + cols, mask=mask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + c0 + cols, _cast(x * inv * w, y_ptr, Y_RTNE), mask=mask)
+    tl.store(inv_ptr + row, inv)
+
+
+@triton.jit
+def _skip_row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_BIAS: tl.constexpr):
+    """float32 ``x + skip (+ bias)`` at ``offs`` of one row, added in that order."""
+    s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + \
+        tl.load(skip_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        s = s + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _skip_rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
+                          inv_n, eps, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr, STORE_SUM: tl.constexpr,
+                          BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
+                          SUM_RTNE: tl.constexpr):
+    """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x + skip (+ bias) in float32, then RMSNorm
+    of s. ``skip`` is read through (batch, sequence) strides, so a broadcast skip (stride 0) needs no copy."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * H
+    y_row = y_ptr + row * H
+    sum_row = sum_ptr + row * H
+    skip_row = skip_ptr + (row // S) * s_skip_b + (row % S) * s_skip_s
+    cols = tl.arange(0, BLOCK)
+    if SINGLE:
+        mask = cols < H
+        s = _skip_row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_BIAS)
+        if STORE_SUM:
+            tl.store(sum_row + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
+        inv = tl.math.rsqrt(tl.sum(s * s, axis=0) * inv_n + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
+    else:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, H, BLOCK):
+            mask = c0 + cols < H
+            s = _skip_row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_BIAS)
+            if STORE_SUM:
+                tl.store(sum_row + c0 + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
+            acc += s * s
+        inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
+        for c0 in range(0, H, BLOCK):  # the float32 sum again (the stored one is rounded to the input type)
+            mask = c0 + cols < H
+            s = _skip_row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_BIAS)
+            w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + c0 + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
+    if STORE_INV:
+        tl.store(inv_ptr + row, inv)
+
+
+def _tiling(H: int) -> tuple[int, bool, int]:
+    """(BLOCK, whole row in one block, num_warps) for rows of H elements."""
+    block = triton.next_power_of_2(H)
+    single = block <= _SINGLE_MAX
+    if not single:
+        block = _LOOP_BLOCK
+    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    return block, single, warps
+
+
+def _check(what: str, x: torch.Tensor, *ts: torch.Tensor | None) -> int:
+    """Hidden size of ``x``; every tensor a fp16/bf16/fp32 one on x's device, vectors of that size."""
+    if x.dim() < 1 or x.shape[-1] == 0:
+        raise ValueError(f"{what}: input of shape {tuple(x.shape)} has no last axis to normalize")
+    H = x.shape[-1]
+    for t in (x, *ts):
+        if t is None:
+            continue
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{what} Triton kernel takes float16/bfloat16/float32 tensors, got {t.dtype}; "
+                            "use the registered op for other types")
+        if t.device != x.device:
+            raise ValueError(f"{what} inputs are on different devices: {x.device} and {t.device}")
+    return H
+
+
+def _vector(what: str, name: str, t: torch.Tensor, H: int) -> torch.Tensor:
+    """``t`` (any shape of H elements along its last axis) as a contiguous [H] vector."""
+    if t.dim() < 1 or t.shape[-1] != H or t.numel() != H:
+        raise ValueError(f"{what}: {name} of shape {tuple(t.shape)} is not a vector of the hidden size {H}")
+    return t.reshape(H).contiguous()
+
+
+def _launch(kernel: triton.JITFunction, x: torch.Tensor, rows: int, H: int, args: tuple, flags: dict,
+            what: str, *outs: torch.Tensor | None) -> None:
+    """``kernel`` over ``rows`` programs; ``outs`` name the rounded outputs' flags (Y_RTNE, SUM_RTNE)."""
+    block, single, warps = _tiling(H)
+    if use_interpreter(x, what):
+        rtne = {f"{n}_RTNE": t is not None and t.dtype == torch.bfloat16 for n, t in zip(("Y", "SUM"), outs)}
+        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single)
+        return
+    rtne = {f"{n}_RTNE": False for n, _ in zip(("Y", "SUM"), outs)}
+    with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last axis of ``x`` (``SimplifiedLayerNormalization`` with axis -1, stash_type 1).
+
+    Returns ``y`` (x's shape, weight's dtype) and the float32 inverse standard deviation of shape
+    ``x.shape[:-1] + (1,)``. ``weight`` holds ``x.shape[-1]`` elements.
+    """
+    H = _check("RMSNorm", x, weight)
+    w = _vector("RMSNorm", "weight", weight, H)
+    xc = x.contiguous()
+    y = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
+    inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    rows = xc.numel() // H
+    if rows:
+        _launch(_rms_norm_kernel, xc, rows, H, (xc, w, y, inv, H, 1.0 / H, float(eps)), {}, "RMSNorm", y)
+    return y, inv
+
+
+def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  eps: float, *, store_inv: bool = True,
+                  store_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """RMSNorm of ``x + skip (+ bias)`` over the last axis (``SkipSimplifiedLayerNormalization``).
+
+    ``skip`` broadcasts to ``x`` (e.g. [H], [S, H] or [B, S, H] for a [B, S, H] input) and is read
+    in place; ``weight`` and ``bias`` hold ``x.shape[-1]`` elements. Returns ``y`` (x's dtype), the
+    float32 inverse standard deviation (shape ``x.shape[:-1] + (1,)``) and the residual sum cast to
+    x's dtype; ``store_inv`` / ``store_sum`` False leave those out (None), writing nothing for them.
+    """
+    H = _check("SkipRMSNorm", x, skip, weight, bias)
+    w = _vector("SkipRMSNorm", "weight", weight, H)
+    b = _vector("SkipRMSNorm", "bias", bias, H) if bias is not None else None
+    try:
+        grows = skip.dim() > x.dim() or torch.broadcast_shapes(skip.shape, x.shape) != x.shape
+    except RuntimeError:
+        grows = True
+    if grows:
+        raise ValueError(f"SkipRMSNorm: skip of shape {tuple(skip.shape)} does not broadcast to input "
+                         f"{tuple(x.shape)}")
+    xc = x.contiguous()
+    # skip viewed as [B, S, H] with x's shape: broadcast dims get stride 0, nothing is copied
+    sk = skip.expand(x.shape)
+    if sk.stride(-1) != 1:
+        sk = sk.contiguous()
+    if x.dim() == 1:
+        S, s_b, s_s = 1, 0, 0
+    elif x.dim() == 2:
+        S, s_b, s_s = max(1, x.shape[0]), 0, sk.stride(0)
+    else:
+        sk = sk.reshape(-1, x.shape[-2], H)  # a view unless leading dims > 1 cannot merge
+        S, s_b, s_s = max(1, x.shape[-2]), sk.stride(0), sk.stride(1)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if store_inv else None
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if store_sum else None
+    rows = xc.numel() // H
+    if rows:
+        args = (xc, sk, w, b if b is not None else w, y, inv if inv is not None else y, s if s is not None else y,
+                H, S, s_b, s_s, 1.0 / H, float(eps))
+        flags = {"HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum}
+        _launch(_skip_rms_norm_kernel, xc, rows, H, args, flags, "SkipRMSNorm", y, s)
+    return y, inv, s
