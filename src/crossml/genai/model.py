@@ -145,6 +145,10 @@ class Model:
         # the generator feeds a max-length mask in decode from fixed buffers: one input signature and one set
         # of addresses, recorded once and replayed in place (no input copies, outputs left in the graph's buffers)
         so.add_session_config_entry(CAPTURE_BIND_IO, "1")
+        # the decoder has symbolic dimensions, so the provider would not capture by default: ask for it
+        # (prompts still run eagerly, see Model.run); genai_config's config_entries may turn it off
+        if not so.has_session_config_entry(CAPTURE):
+            so.add_session_config_entry(CAPTURE, "1")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
