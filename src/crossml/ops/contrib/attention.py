@@ -15,10 +15,14 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
   Rows past a batch entry's length are zeros in a grown cache and untouched in a shared one.
 * Query row s of entry b sees keys ``j <= past_b + s`` (and ``j > past_b + s - local_window_size``:
   ``local_window_size`` keys with a local window); rows of right padding in the first prompt are unspecified in onnxruntime.
+* A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention runs
+  two or three Triton kernels (``kernels/decode_attention.py``: rotary + cache write, attention) instead
+  of the torch code below; ``_fast_decode_ok`` lists the conditions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -29,6 +33,7 @@ from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
+_DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -86,6 +91,79 @@ def _attend(
     out = (p @ vf).to(q.dtype)
     qk = qk_pre if want_qk == 1 else (p if want_qk == 2 else None)
     return out, qk
+
+
+#: devices the Triton decode kernels compile for (CUDA also covers ROCm builds of torch)
+_FAST_DECODE_DEVICES = ("cuda", "xpu")
+
+
+@functools.cache
+def _decode_kernels():
+    """``crossml.kernels.decode_attention``, imported on first use (None without triton)."""
+    try:
+        from crossml.kernels import decode_attention
+    except ImportError:
+        return None
+    return decode_attention
+
+
+def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                    attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
+                    smooth_softmax, qk_output) -> bool:
+    """Whether a token-generation step (S == 1, past given) may run the Triton decode kernels: a shared
+    max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton device."""
+    dev = query.device
+    if dev.type not in _FAST_DECODE_DEVICES or past_key is None or past_value is None:
+        return False
+    if attention_bias is not None or head_sink is not None or smooth_softmax or softcap != 0.0 or qk_output:
+        return False
+    if q_norm_weight is not None or k_norm_weight is not None:
+        return False
+    B, _, D = query.shape
+    dt = query.dtype
+    if dt not in _DECODE_DTYPES or D != H * (N if key is not None else N + 2 * Nk):
+        return False
+    if key is not None and (key.dtype != dt or value.dtype != dt or key.shape != (B, 1, Nk * H)
+                            or value.shape != (B, 1, Nk * H) or key.device != dev or value.device != dev):
+        return False
+    P = past_key.shape[2] if past_key.dim() == 4 else -1
+    if P < max(total, 1) or past_key.shape != (B, Nk, P, H) or past_value.shape != past_key.shape:
+        return False
+    if past_key.dtype != dt or past_value.dtype != dt or past_key.device != dev or past_value.device != dev:
+        return False
+    if seqlens_k.numel() != B or seqlens_k.device != dev or seqlens_k.dtype.is_floating_point:
+        return False
+    if do_rotary:
+        if cos_cache is None or sin_cache is None or cos_cache.dim() != 2 or sin_cache.shape != cos_cache.shape:
+            return False
+        if not cos_cache.dtype.is_floating_point or cos_cache.dtype != sin_cache.dtype:
+            return False
+        if cos_cache.device != dev or sin_cache.device != dev or not 0 < 2 * cos_cache.shape[1] <= H:
+            return False
+        if position_ids is not None and (position_ids.numel() != B or position_ids.device != dev
+                                         or position_ids.dtype.is_floating_point):
+            return False
+    kernels = _decode_kernels()
+    return kernels is not None and kernels.supported_head_size(H)
+
+
+def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
+                 do_rotary, rotary_interleaved, local_window, inplace) -> tuple:
+    """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
+    buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
+    rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended."""
+    kernels = _decode_kernels()
+    B, _, N, H = q.shape
+    kc = past_key if inplace else past_key.clone()
+    vc = past_value if inplace else past_value.clone()
+    pos = None
+    if do_rotary:
+        pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
+    qr = kernels.rotary_cache_write(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
+                                    seqlens_k.reshape(B), bool(rotary_interleaved), bool(do_rotary))
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    out = kernels.decode_attention(qr, kc, vc, seqlens_k.reshape(B), sc, local_window, len_offset=1)
+    return out.reshape(B, 1, N * H), kc, vc, None
 
 
 @op("GroupQueryAttention", domain=MS_DOMAIN, host_inputs=(6,), ctx=True)
@@ -153,6 +231,14 @@ def group_query_attention(
     first_prompt = not subsequent and S == total
     if not first_prompt and not subsequent and S != 1:
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
+
+    if S == 1 and not first_prompt and _fast_decode_ok(
+            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
+            head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap, smooth_softmax, qk_output):
+        return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                            scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                            local_window=local_window_size if causal else -1,
+                            inplace=bool(ctx.extra.get("kv_inplace")))
 
     total_b = seqlens_k.reshape(B).long() + 1
     past_b = torch.zeros_like(total_b) if first_prompt else total_b - S

@@ -1,0 +1,376 @@
+"""Triton decode step of GroupQueryAttention (one new token per sequence, static shared KV cache).
+
+Two functions replace the ~40 torch kernels of ``group_query_attention``'s decode step:
+
+``rotary_cache_write``
+    One launch: rotates the new token's query and key heads (``apply_rotary`` / ``gather_cos_sin``
+    of ``ops/contrib/rotary.py``: same formula, computed in float32, products rounded separately
+    (no FMA contraction) so the result is bit-identical to the torch code), writes the rotated keys
+    and the values into row ``write_pos[b]`` of the ``[B, Nk, L, H]`` caches and returns the
+    rotated queries.
+``decode_attention``
+    ``out[b, h] = softmax(scale * q[b, h] . k[j]) v[j]`` over key rows ``j <= total_len[b] - 1``
+    (and ``j > total_len[b] - 1 - local_window`` with a window), key head ``h // (N // Nk)``. One
+    program holds all query heads of a KV head (padded to a 16-row ``tl.dot`` tile), so each key
+    and value row is read once per group. Online softmax in float32 over ``BLOCK_L``-row chunks.
+    When ``B * Nk`` programs cannot fill the GPU the key range is split (flash-decoding): each
+    split writes a partial result and its log-sum-exp, and a second kernel combines them, so the
+    call is one launch or two.
+
+Lengths and positions stay device tensors; nothing syncs with the host, so the step can be captured
+in a CUDA graph. ``*_reference`` are the torch definitions the tests compare against. Under
+TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import cdiv, use_interpreter
+
+__all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "rotary_cache_write",
+           "rotary_cache_write_reference", "supported_head_size"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LOG2E = 1.4426950408889634
+#: most query heads one attention program holds (more heads per KV head: several programs)
+_MAX_BLOCK_G = 64
+#: most key-range splits of one (batch entry, KV head)
+_MAX_SPLITS = 64
+
+
+def supported_head_size(h: int) -> bool:
+    """Head sizes the kernels take: 16..256 (tiles are padded to a power of two)."""
+    return 16 <= h <= 256
+
+
+# ---------------------------------------------------------------------------------------------- rotary + cache write
+
+
+@triton.jit
+def _rotate(x_ptr, s_xh, s_xd, n_heads, cos_row, sin_row, s_cd, s_sd, HEAD_DIM, HALF, ROTARY: tl.constexpr,
+            INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``0 .. n_heads`` of one token's heads in float32 ``[BLOCK_H, BLOCK_D]``, the first ``2 * HALF``
+    channels rotated as ``apply_rotary`` does; also the in-bounds mask."""
+    d = tl.arange(0, BLOCK_D)
+    h = tl.arange(0, BLOCK_H)
+    ok = (h < n_heads)[:, None] & (d < HEAD_DIM)[None, :]
+    rows = x_ptr + h.to(tl.int64)[:, None] * s_xh
+    x = tl.load(rows + d[None, :] * s_xd, mask=ok, other=0.0).to(tl.float32)
+    if ROTARY:
+        in_rot = d < 2 * HALF
+        if INTERLEAVED:  # pairs (2i, 2i + 1) share angle i
+            ci = d // 2
+            partner = d ^ 1
+            first = (d % 2) == 0
+        else:  # halves: channel i pairs with i + HALF
+            first = d < HALF
+            ci = tl.where(first, d, d - HALF)
+            partner = tl.where(first, d + HALF, d - HALF)
+        c = tl.load(cos_row + ci * s_cd, mask=in_rot, other=0.0).to(tl.float32)[None, :]
+        s = tl.load(sin_row + ci * s_sd, mask=in_rot, other=0.0).to(tl.float32)[None, :]
+        xp = tl.load(rows + partner[None, :] * s_xd, mask=ok & in_rot[None, :], other=0.0).to(tl.float32)
+        # torch: first x1*c - x2*s, second x1*s + x2*c (x1 the first of the pair); fp add commutes
+        y = tl.where(first[None, :], x * c - xp * s, xp * s + x * c)
+        x = tl.where(in_rot[None, :], y, x)
+    return x, ok
+
+
+@triton.jit
+def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, wpos_ptr, qo_ptr,
+                         N, NK, Q_BLOCKS, L, MAX_POS, HEAD_DIM, HALF,
+                         s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
+                         s_kcb, s_kch, s_kcl, s_kcd, s_vcb, s_vch, s_vcl, s_vcd, s_ob, s_oh, s_od,
+                         ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    """Program (block, b): blocks ``0 .. Q_BLOCKS`` rotate BLOCK_H query heads each, the rest rotate BLOCK_H
+    key heads and write them and their values into the caches."""
+    blk = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)[None, :]
+    cos_row = cos_ptr
+    sin_row = sin_ptr
+    if ROTARY:
+        p = tl.load(pos_ptr + b).to(tl.int64)
+        p = tl.minimum(tl.maximum(p, 0), MAX_POS - 1)  # gather_cos_sin clamps
+        cos_row = cos_ptr + p * s_cp
+        sin_row = sin_ptr + p * s_sp
+    if blk < Q_BLOCKS:
+        h0 = blk * BLOCK_H
+        y, ok = _rotate(q_ptr + b * s_qb + h0.to(tl.int64) * s_qh, s_qh, s_qd, N - h0, cos_row, sin_row, s_cd, s_sd,
+                        HEAD_DIM, HALF, ROTARY, INTERLEAVED, BLOCK_H, BLOCK_D)
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
+        tl.store(qo_ptr + b * s_ob + h * s_oh + d * s_od, y.to(qo_ptr.dtype.element_ty), mask=ok)
+    else:
+        h0 = (blk - Q_BLOCKS) * BLOCK_H
+        row = tl.load(wpos_ptr + b).to(tl.int64)
+        row = tl.minimum(tl.maximum(row, 0), L - 1)
+        y, ok = _rotate(k_ptr + b * s_kb + h0.to(tl.int64) * s_kh, s_kh, s_kd, NK - h0, cos_row, sin_row, s_cd, s_sd,
+                        HEAD_DIM, HALF, ROTARY, INTERLEAVED, BLOCK_H, BLOCK_D)
+        h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
+        tl.store(kc_ptr + b * s_kcb + h * s_kch + row * s_kcl + d * s_kcd, y.to(kc_ptr.dtype.element_ty), mask=ok)
+        val = tl.load(v_ptr + b * s_vb + h * s_vh + d * s_vd, mask=ok, other=0.0)
+        tl.store(vc_ptr + b * s_vcb + h * s_vch + row * s_vcl + d * s_vcd, val.to(vc_ptr.dtype.element_ty), mask=ok)
+
+
+def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
+                       sin_cache: torch.Tensor | None, pos: torch.Tensor | None, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, write_pos: torch.Tensor, interleaved: bool,
+                       do_rotary: bool) -> torch.Tensor:
+    """Rotate ``q [B, N, H]`` and ``k [B, Nk, H]`` at positions ``pos [B]``, write ``k`` and ``v`` into row
+    ``write_pos[b]`` (clamped to ``0 .. L-1``) of ``k_cache`` / ``v_cache [B, Nk, L, H]``; return the rotated
+    queries as a new ``[B, N, H]`` tensor (``q`` itself when ``do_rotary`` is false).
+
+    ``cos_cache`` / ``sin_cache`` are ``[max_pos, rot/2]``; positions are clamped to ``0 .. max_pos-1`` and
+    channels past ``rot`` pass through, as in ``gather_cos_sin`` / ``apply_rotary``. All operands are read
+    and written through their strides (the split views of a packed QKV need no copy).
+    """
+    B, N, H = q.shape
+    Nk, L = k_cache.shape[1], k_cache.shape[2]
+    if k.shape != (B, Nk, H) or v.shape != (B, Nk, H) or k_cache.shape != (B, Nk, L, H) or \
+            v_cache.shape != k_cache.shape:
+        raise ValueError(f"rotary_cache_write: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match [B, N|Nk, (L,) H]")
+    if do_rotary:
+        if cos_cache is None or sin_cache is None or pos is None:
+            raise ValueError("rotary_cache_write: do_rotary needs cos_cache, sin_cache and pos")
+        half = cos_cache.shape[1]
+        if 2 * half > H or sin_cache.shape != cos_cache.shape:
+            raise ValueError(f"rotary_cache_write: cos/sin caches {tuple(cos_cache.shape)} / "
+                             f"{tuple(sin_cache.shape)} need equal shapes [max_pos, rot/2] with rot <= {H}")
+        q_out = torch.empty((B, N, H), dtype=q.dtype, device=q.device)
+        cos, sin, p = cos_cache, sin_cache, pos
+        max_pos, s_c, s_s = cos_cache.shape[0], cos_cache.stride(), sin_cache.stride()
+    else:
+        half, q_out, cos, sin, p = 0, q, k_cache, k_cache, write_pos
+        max_pos, s_c, s_s = 1, (0, 0), (0, 0)
+    if B == 0 or N + Nk == 0:
+        return q_out
+    block_d = triton.next_power_of_2(H)
+    block_h = max(1, min(16, 2048 // block_d, triton.next_power_of_2(max(N, Nk))))  # about 2K elements a program
+    q_blocks = cdiv(N, block_h) if do_rotary else 0
+    grid = (q_blocks + cdiv(Nk, block_h), B)
+    args = (q, k, v, cos, sin, p, k_cache, v_cache, write_pos, q_out, N, Nk, q_blocks, L, max_pos, H, half,
+            *q.stride(), *k.stride(), *v.stride(), *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *q_out.stride())
+    meta = {"ROTARY": bool(do_rotary), "INTERLEAVED": bool(interleaved), "BLOCK_H": block_h, "BLOCK_D": block_d}
+    interp = use_interpreter(q, "GroupQueryAttention rotary/cache write")
+    with _on_device(q, interp):
+        # no FMA contraction: x*c - xp*s rounds each product like torch does
+        _rotary_cache_kernel[grid](*args, **meta, num_warps=4 if block_h * block_d >= 1024 else 2,
+                                   enable_fp_fusion=False)
+    return q_out
+
+
+def rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, write_pos, interleaved,
+                                 do_rotary):
+    """What ``rotary_cache_write`` computes, with the torch helpers GroupQueryAttention uses (in place on the caches)."""
+    from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
+
+    B = q.shape[0]
+    if do_rotary:
+        cos, sin = gather_cos_sin(cos_cache, sin_cache, pos.reshape(B, 1))
+        q = apply_rotary(q.unsqueeze(1), cos, sin, bool(interleaved)).squeeze(1)
+        k = apply_rotary(k.unsqueeze(1), cos, sin, bool(interleaved)).squeeze(1)
+    rows = write_pos.long().clamp(0, k_cache.shape[2] - 1)
+    for b in range(B):
+        k_cache[b, :, rows[b]] = k[b].to(k_cache.dtype)
+        v_cache[b, :, rows[b]] = v[b].to(v_cache.dtype)
+    return q
+
+
+# ---------------------------------------------------------------------------------------------- attention
+
+
+@triton.jit
+def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
+                        NK, HB, G, L, HEAD_DIM, LEN_OFFSET, WINDOW, qk_scale,
+                        s_qb, s_qh, s_qd, s_kb, s_kh, s_kl, s_kd, s_vb, s_vh, s_vl, s_vd, s_ob, s_oh, s_od,
+                        s_mb, s_mh, s_ms, s_lb, s_lh,
+                        SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
+    split ``program_id(1)`` of batch entry b's key range."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+    hb = pid % HB
+    kvh = (pid // HB) % NK
+    b = (pid // (HB * NK)).to(tl.int64)
+    # key rows lo .. hi of entry b: j <= last (j < L), and j > last - WINDOW with a window
+    last = tl.load(len_ptr + b).to(tl.int32) + LEN_OFFSET - 1
+    hi = tl.minimum(last + 1, L)
+    lo = tl.where(WINDOW > 0, tl.maximum(last - WINDOW + 1, 0), 0)
+    n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_L)
+    per_split = tl.cdiv(n_blocks, num_splits)
+    start = lo + split * per_split * BLOCK_L
+    end = tl.minimum(start + per_split * BLOCK_L, hi)
+
+    g = hb * BLOCK_G + tl.arange(0, BLOCK_G)
+    g_ok = g < G
+    heads = (kvh * G + tl.minimum(g, G - 1)).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + d[None, :] * s_qd, mask=d_ok[None, :], other=0.0)
+    k_base = k_ptr + b * s_kb + kvh.to(tl.int64) * s_kh + d[None, :] * s_kd
+    v_base = v_ptr + b * s_vb + kvh.to(tl.int64) * s_vh + d[None, :] * s_vd
+    if DOT_FP32:
+        q = q.to(tl.float32)
+
+    m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    den = tl.zeros((BLOCK_G,), tl.float32)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
+    # every chunk holds at least one allowed key, so the running max is finite after the first
+    for j0 in range(start, end, BLOCK_L):
+        j = j0 + tl.arange(0, BLOCK_L)
+        j_ok = j < end
+        rows = j.to(tl.int64)[:, None]
+        kt = tl.load(k_base + rows * s_kl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        vt = tl.load(v_base + rows * s_vl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_FP32:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale  # log2 units
+        s = tl.where(j_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        den = den * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PRECISION)
+        m = m_new
+
+    has = den > 0.0
+    out = acc / tl.where(has, den, 1.0)[:, None]
+    if SPLIT:
+        hh = heads[:, None]
+        tl.store(mo_ptr + b * s_mb + hh * s_mh + split * s_ms + d[None, :], out,
+                 mask=g_ok[:, None] & d_ok[None, :])
+        lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+        tl.store(ml_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_ok)
+    else:
+        tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
+                 mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh, s_ob, s_oh, s_od,
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Program (b * N + h): the log-sum-exp weighted mean of the splits' partial outputs."""
+    pid = tl.program_id(0)
+    h = (pid % N).to(tl.int64)
+    b = (pid // N).to(tl.int64)
+    sp = tl.arange(0, BLOCK_S)
+    sp_ok = sp < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(ml_ptr + b * s_lb + h * s_lh + sp, mask=sp_ok, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    part = tl.load(mo_ptr + b * s_mb + h * s_mh + sp[:, None] * s_ms + d[None, :],
+                   mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(o_ptr + b * s_ob + h * s_oh + d * s_od, out.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+@functools.cache
+def _unit_count(device_type: str, index: int) -> int:
+    """Streaming multiprocessors (compute units) of the device: what the split count aims to fill."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(index).multi_processor_count)
+    return 64
+
+
+def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bool) -> int:
+    """Key-range splits so that about two programs run per compute unit (1 when the batch fills the device)."""
+    if interp:
+        return 1
+    index = t.device.index if t.device.index is not None else 0
+    if t.device.type == "cuda" and t.device.index is None:
+        index = torch.cuda.current_device()
+    units = _unit_count(t.device.type, index)
+    if programs >= units:
+        return 1
+    return max(1, min(cdiv(2 * units, programs), cdiv(L, block_l), _MAX_SPLITS))
+
+
+def _on_device(t: torch.Tensor, interp: bool):
+    return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, total_len: torch.Tensor,
+                     scale: float, local_window: int = -1, *, len_offset: int = 0,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence over a KV cache: ``q [B, N, H]``, caches ``[B, Nk, L, H]``,
+    ``total_len [B]`` (device ints; ``total_len[b] + len_offset`` keys of entry b count, so onnxruntime's
+    ``seqlens_k`` goes in with ``len_offset=1``). Key rows ``j`` with ``j <= total - 1`` (and ``j < L``) are
+    attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. Returns ``[B, N, H]`` in q's
+    dtype. ``num_splits`` None: chosen from the shapes (flash-decoding when ``B * Nk`` programs are few)."""
+    B, N, H = q.shape
+    Nk, L = k_cache.shape[1], k_cache.shape[2]
+    if k_cache.shape != (B, Nk, L, H) or v_cache.shape != k_cache.shape or Nk == 0 or N % Nk:
+        raise ValueError(f"decode_attention: q {tuple(q.shape)} and caches {tuple(k_cache.shape)} / "
+                         f"{tuple(v_cache.shape)} need [B, N, H] and [B, Nk, L, H] with N a multiple of Nk")
+    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise TypeError(f"decode_attention takes float16/bfloat16/float32 tensors of one type, got q {q.dtype}, "
+                        f"caches {k_cache.dtype} / {v_cache.dtype}")
+    if not supported_head_size(H):
+        raise ValueError(f"decode_attention: head size {H} is outside 16..256")
+    out = torch.empty((B, N, H), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    interp = use_interpreter(q, "GroupQueryAttention decode")
+    G = N // Nk
+    block_g = min(max(16, triton.next_power_of_2(G)), _MAX_BLOCK_G)
+    hb = cdiv(G, block_g)
+    block_d = max(16, triton.next_power_of_2(H))
+    # one key/value chunk about 16 KiB: 64 rows of fp16 H=128, 32 of fp32 H=128
+    block_l = max(16, min(64, 16384 // (block_d * q.element_size())))
+    programs = B * Nk * hb
+    splits = num_splits if num_splits is not None else _num_splits(q, programs, L, block_l, interp)
+    splits = max(1, min(int(splits), max(1, L)))
+    dot_fp32 = q.dtype == torch.float32 or (interp and q.dtype == torch.bfloat16)  # numpy has no bf16 matmul
+    meta = {"DOT_FP32": dot_fp32, "PRECISION": "ieee", "BLOCK_G": block_g, "BLOCK_L": block_l, "BLOCK_D": block_d}
+    qk_scale = float(scale) * _LOG2E
+    common = (Nk, hb, G, L, H, int(len_offset), int(local_window), qk_scale,
+              *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride())
+    warps = 4 if block_d * block_l >= 64 * 64 else 2
+    with _on_device(q, interp):
+        if splits == 1:
+            _decode_attn_kernel[(programs, 1)](q, k_cache, v_cache, total_len, out, out, out, *common,
+                                               0, 0, 0, 0, 0, SPLIT=False, **meta, num_warps=warps)
+            return out
+        mid_o = torch.empty((B, N, splits, H), dtype=torch.float32, device=q.device)
+        mid_l = torch.empty((B, N, splits), dtype=torch.float32, device=q.device)
+        _decode_attn_kernel[(programs, splits)](q, k_cache, v_cache, total_len, out, mid_o, mid_l, *common,
+                                                mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0),
+                                                mid_l.stride(1), SPLIT=True, **meta, num_warps=warps)
+        _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                                  mid_l.stride(0), mid_l.stride(1), *out.stride(),
+                                  BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4)
+    return out
+
+
+def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               total_len: torch.Tensor, scale: float, local_window: int = -1, *,
+                               len_offset: int = 0) -> torch.Tensor:
+    """What ``decode_attention`` computes, in float64 on the CPU."""
+    B, N, H = q.shape
+    Nk, L = k_cache.shape[1], k_cache.shape[2]
+    last = total_len.reshape(B).long().cpu() + len_offset - 1
+    j = torch.arange(L).reshape(1, L)
+    allowed = j <= last.reshape(B, 1)
+    if local_window > 0:
+        allowed &= j > last.reshape(B, 1) - local_window
+    groups = N // Nk
+    kh = k_cache.double().cpu().repeat_interleave(groups, dim=1)
+    vh = v_cache.double().cpu().repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q.double().cpu().unsqueeze(2), kh, vh,
+                                         attn_mask=allowed.reshape(B, 1, 1, L), scale=scale)
+    return out.squeeze(2)

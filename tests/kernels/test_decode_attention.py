@@ -1,0 +1,223 @@
+"""The Triton decode step of GroupQueryAttention (crossml.kernels.decode_attention) against its torch
+references, and the op's fast path against its torch path. CPU cases run in Triton's interpreter (the op's
+device gate is opened for CPU tensors there); ``gpu`` cases compile the kernels."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from crossml.kernels.decode_attention import (  # noqa: E402
+    decode_attention,
+    decode_attention_reference,
+    rotary_cache_write,
+    rotary_cache_write_reference,
+)
+from crossml.ops.contrib import attention  # noqa: E402
+from crossml.ops.registry import OpContext  # noqa: E402
+from tests.kernels._common import DEVICES, INTERPRET, TOL, rand  # noqa: E402
+
+
+def _caches(max_pos: int, half: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float64) / half))
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    return ang.cos().to(dtype).to(device), ang.sin().to(dtype).to(device)
+
+
+def _rotary_mode(mode: str, H: int) -> tuple[bool, bool, int]:
+    """(do_rotary, interleaved, rotary dim) of a test case name."""
+    return {"off": (False, False, H), "halves": (True, False, H), "interleaved": (True, True, H),
+            "partial": (True, False, H // 2), "partial_interleaved": (True, True, H // 2)}[mode]
+
+
+def _ids(value: object) -> str:
+    return str(value).replace("torch.", "").replace(" ", "")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "heads", "H", "mode"), [
+    (torch.float32, (4, 2), 16, "halves"),
+    (torch.float32, (14, 2), 64, "interleaved"),
+    (torch.float32, (8, 8), 16, "partial"),
+    (torch.float32, (4, 2), 64, "partial_interleaved"),
+    (torch.float16, (14, 2), 16, "halves"),
+    (torch.float16, (8, 8), 64, "interleaved"),
+    (torch.float16, (4, 2), 64, "partial"),
+    (torch.float16, (4, 2), 16, "off"),
+    (torch.bfloat16, (4, 2), 16, "interleaved"),
+], ids=_ids)
+def test_rotary_cache_write(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, mode: str) -> None:
+    """Rotated q and the written k/v rows equal the torch helpers bit for bit; other cache rows are untouched."""
+    N, Nk = heads
+    B, L, max_pos = 2, 24, 40
+    do_rotary, interleaved, rot = _rotary_mode(mode, H)
+    # the query/key/value of a packed QKV row: strided views, as the op passes them
+    qkv = rand(B, (N + 2 * Nk) * H, dtype=dtype, device=device, seed=1)
+    q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+    cos, sin = _caches(max_pos, rot // 2, dtype, device)
+    pos = torch.tensor([5, 45], device=device)  # 45 is past the cos cache: clamped to its last row
+    write_pos = torch.tensor([3, 23], dtype=torch.int32, device=device)
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (2, 3))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q_ref = rotary_cache_write_reference(q, k, v, cos, sin, pos, kc_ref, vc_ref, write_pos, interleaved, do_rotary)
+    q_out = rotary_cache_write(q, k, v, cos, sin, pos, kc, vc, write_pos, interleaved, do_rotary)
+    assert q_out.shape == (B, N, H) and q_out.dtype == dtype
+    if dtype == torch.bfloat16 and INTERPRET:  # the interpreter rounds fp32 -> bf16 toward zero: 1 ulp
+        same = functools.partial(torch.testing.assert_close, rtol=2 ** -7, atol=1e-3)
+    else:
+        same = functools.partial(torch.testing.assert_close, rtol=0, atol=0)
+    same(q_out, q_ref)
+    same(kc, kc_ref)  # written rows and untouched rows
+    assert torch.equal(vc, vc_ref)
+    if do_rotary:
+        assert not torch.equal(kc[1, :, 23], k[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "heads", "H", "window", "splits"), [
+    (torch.float32, (4, 2), 16, -1, 1),
+    (torch.float32, (14, 2), 64, 5, 3),
+    (torch.float32, (8, 8), 16, -1, 3),
+    (torch.float16, (4, 2), 64, 5, 1),
+    (torch.float16, (14, 2), 16, -1, 3),
+    (torch.float16, (8, 8), 64, 5, 1),
+], ids=_ids)
+def test_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, window: int,
+                          splits: int) -> None:
+    N, Nk = heads
+    B, L = 2, 40
+    q = rand(B, N, H, dtype=dtype, device=device, seed=4)
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (5, 6))
+    seqlens_k = torch.tensor([6, 37], dtype=torch.int32, device=device)  # totals 7 and 38 of 40 rows
+    scale = 1.0 / math.sqrt(H)
+    out = decode_attention(q, kc, vc, seqlens_k, scale, window, len_offset=1, num_splits=splits)
+    ref = decode_attention_reference(q, kc, vc, seqlens_k, scale, window, len_offset=1)
+    assert out.dtype == dtype and out.device.type == device
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_attention_edges(device: str) -> None:
+    """Odd head size and group count (padded tiles), a length past the buffer (all rows), length 1, bf16,
+    more splits than key blocks."""
+    B, N, Nk, H, L = 3, 6, 2, 24, 21
+    for dtype, splits in ((torch.float32, 1), (torch.bfloat16, 8)):
+        q = rand(B, N, H, dtype=dtype, device=device, seed=7)
+        kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (8, 9))
+        total = torch.tensor([1, 30, 21], device=device)
+        ref = decode_attention_reference(q, kc, vc, total, 0.3)
+        out = decode_attention(q, kc, vc, total, 0.3, num_splits=splits)
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------------------------- the op's fast path
+
+
+def _gqa(args: list, kw: dict, inplace: bool) -> tuple:
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    ctx.extra["kv_inplace"] = inplace
+    return attention.group_query_attention(*args, **kw, ctx=ctx)
+
+
+@pytest.fixture
+def fast_path(monkeypatch):
+    """``enable()`` opens the op's fast path (under the interpreter for CPU tensors too; before it, CPU tensors
+    take the torch path) and returns the list its calls are counted in."""
+    calls: list[int] = []
+
+    def enable() -> list[int]:
+        if INTERPRET:
+            monkeypatch.setattr(attention, "_FAST_DECODE_DEVICES", ("cpu", "cuda", "xpu"))
+        original = attention._fast_decode
+
+        def spy(*a, **k):
+            calls.append(1)
+            return original(*a, **k)
+
+        monkeypatch.setattr(attention, "_fast_decode", spy)
+        return calls
+
+    return enable
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", inplace=True),
+    dict(dtype=torch.float32, heads=(14, 2), H=64, rotary="interleaved", packed=True),
+    dict(dtype=torch.float16, heads=(8, 8), H=16, rotary="partial", position_ids=True, inplace=True),
+    dict(dtype=torch.float16, heads=(4, 2), H=64, rotary="off", local_window_size=4, scale=0.2),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="partial_interleaved", position_ids=True, packed=True,
+         local_window_size=3, inplace=True),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", causal=0, local_window_size=3),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
+def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None:
+    """group_query_attention's decode step on the kernels equals its torch path (run on CPU copies):
+    the attention output, the present buffers (new rows bit for bit, other rows untouched), in place or not."""
+    dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
+    B, L, max_pos = 2, 20, 32
+    do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
+    seqlens_k = torch.tensor([4, 17], dtype=torch.int32)
+    q, k, v = (rand(B, 1, n * H, dtype=dtype, seed=s) for s, n in ((10, N), (11, Nk), (12, Nk)))
+    pk, pv = (rand(B, Nk, L, H, dtype=dtype, seed=s) for s in (13, 14))
+    cos, sin = _caches(max_pos, rot // 2, dtype, "cpu") if do_rotary else (None, None)
+    pos = torch.tensor([[9], [2]]) if case.get("position_ids") else None
+    if case.get("packed"):
+        q, k, v = torch.cat([q, k, v], dim=-1), None, None
+    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(18, dtype=torch.int32), cos, sin, pos]
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
+              scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1),
+              causal=case.get("causal", 1))
+    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
+    fast_path_calls = fast_path()
+
+    dev_args = [None if a is None else a.to(device) for a in args]
+    dev_args[6] = args[6]  # total_sequence_length is a host scalar
+    past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
+    inplace = case.get("inplace", False)
+    out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
+    assert fast_path_calls, "the decode step did not take the fast path"
+    assert qk is None and out.shape == (B, 1, N * H) and out.dtype == dtype
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
+    assert torch.equal(pk_out.cpu(), pk_ref) and torch.equal(pv_out.cpu(), pv_ref)
+    if inplace:
+        assert pk_out.data_ptr() == dev_args[3].data_ptr() and pv_out.data_ptr() == dev_args[4].data_ptr()
+    else:  # the op must not modify its inputs
+        assert torch.equal(dev_args[3], past_k) and torch.equal(dev_args[4], past_v)
+        assert pk_out.data_ptr() != dev_args[3].data_ptr()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gqa_fast_path_declines(device: str, fast_path) -> None:
+    """Prompts, grown caches, softcap, bias and sinks stay on the torch path."""
+    fast_path_calls = fast_path()
+    B, N, Nk, H = 1, 4, 2, 16
+    pk, pv = (rand(B, Nk, 8, H, seed=s, device=device) for s in (1, 2))
+    q, k, v = (rand(B, 1, n * H, seed=s, device=device) for s, n in ((3, N), (4, Nk), (5, Nk)))
+    seqlens_k = torch.tensor([4], dtype=torch.int32, device=device)
+    base = [q, k, v, pk, pv, seqlens_k, torch.tensor(5, dtype=torch.int32)]
+    kw = dict(num_heads=N, kv_num_heads=Nk)
+    _gqa(base, dict(kw, softcap=2.0), False)
+    _gqa(base[:3] + [pk[:, :, :4], pv[:, :, :4]] + base[5:], kw, False)  # past shorter than total: grown
+    _gqa(base + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # head_sink
+    _gqa(base[:6] + [torch.tensor(1, dtype=torch.int32)], kw, False)  # first prompt of one token
+    assert not fast_path_calls
+    _gqa(base, kw, False)
+    assert fast_path_calls
+
+
+def test_import_does_not_load_triton() -> None:
+    code = "import sys, crossml, crossml.ops.contrib.attention; assert 'triton' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})
