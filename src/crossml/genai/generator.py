@@ -211,8 +211,10 @@ class Generator:
             feed[io.position_ids] = pos.to(io.position_dtype)
         feed.update(self._cache.feed())
         names = [io.logits, *self._cache.present_names]
-        # prompts and growing-cache steps change shape every run: not worth recording
-        outs = self._model.run(feed, names, eager=not static)
+        if static:
+            outs = self._model.run_decode(self._bufs, feed, names)
+        else:  # prompts and growing-cache steps change shape every run: not worth recording
+            outs = self._model.run(feed, names, eager=True)
         self._outputs = dict(zip(names, outs))
         self._cache.update(outs[1:])
         logits = outs[0]

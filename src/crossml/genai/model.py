@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -74,6 +75,8 @@ class DecodeBuffers:
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
         self.kv = [torch.zeros((rows, kv_heads, max_length, head_size), dtype=io.kv_dtype, device=device)
                    for _ in io.past_names]
+        #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
+        self.replay: Any = None
 
 
 class Model:
@@ -207,6 +210,16 @@ class Model:
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64))
+
+    def run_decode(self, bufs: DecodeBuffers, feed: dict[str, torch.Tensor],
+                   output_names: list[str]) -> list[torch.Tensor]:
+        """A static decode step on ``bufs`` (``feed`` holds exactly those tensors): the first run records the
+        graph (when the session captures); later runs replay it directly."""
+        if bufs.replay is not None:
+            return bufs.replay()
+        outs = self.run(feed, output_names)
+        bufs.replay = self.session._bound_replay(feed, output_names)
+        return outs
 
     def run(self, feed: dict[str, torch.Tensor], output_names: list[str], *, eager: bool = False) -> list[torch.Tensor]:
         """Run the decoder on device tensors; returns device tensors.
