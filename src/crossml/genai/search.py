@@ -31,9 +31,7 @@ def apply_min_length(scores: torch.Tensor, length: int, min_length: int, eos: to
     """Forbid the end-of-sequence tokens while the sequences are shorter than ``min_length``."""
     if length >= min_length:
         return scores
-    scores = scores.clone()
-    scores[:, eos] = NEG_INF
-    return scores
+    return scores.index_fill(1, eos, NEG_INF)  # no host value to copy to the device (no sync)
 
 
 def apply_no_repeat_ngram(scores: torch.Tensor, sequences: torch.Tensor, n: int) -> torch.Tensor:
