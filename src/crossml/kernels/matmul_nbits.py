@@ -40,53 +40,56 @@ _ZP_NONE, _ZP_PACKED, _ZP_FLOAT = 0, 1, 2
 
 
 @triton.jit
-def _matmul_nbits_kernel(a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
-                         M, N, K, N_BLOCKS, s_am, s_ak, s_bn, s_zn, s_ym,
+def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
+                         M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym,
                          BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y."""
+    """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y.
+
+    The packed weight is read as int32 words (8 nibbles, K order: low nibble of the lowest byte
+    first), a row's BLOCK_K / 8 words per K step in one contiguous run; activations are read
+    contiguously and the tile is viewed as [BLOCK_N, quantization blocks, block_size]."""
     G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
-    HB: tl.constexpr = BS // 2  # packed bytes per block
+    WORDS: tl.constexpr = BLOCK_K // 8
     out_ty = y_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
-    m0 = tl.program_id(1) * BLOCK_M
+    m0 = tl.program_id(1).to(tl.int64) * BLOCK_M
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # columns past N re-read the last row (never stored): no load mask along N
-    n3 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None, None]  # [BLOCK_N, 1, 1]
-    g3 = tl.arange(0, G)[None, :, None]  # [1, G, 1]
-    j3 = tl.arange(0, HB)[None, None, :]  # [1, 1, HB]
-    b_ptrs = b_ptr + n3 * s_bn + g3 * HB + j3  # each row's G * HB bytes are contiguous
-    k_even = g3 * BS + 2 * j3  # [1, G, HB]: the K offset of each byte's low nibble
-    a_row = a_ptr + m0.to(tl.int64) * s_am
+    n2 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None]  # [BLOCK_N, 1]
+    w_idx = tl.arange(0, WORDS)[None, :]  # [1, WORDS]
+    shifts = (tl.arange(0, 8) * 4)[None, None, :]  # [1, 1, 8]
+    kk = tl.arange(0, BLOCK_K)
+    g2 = tl.arange(0, G)[None, :]  # [1, G]
     m_idx = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
 
-    for blk0 in range(0, N_BLOCKS, G):
-        blk = blk0 + g3
-        blk_ok = blk < N_BLOCKS
-        packed = tl.load(b_ptrs + blk0 * HB, mask=blk_ok, other=0).to(tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        word0 = k0 // 8
+        words = tl.load(w_ptr + n2 * ROW_WORDS + word0 + w_idx, mask=word0 + w_idx < ROW_WORDS, other=0)
+        q = (words[:, :, None] >> shifts) & 0xF  # [BLOCK_N, WORDS, 8]
         # nibble -> float without an int-to-float conversion (a quarter-rate instruction on NVIDIA
         # GPUs): or-ing q into the mantissa of 2**23 gives the float 2**23 + q exactly
-        lo = (packed & 0xF | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        hi = (packed >> 4 | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        scale = tl.load(s_ptr + n3 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        q3 = tl.reshape(qf, (BLOCK_N, G, BS))
+        blk = k0 // BS + g2  # [1, G]
+        blk_ok = blk < N_BLOCKS
+        scale = tl.load(s_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
         if ZP == 0:
             zp = 8.0
         elif ZP == 1:
-            zb = tl.load(z_ptr + n3 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
+            zb = tl.load(z_ptr + n2 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
             zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
         else:
-            zp = tl.load(z_ptr + n3 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
-        k = blk0 * BS + k_even
+            zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
         for mi in tl.static_range(BLOCK_M):
             m_ok = m0 + mi < M
-            a_ptrs = a_row + mi * s_am + k * s_ak
-            a_even = tl.load(a_ptrs, mask=(k < K) & m_ok, other=0.0).to(tl.float32)
-            a_odd = tl.load(a_ptrs + s_ak, mask=(k + 1 < K) & m_ok, other=0.0).to(tl.float32)
-            dot = tl.sum(lo * a_even + hi * a_odd, axis=2, keep_dims=True)  # [BLOCK_N, G, 1]
-            a_sum = tl.sum(a_even + a_odd, axis=2, keep_dims=True)  # [1, G, 1]
-            part = tl.sum(tl.sum(scale * (dot - zp * a_sum), axis=2), axis=1)  # [BLOCK_N]
+            av = tl.load(a_ptr + (m0 + mi) * s_am + k0 + kk, mask=(k0 + kk < K) & m_ok, other=0.0).to(tl.float32)
+            a3 = tl.reshape(av, (1, G, BS))
+            dot = tl.sum(q3 * a3, axis=2)  # [BLOCK_N, G]
+            a_sum = tl.sum(a3, axis=2)  # [1, G]
+            part = tl.sum(scale * (dot - zp * a_sum), axis=1)  # [BLOCK_N]
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
     n_ok = offs_n < N
@@ -94,7 +97,7 @@ def _matmul_nbits_kernel(a_ptr, b_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
         acc += bias[None, :]
     rows = m0 + m_idx
-    y_ptrs = y_ptr + rows.to(tl.int64)[:, None] * s_ym + offs_n[None, :]
+    y_ptrs = y_ptr + rows[:, None] * s_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
 
 
@@ -112,19 +115,25 @@ def _processors(device_type: str, index: int) -> int:
     return 64
 
 
+#: BLOCK_K per BLOCK_N: measured inside CUDA graphs on an H200 at the Qwen2.5-0.5B decode shapes
+#: (benchmarks/results/kernels.md): long contiguous runs per weight row for narrow tiles
+_BLOCK_K = {1: 2048, 2: 1024, 4: 1024, 8: 1024, 16: 512}
+
+
 def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a problem on a GPU of ``processors`` SMs.
 
     BLOCK_N is the largest power of two <= 16 leaving >= 4 programs per SM (decode GEMVs are
-    bandwidth-bound: enough programs in flight to cover memory latency); BLOCK_K then fills a
-    4096-value tile, so few output columns get long contiguous runs of each weight row.
+    bandwidth-bound: enough programs in flight to cover memory latency); BLOCK_K comes from a table
+    measured on an H200 (512 for 16 columns up to 2048 for one), at least one quantization block and
+    at most K rounded up; 2 warps (4 for single-column tiles).
     """
     block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
     block_n = 16
     while block_n > 1 and cdiv(N, block_n) < 4 * processors:
         block_n //= 2
-    block_k = max(block_size, min(triton.next_power_of_2(max(K, 1)), _TILE_ELEMS // block_n))
-    num_warps = max(1, min(4, block_n * block_k // 1024))
+    block_k = max(block_size, min(triton.next_power_of_2(max(K, 1)), _BLOCK_K[block_n]))
+    num_warps = 4 if block_n == 1 else 2
     return block_m, block_n, block_k, num_warps
 
 
@@ -180,8 +189,10 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if K == 0:  # empty sum
         y.zero_()
         return y if bias is None else y.add_(bias.to(a.dtype))
-    a2 = a.reshape(M, K)
+    a2 = a.reshape(M, K).contiguous()
     b2 = b.reshape(N, n_blocks * blob).contiguous()
+    row_words = n_blocks * blob // 4  # blob = block_size / 2 >= 8 bytes: whole int32 words
+    w2 = b2.view(torch.int32)
     s2 = scales.reshape(N, n_blocks).contiguous()
     z2 = zero_points.reshape(N, -1).contiguous() if zero_points is not None else s2
     bias1 = bias.reshape(N).contiguous() if bias is not None else s2
@@ -200,8 +211,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if grid[1] > GRID_YZ_MAX:
         raise ValueError(f"MatMulNBits Triton kernel: M={M} rows need more than {GRID_YZ_MAX} programs along the "
                          "grid's second dimension; this kernel is for decode sizes, use the dequantize path")
-    args = (a2, b2, s2, z2, bias1, y2, M, N, K, n_blocks, a2.stride(0), a2.stride(1), b2.stride(0), z2.stride(0),
-            y2.stride(0))
+    args = (a2, w2, s2, z2, bias1, y2, M, N, K, n_blocks, row_words, a2.stride(0), z2.stride(0), y2.stride(0))
     meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None,
             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
     if interpret:
