@@ -56,3 +56,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_math_flags():
+    """GPU sessions set process-wide torch math flags (TF32 per use_tf32, cuDNN benchmark) as
+    onnxruntime's CUDA provider options say; restore them after each test so kernel tests that
+    compare against torch references see torch's defaults whatever ran before."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = saved
