@@ -3,7 +3,7 @@
 Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv is one library call;
 elsewhere it composes the library's Conv, Add and Relu, so results are the same on every provider.
 SiluMul runs crossml's Triton kernel on GPU tensors (imported on first use) and composes the torch
-ops elsewhere.
+ops elsewhere; Linear runs the Triton GEMV for decode-sized products on GPUs (as MatMul does).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from crossml.device.vendor import fused_conv_add_relu
 from crossml.ops.conv import conv
+from crossml.ops.matmul import gemv_eligible
 from crossml.ops.registry import op
 
 DOMAIN = "com.crossml"
@@ -60,7 +61,12 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
 
 @op("Linear", since=1, domain=DOMAIN)
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x @ w + b (w: [K, N]) as one call with the bias in the epilogue."""
+    """x @ w + b (w: [K, N]) as one call with the bias in the epilogue: the Triton GEMV for
+    decode-sized products on GPUs (``crossml.ops.matmul.gemv_eligible``), else torch's linear."""
+    if gemv_eligible(x, w, b):
+        from crossml.kernels.gemv import gemv
+
+        return gemv(x, w, b)
     return torch.nn.functional.linear(x, w.t(), b)
 
 

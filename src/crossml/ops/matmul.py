@@ -1,16 +1,25 @@
 """Matrix products: Gemm, MatMul, Einsum, MatMulInteger, Det.
 
 Floating-point products go straight to ``torch.matmul`` / ``torch.addmm`` (cuBLAS, oneDNN...)
-without copies. Integer products keep ONNX's wrap-around semantics and dtype: on the CPU torch
-multiplies integers natively; accelerators have no integer GEMM in torch, so narrow integers go
-through float64 (exact for them) and wide ones through an exact broadcast-multiply-sum.
+without copies, except decode-sized ones on GPUs: fp16/bf16 MatMuls of at most 4 activation rows
+against a 2-D weight run crossml's Triton GEMV (``crossml.kernels.gemv``, imported on first use;
+see ``gemv_eligible``), which reads the weight near the memory bandwidth where vendor GEMMs do not.
+Integer products keep ONNX's wrap-around semantics and dtype: on the CPU torch multiplies integers
+natively; accelerators have no integer GEMM in torch, so narrow integers go through float64 (exact
+for them) and wide ones through an exact broadcast-multiply-sum.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+
 import torch
 
 from crossml.ops.registry import op
+
+log = logging.getLogger("crossml")
 
 #: unsigned types torch cannot multiply: compute in a signed type with the same wrap-around.
 _SIGNED_FOR = {torch.uint16: torch.int32, torch.uint32: torch.int64}
@@ -48,6 +57,42 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y
 
 
+#: devices, dtypes and limits of the Triton GEMV path (see ``gemv_eligible``)
+GEMV_DEVICES = ("cuda", "xpu")
+GEMV_DTYPES = (torch.float16, torch.bfloat16)
+GEMV_MAX_M = 4
+GEMV_MIN_KN = 256
+
+
+@functools.cache
+def _gemv_available() -> bool:
+    """Whether the Triton GEMV imports (triton installed); imported on the first eligible GPU call only."""
+    try:
+        import crossml.kernels.gemv  # noqa: F401
+    except ImportError as e:
+        log.warning("MatMul: triton is not importable (%s); decode-sized products use torch.matmul", e)
+        return False
+    return True
+
+
+def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether ``a @ w (+ bias)`` runs the Triton GEMV: ``a`` on a CUDA/ROCm/XPU device, fp16 or bf16,
+    ``w`` a contiguous 2-D [K, N] matrix of the same dtype and device, at most GEMV_MAX_M rows of ``a``
+    (the product of its leading dims), K and N >= GEMV_MIN_KN, a bias (if any) of N values of the same
+    dtype and device, and triton importable. Anything else (CPU tensors included) keeps torch."""
+    if a.device.type not in GEMV_DEVICES or a.dtype not in GEMV_DTYPES or w.dtype != a.dtype:
+        return False
+    if w.dim() != 2 or a.dim() == 0 or w.device != a.device or not w.is_contiguous():
+        return False
+    K, N = w.shape
+    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or not 1 <= math.prod(a.shape[:-1]) <= GEMV_MAX_M:
+        return False
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N or bias.dtype != a.dtype
+                             or bias.device != a.device):
+        return False
+    return _gemv_available()
+
+
 def matmul_any(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """numpy.matmul semantics (1-D promotion, batch broadcasting) in the inputs' dtype."""
     if a.is_floating_point() or a.is_complex():
@@ -62,6 +107,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check_float_or_int("MatMul", a, b)
     if a.dim() == 0 or b.dim() == 0:
         raise ValueError(f"MatMul needs inputs of rank >= 1, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if gemv_eligible(a, b):
+        from crossml.kernels.gemv import gemv
+
+        return gemv(a, b)
     return matmul_any(a, b)
 
 

@@ -1,0 +1,235 @@
+"""Triton GEMV for decode: ``y[M, N] = a[M, K] @ W[K, N] (+ bias)`` with few rows of ``a`` (M <= 4).
+
+LLM decode runs MatMuls with one activation row against constant weights in ONNX's layout
+``W[K, N]`` (row-major, N contiguous). That product is bound by reading W once; vendor GEMMs reach
+about a third of the memory bandwidth on it, so the MatMul and Linear ops route it here on GPUs
+(``crossml.ops.matmul.gemv_eligible`` says when).
+
+Each program owns BLOCK_N output columns and walks its range of K in BLOCK_K steps, loading a
+``[BLOCK_K, BLOCK_N]`` tile of W (rows contiguous along N, so the loads coalesce; each tile is
+requested two steps before its use) and the matching BLOCK_K values of each row of ``a``. Products
+accumulate elementwise in float32 tiles, one per row of ``a`` (BLOCK_M of 1, 2 or 4), reduced over
+K once at the end. When the N slices alone are too few programs to fill the GPU (N = 896 on a
+132-SM H100 is 14 slices), K is split across SPLIT_K programs as well: each writes its float32
+partial sums to a ``[SPLIT_K, M, N]`` workspace and a second small kernel adds them in a fixed
+order (deterministic: replays of a captured graph give the eager result bit for bit), adds the bias
+and casts. Otherwise the one launch adds the bias and stores y in a's dtype.
+
+Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
+autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
+outputs come from ``torch.empty``, so a call can be captured into a CUDA graph. Under
+TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, use_interpreter
+from crossml.kernels.matmul_nbits import _processors
+
+__all__ = ["DTYPES", "gemv", "pick_tiles"]
+
+#: storage types the kernel takes (float32 accumulation for all of them)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: rows of a one program handles (more rows are more programs along grid dimension 2)
+MAX_BLOCK_M = 4
+#: most K splits (the reduction kernel loads all of an output's partial sums at once)
+MAX_SPLIT_K = 64
+#: weight values one program holds per K step (BLOCK_K * BLOCK_N): 32 per thread at 4 warps
+_TILE_ELEMS = 4096
+#: widest N slice of one program
+_MAX_BLOCK_N = 256
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_ym, s_ys,
+                 HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M), summed over K range pid1.
+
+    PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias;
+    else add the bias and store in y's dtype.
+    """
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m0 = tl.program_id(2) * BLOCK_M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+
+    # pointers advance by whole tiles (64-bit pointer arithmetic: W may exceed 2**31 elements)
+    w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    a_ptrs = a_ptr + m0.to(tl.int64) * s_am + (k_lo + offs_k) * s_ak
+    ok1 = m0 + 1 < M
+    ok2 = m0 + 2 < M
+    ok3 = m0 + 3 < M
+    acc0 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    # W tiles are requested two steps ahead of their use (a register double buffer): while a
+    # program waits for one tile, the next is in flight too (loops without tl.dot get no
+    # num_stages pipelining from Triton)
+    w_cur = tl.load(w_ptrs, mask=(k_lo + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+    w_ptrs += BLOCK_K * s_wk
+    w_nxt = tl.load(w_ptrs, mask=(k_lo + BLOCK_K + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        k_ok = k + offs_k < k_hi
+        w = w_cur.to(tl.float32)
+        w_cur = w_nxt
+        w_ptrs += BLOCK_K * s_wk
+        w_nxt = tl.load(w_ptrs, mask=(k + 2 * BLOCK_K + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+        a0 = tl.load(a_ptrs, mask=k_ok, other=0.0).to(tl.float32)
+        acc0 += w * a0[:, None]
+        if BLOCK_M > 1:
+            a1 = tl.load(a_ptrs + s_am, mask=k_ok & ok1, other=0.0).to(tl.float32)
+            acc1 += w * a1[:, None]
+        if BLOCK_M > 2:
+            a2 = tl.load(a_ptrs + 2 * s_am, mask=k_ok & ok2, other=0.0).to(tl.float32)
+            acc2 += w * a2[:, None]
+            a3 = tl.load(a_ptrs + 3 * s_am, mask=k_ok & ok3, other=0.0).to(tl.float32)
+            acc3 += w * a3[:, None]
+        a_ptrs += BLOCK_K * s_ak
+
+    if PARTIAL:
+        y_row = y_ptr + pid_k.to(tl.int64) * s_ys + m0.to(tl.int64) * s_ym + offs_n
+        bias = 0.0
+    else:
+        y_row = y_ptr + m0.to(tl.int64) * s_ym + offs_n
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(y_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            bias = 0.0
+    out_ty = y_ptr.dtype.element_ty
+    tl.store(y_row, (tl.sum(acc0, axis=0) + bias).to(out_ty), mask=n_ok)
+    if BLOCK_M > 1:
+        tl.store(y_row + s_ym, (tl.sum(acc1, axis=0) + bias).to(out_ty), mask=n_ok & ok1)
+    if BLOCK_M > 2:
+        tl.store(y_row + 2 * s_ym, (tl.sum(acc2, axis=0) + bias).to(out_ty), mask=n_ok & ok2)
+        tl.store(y_row + 3 * s_ym, (tl.sum(acc3, axis=0) + bias).to(out_ty), mask=n_ok & ok3)
+
+
+@triton.jit
+def _split_k_reduce_kernel(ws_ptr, bias_ptr, y_ptr, MN, N, SPLIT_K,
+                           HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr):
+    """y.flat[i] = sum_s ws[s].flat[i] (+ bias[i % N]) for BLOCK values of i, in y's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    s = tl.arange(0, BLOCK_S)
+    parts = tl.load(ws_ptr + s[:, None] * MN + offs[None, :], mask=(s[:, None] < SPLIT_K) & ok[None, :], other=0.0)
+    total = tl.sum(parts, axis=0)
+    out_ty = y_ptr.dtype.element_ty
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(out_ty).to(tl.float32)
+    tl.store(y_ptr + offs, total.to(out_ty), mask=ok)
+
+
+def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) for a problem on a GPU of ``processors`` SMs.
+
+    The GEMV is bandwidth-bound, so the rule aims for enough programs in flight to cover memory
+    latency (about 4 per SM) with wide, coalesced rows of W: BLOCK_N is the largest power of two
+    <= 256 leaving >= 4 programs per SM, but never narrower than one 128-byte line per row;
+    BLOCK_K fills a 4096-value tile (2048 for 3-4 rows of a, whose four float32 accumulators
+    would crowd the registers). When the N slices are fewer than 2 per SM, K is split to reach
+    about 4 programs per SM (at most 64 splits, each at least one BLOCK_K step).
+    """
+    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
+    min_n = max(16, 128 // elem_size)
+    block_n = _MAX_BLOCK_N
+    while block_n > min_n and cdiv(N, block_n) < 4 * processors:
+        block_n //= 2
+    block_n = min(block_n, max(16, triton.next_power_of_2(max(N, 1))))
+    tile = _TILE_ELEMS if block_m <= 2 else _TILE_ELEMS // 2
+    block_k = max(8, min(tile // block_n, triton.next_power_of_2(max(K, 1))))
+    n_prog = cdiv(N, block_n)
+    split = 1
+    if n_prog < 2 * processors:
+        split = max(1, min(cdiv(4 * processors, n_prog), cdiv(K, block_k), MAX_SPLIT_K))
+        split = cdiv(K, _k_per_split(K, split, block_k))
+    num_warps = max(1, min(4, block_n * block_k // 256))
+    return block_m, block_n, block_k, split, num_warps
+
+
+def _k_per_split(K: int, split: int, block_k: int) -> int:
+    """K values per split: a whole number of BLOCK_K steps."""
+    return cdiv(cdiv(K, split), block_k) * block_k
+
+
+def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+         tiles: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """``a @ w (+ bias)`` for ``a`` [..., K] and a contiguous ``w`` [K, N] -> [..., N] in a's dtype.
+
+    Meant for decode sizes (prod of a's leading dims M <= 4; more rows work, re-reading W once per
+    4 rows). One launch, or two when K is split (see the module docstring). ``tiles``
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) overrides ``pick_tiles`` (tests): BLOCK_M one
+    of 1, 2, 4, BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64].
+    """
+    if a.dtype not in DTYPES or w.dtype != a.dtype:
+        raise TypeError(f"GEMV Triton kernel: a and w must share one of float16/bfloat16/float32, got {a.dtype} "
+                        f"and {w.dtype}")
+    if w.dim() != 2 or not w.is_contiguous():
+        raise ValueError(f"GEMV Triton kernel: w must be a contiguous [K, N] matrix, got shape {tuple(w.shape)} "
+                         f"strides {w.stride()}")
+    if a.dim() == 0 or a.shape[-1] != w.shape[0]:
+        raise ValueError(f"GEMV: a's last dimension must be K={w.shape[0]}, got shape {tuple(a.shape)}")
+    K, N = w.shape
+    if bias is not None and (not bias.is_floating_point() or bias.numel() != N):
+        raise ValueError(f"GEMV: bias must be N={N} floats, got {bias.dtype} of shape {tuple(bias.shape)}")
+    if any(t.device != a.device for t in (w, bias) if t is not None):
+        raise ValueError(f"GEMV inputs are on different devices: a on {a.device}, w on {w.device}"
+                         + ("" if bias is None else f", bias on {bias.device}"))
+
+    lead = tuple(a.shape[:-1])
+    M = math.prod(lead)
+    y = torch.empty((*lead, N), dtype=a.dtype, device=a.device)
+    if y.numel() == 0:
+        return y
+    if K == 0:  # empty sum
+        y.zero_()
+        return y if bias is None else y.add_(bias.reshape(N).to(a.dtype))
+    a2 = a.reshape(M, K)
+    y2 = y.view(M, N)
+    bias1 = bias.reshape(N).contiguous() if bias is not None else w
+
+    interpret = use_interpreter(a, "GEMV")
+    if tiles is None:
+        dev = a.device
+        sms = 1 if interpret or dev.type == "cpu" else _processors(dev.type, dev.index if dev.index is not None else 0)
+        tiles = pick_tiles(M, K, N, a.element_size(), sms)
+    block_m, block_n, block_k, split, num_warps = tiles
+    if block_m not in (1, 2, 4) or block_n & (block_n - 1) or block_k & (block_k - 1) or not 1 <= split <= MAX_SPLIT_K:
+        raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4, BLOCK_N and BLOCK_K powers of two, "
+                         f"SPLIT_K in [1, {MAX_SPLIT_K}]")
+    k_per_split = _k_per_split(K, split, block_k)
+    split = cdiv(K, k_per_split)  # no empty splits
+    grid = (cdiv(N, block_n), split, cdiv(M, block_m))
+    if grid[2] > GRID_YZ_MAX:
+        raise ValueError(f"GEMV Triton kernel: M={M} rows need more than {GRID_YZ_MAX} programs along the grid's "
+                         "third dimension; this kernel is for decode sizes, use torch.matmul")
+
+    launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
+    compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2}
+    meta = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    with launch:
+        if split == 1:
+            _gemv_kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), w.stride(0),
+                               y2.stride(0), 0, PARTIAL=False, **meta, **compiled)
+            return y
+        ws = torch.empty((split, M, N), dtype=torch.float32, device=a.device)
+        _gemv_kernel[grid](a2, w, bias1, ws, M, N, K, k_per_split, a2.stride(0), a2.stride(1), w.stride(0),
+                           N, M * N, PARTIAL=True, **meta, **compiled)
+        block_s = triton.next_power_of_2(split)
+        block = max(32, min(1024, _TILE_ELEMS // block_s))
+        reduce_meta = {} if interpret else {"num_warps": 4 if block_s * block >= 1024 else 1}
+        _split_k_reduce_kernel[(cdiv(M * N, block),)](ws, bias1, y2, M * N, N, split, HAS_BIAS=bias is not None,
+                                                       BLOCK_S=block_s, BLOCK=block, **reduce_meta)
+    return y

@@ -1,0 +1,247 @@
+"""The Triton GEMV (crossml.kernels.gemv) against a float64 reference, and the MatMul / Linear ops'
+routing to it. CPU cases run in Triton's interpreter; ``gpu`` cases compile (decode shapes, the ops'
+fast path, CUDA graph capture)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import crossml.ops.matmul as matmul_module  # noqa: E402
+from crossml.kernels.gemv import MAX_SPLIT_K, gemv, pick_tiles  # noqa: E402
+from crossml.ops.fused import linear as linear_op  # noqa: E402
+from crossml.ops.matmul import gemv_eligible  # noqa: E402
+from crossml.ops.matmul import matmul as matmul_op  # noqa: E402
+from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
+
+
+def _reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    y = a.double().cpu() @ w.double().cpu()
+    return y if bias is None else y + bias.double().cpu()
+
+
+CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps): each value of each axis
+    (1, 64, 24, False, (1, 32, 16, 1, 4)),  # one N tile wider than N, several K steps
+    (3, 96, 130, True, (4, 64, 32, 1, 4)),  # partial N tile, rows past M masked
+    (1, 320, 256, True, (1, 128, 32, 3, 4)),  # split K: 3 ranges of 4 steps, the last one partial
+    (3, 64, 256, False, (2, 128, 16, 2, 4)),  # BLOCK_M 2 over 3 rows: two row programs, split K
+    (1, 96, 130, False, (1, 64, 64, 2, 4)),  # split K with a partial last step
+    (3, 320, 24, True, (4, 32, 64, 4, 4)),  # split K, 4 rows block over 3
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "M{}_K{}_N{}{}_split{}".format(*c[:3], "_bias" if c[3] else "",
+                                                                                   c[4][3]))
+def test_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple) -> None:
+    M, K, N, with_bias, tiles = case
+    a = rand(M, K, dtype=dtype, device=device, seed=1)
+    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
+    y = gemv(a, w, bias, tiles=tiles if device == "cpu" else None)
+    assert y.device.type == device and y.shape == (M, N)
+    assert_close(y, _reference(a, w, bias), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_picked_tiles_leading_dims_and_strided_rows(device: str) -> None:
+    """The tile rule's own choice (split K in the interpreter: 1 SM), a [2, 1, K] activation, a 1-D
+    one, rows of a with a stride (a column slice), an fp32 bias for fp16 data."""
+    K, N = 320, 256
+    dtype = torch.float16
+    w = rand(K, N, dtype=dtype, device=device, seed=4) * 0.1
+    bias = rand(N, device=device, seed=5)
+    a = rand(2, 1, K, dtype=dtype, device=device, seed=6)
+    assert_close(gemv(a, w, bias), _reference(a, w, bias.to(dtype)), dtype)
+    a1 = a[0, 0]
+    assert_close(gemv(a1, w), _reference(a1, w), dtype)
+    wide = rand(3, 2 * K, dtype=dtype, device=device, seed=7)
+    a3 = wide[:, ::2]  # strides (2K, 2)
+    assert_close(gemv(a3, w), _reference(a3, w), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_zero_k(device: str) -> None:
+    w = rand(0, 8, device=device)
+    bias = rand(8, device=device, seed=1)
+    y = gemv(rand(2, 0, device=device), w, bias)
+    assert torch.equal(y.cpu(), bias.cpu().expand(2, 8))
+    assert gemv(rand(0, 16, device=device), rand(16, 8, device=device)).shape == (0, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_name_the_problem(device: str) -> None:
+    a, w = rand(1, 64, device=device), rand(64, 32, device=device)
+    with pytest.raises(TypeError, match="share one of"):
+        gemv(a.half(), w)
+    with pytest.raises(TypeError, match="share one of"):
+        gemv(a.double(), w.double())
+    with pytest.raises(ValueError, match="contiguous"):
+        gemv(a[:, :32], w.t())
+    with pytest.raises(ValueError, match="K=64"):
+        gemv(a[:, :32], w)
+    with pytest.raises(ValueError, match="bias"):
+        gemv(a, w, rand(31, device=device))
+    with pytest.raises(ValueError, match="tiles"):
+        gemv(a, w, tiles=(3, 32, 32, 1, 4))
+
+
+def test_tiles_for_decode_shapes() -> None:
+    """The rule on a 132-SM GPU for Qwen2-0.5B's decode GEMVs: legal tiles, 128-byte rows, enough
+    programs (K split where the N slices are few), register-sized tiles."""
+    for M in (1, 2, 3, 4):
+        for K, N in [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 151936)]:
+            bm, bn, bk, split, warps = pick_tiles(M, K, N, 2, 132)
+            assert bm == min(4, 1 << (M - 1).bit_length()) and bn >= 64 and bn & (bn - 1) == 0 and bk & (bk - 1) == 0
+            assert 1 <= split <= MAX_SPLIT_K and 1 <= warps <= 4 and bm * bk * bn <= 8192
+            programs = -(-N // bn) * split
+            assert programs >= 132, (M, K, N, programs)
+            assert split == 1 or -(-N // bn) < 2 * 132
+    assert pick_tiles(1, 896, 151936, 2, 132)[3] == 1  # wide N: one launch
+    assert pick_tiles(1, 4864, 896, 2, 132)[3] > 1
+    assert pick_tiles(1, 896, 896, 4, 132)[1] == 32  # fp32: 32 values fill a 128-byte line
+
+
+# --- the ops' routing ---
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, tiles: tuple | None = None) -> list:
+    """Record calls of the kernel (running it, with ``tiles`` in the interpreter)."""
+    import crossml.kernels.gemv as kernel
+
+    calls = []
+    original = kernel.gemv
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs, tiles=tiles)
+
+    monkeypatch.setattr(kernel, "gemv", spy)
+    return calls
+
+
+def test_ops_on_cpu_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU tensors keep torch.matmul / linear (bit-identical), eligible shapes and dtypes included."""
+    calls = _spy(monkeypatch)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        a, w, b = rand(1, 1, 256, dtype=dtype, seed=1), rand(256, 256, dtype=dtype, seed=2), rand(256, dtype=dtype)
+        assert not gemv_eligible(a, w, b)
+        assert torch.equal(matmul_op(a, w), torch.matmul(a, w))
+        assert torch.equal(linear_op(a, w, b), torch.nn.functional.linear(a, w.t(), b))
+    assert not calls
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CPU counted as a GPU device (interpreted), the ops call the kernel exactly when eligible."""
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cpu",))
+    calls = _spy(monkeypatch, tiles=(4, 256, 128, 2, 4))
+    K, N = 256, 384
+    w = rand(K, N, dtype=torch.float16, seed=2) * 0.1
+    b = rand(N, dtype=torch.float16, seed=3)
+    for a in (rand(K, dtype=torch.float16, seed=1), rand(2, 2, K, dtype=torch.float16, seed=1)):
+        calls.clear()
+        assert gemv_eligible(a, w) and gemv_eligible(a, w, b)
+        y = matmul_op(a, w)
+        assert len(calls) == 1 and y.shape == (*a.shape[:-1], N)
+        assert_close(y, _reference(a, w), torch.float16)
+        y = linear_op(a, w, b)
+        assert len(calls) == 2
+        assert_close(y, _reference(a, w, b), torch.float16)
+    a = rand(1, K, dtype=torch.bfloat16, seed=1)
+    assert_close(matmul_op(a, w.bfloat16()), _reference(a, w.bfloat16()), torch.bfloat16)
+    calls.clear()
+
+    a = rand(1, K, dtype=torch.float16, seed=1)
+    not_eligible = [
+        (rand(5, K, dtype=torch.float16), w, b),  # M > 4
+        (rand(1, 128, dtype=torch.float16), rand(128, N, dtype=torch.float16), b),  # K < 256
+        (a, rand(K, 128, dtype=torch.float16), rand(128, dtype=torch.float16)),  # N < 256
+        (a.float(), w.float(), b.float()),  # fp32
+        (a, w.bfloat16(), b),  # mixed dtypes
+        (a, rand(N, K, dtype=torch.float16).t(), b),  # non-contiguous weight
+        (a, w.unsqueeze(0), b),  # batched weight
+    ]
+    for x, ww, bb in not_eligible:
+        assert not gemv_eligible(x, ww) and not gemv_eligible(x, ww, bb)
+        if x.dtype != ww.dtype:  # the ops refuse mixed types
+            continue
+        assert torch.equal(matmul_op(x, ww), torch.matmul(x, ww))
+        if ww.dim() == 2:
+            assert torch.equal(linear_op(x, ww, bb), torch.nn.functional.linear(x, ww.t(), bb))
+    # a bias of another dtype or shape keeps Linear on torch (which refuses the first on the CPU)
+    assert gemv_eligible(a, w) and not gemv_eligible(a, w, b.float()) and not gemv_eligible(a, w, b.reshape(1, N))
+    assert torch.equal(linear_op(a, w, b.reshape(1, N)), torch.nn.functional.linear(a, w.t(), b.reshape(1, N)))
+    assert not calls
+
+
+def test_importing_crossml_does_not_import_triton() -> None:
+    code = "import sys, crossml, crossml.ops.matmul, crossml.ops.fused; assert 'triton' not in sys.modules"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --- GPU: compiled kernel at decode shapes, through the ops' fast path, and under graph capture ---
+
+DECODE_SHAPES = [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 151936)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("K", "N"), DECODE_SHAPES)
+@pytest.mark.parametrize("M", [1, 3])
+def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int) -> None:
+    a = rand(M, 1, K, dtype=dtype, device="cuda", seed=1)
+    w = rand(K, N, dtype=dtype, device="cuda", seed=2) * 0.05
+    bias = rand(N, dtype=dtype, device="cuda", seed=3)
+    rtol, atol = TOL[dtype]
+    assert_close(gemv(a, w), _reference(a, w), dtype, tol=(rtol * 2, atol * 4))
+    assert_close(gemv(a, w, bias), _reference(a, w, bias), dtype, tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 4, 5])
+def test_gpu_ops_fast_path(M: int) -> None:
+    """MatMul and Linear on CUDA (kernel for M <= 4, torch above) against torch's result."""
+    K, N = 896, 1152
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
+    w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
+    b = rand(N, dtype=torch.float16, device="cuda", seed=3)
+    assert gemv_eligible(a, w, b) == (M <= 4)
+    torch.testing.assert_close(matmul_op(a, w), torch.matmul(a, w), rtol=1e-2, atol=2e-2)
+    torch.testing.assert_close(linear_op(a, w, b), torch.nn.functional.linear(a, w.t(), b), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("K", "N"), [(4864, 896), (896, 151936)])  # split K (2 launches), one launch
+def test_gpu_graph_capture(K: int, N: int) -> None:
+    a = rand(1, 1, K, dtype=torch.float16, device="cuda", seed=1)
+    w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
+    b = rand(N, dtype=torch.float16, device="cuda", seed=3)
+    assert gemv_eligible(a, w, b)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compiles) outside the capture
+        y0, z0 = matmul_op(a, w), linear_op(a, w, b)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, z = matmul_op(a, w), linear_op(a, w, b)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, y0) and torch.equal(z, z0)
+    a.copy_(rand(1, 1, K, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, gemv(a, w)) and torch.equal(z, gemv(a, w, b))
+    assert not torch.equal(y, y0)
