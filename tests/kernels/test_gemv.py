@@ -210,7 +210,8 @@ def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 4, 5])
-def test_gpu_ops_fast_path(M: int) -> None:
+def test_gpu_ops_fast_path(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
     """MatMul and Linear on CUDA (kernel for M <= 4, torch above) against torch's result."""
     K, N = 896, 1152
     a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
@@ -223,7 +224,8 @@ def test_gpu_ops_fast_path(M: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("K", "N"), [(4864, 896), (896, 151936)])  # split K (2 launches), one launch
-def test_gpu_graph_capture(K: int, N: int) -> None:
+def test_gpu_graph_capture(K: int, N: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
     a = rand(1, 1, K, dtype=torch.float16, device="cuda", seed=1)
     w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
     b = rand(N, dtype=torch.float16, device="cuda", seed=3)

@@ -1,9 +1,9 @@
 """Matrix products: Gemm, MatMul, Einsum, MatMulInteger, Det.
 
 Floating-point products go straight to ``torch.matmul`` / ``torch.addmm`` (cuBLAS, oneDNN...)
-without copies, except decode-sized ones on GPUs: fp16/bf16 MatMuls of at most 4 activation rows
-against a 2-D weight run crossml's Triton GEMV (``crossml.kernels.gemv``, imported on first use;
-see ``gemv_eligible``), which reads the weight near the memory bandwidth where vendor GEMMs do not.
+without copies. A Triton GEMV for decode-sized fp16/bf16 products (``crossml.kernels.gemv``, imported
+on first use; see ``gemv_eligible``) can take MatMuls of at most 4 activation rows on the devices
+listed in ``GEMV_DEVICES`` (none by default: cuBLAS was faster where measured).
 Integer products keep ONNX's wrap-around semantics and dtype: on the CPU torch multiplies integers
 natively; accelerators have no integer GEMM in torch, so narrow integers go through float64 (exact
 for them) and wide ones through an exact broadcast-multiply-sum.
@@ -57,8 +57,11 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y
 
 
-#: devices, dtypes and limits of the Triton GEMV path (see ``gemv_eligible``)
-GEMV_DEVICES = ("cuda", "xpu")
+#: devices, dtypes and limits of the Triton GEMV path (see ``gemv_eligible``). No device routes to it
+#: by default: inside CUDA graphs on an H200 it measured 3.9 / 6.7 / 6.1 / 71.6 us against cuBLAS's
+#: 3.3 / 3.9 / 6.1 / 65.5 us at the Qwen2.5-0.5B decode shapes (896x1152, 896x4864, 4864x896,
+#: 896x151936); set ("cuda", "xpu") to use it.
+GEMV_DEVICES: tuple[str, ...] = ()
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_M = 4
 GEMV_MIN_KN = 256
