@@ -99,6 +99,28 @@ def check_float(what: str, *ts: torch.Tensor) -> None:
         raise ValueError(f"{what} inputs are on different devices: {', '.join(str(t.device) for t in ts)}")
 
 
+@functools.cache
+def _processors(device_type: str, index: int) -> int:
+    try:
+        if device_type == "cuda":
+            return int(torch.cuda.get_device_properties(index).multi_processor_count)
+        if device_type == "xpu":
+            props = torch.xpu.get_device_properties(index)
+            return int(getattr(props, "gpu_subslice_count", 0) or 64)
+    except (RuntimeError, AssertionError, AttributeError):
+        pass
+    return 64
+
+
+def processors(t: torch.Tensor) -> int:
+    """Streaming multiprocessors (CUDA/ROCm compute units, XPU subslices) of ``t``'s device, what
+    grid rules aim to fill; 64 when the device does not say."""
+    index = t.device.index
+    if index is None:
+        index = torch.cuda.current_device() if t.device.type == "cuda" else 0
+    return _processors(t.device.type, index)
+
+
 def cdiv(a: int, b: int) -> int:
     return triton.cdiv(a, b)
 

@@ -25,14 +25,13 @@ TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, use_interpreter
+from crossml.kernels._launch import cdiv, processors, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "rotary_cache_write",
            "rotary_cache_write_reference", "supported_head_size"]
@@ -279,22 +278,11 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, 
     tl.store(o_ptr + b * s_ob + h * s_oh + d * s_od, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
-@functools.cache
-def _unit_count(device_type: str, index: int) -> int:
-    """Streaming multiprocessors (compute units) of the device: what the split count aims to fill."""
-    if device_type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.get_device_properties(index).multi_processor_count)
-    return 64
-
-
 def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bool) -> int:
     """Key-range splits so that about two programs run per compute unit (1 when the batch fills the device)."""
     if interp:
         return 1
-    index = t.device.index if t.device.index is not None else 0
-    if t.device.type == "cuda" and t.device.index is None:
-        index = torch.cuda.current_device()
-    units = _unit_count(t.device.type, index)
+    units = processors(t)
     if programs >= units:
         return 1
     return max(1, min(cdiv(2 * units, programs), cdiv(L, block_l), _MAX_SPLITS))

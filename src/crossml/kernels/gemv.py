@@ -30,8 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, use_interpreter
-from crossml.kernels.matmul_nbits import _processors
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
 
 __all__ = ["DTYPES", "gemv", "pick_tiles"]
 
@@ -203,7 +202,7 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     interpret = use_interpreter(a, "GEMV")
     if tiles is None:
         dev = a.device
-        sms = 1 if interpret or dev.type == "cpu" else _processors(dev.type, dev.index if dev.index is not None else 0)
+        sms = 1 if interpret or dev.type == "cpu" else processors(a)
         tiles = pick_tiles(M, K, N, a.element_size(), sms)
     block_m, block_n, block_k, split, num_warps = tiles
     if block_m not in (1, 2, 4) or block_n & (block_n - 1) or block_k & (block_k - 1) or not 1 <= split <= MAX_SPLIT_K:

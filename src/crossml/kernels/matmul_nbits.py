@@ -19,14 +19,13 @@ are picked by a fixed rule (no autotuning, which would time kernels during captu
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
 
 __all__ = ["matmul_nbits", "pick_tiles"]
 
@@ -99,20 +98,6 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
     rows = m0 + m_idx
     y_ptrs = y_ptr + rows[:, None] * s_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
-
-
-@functools.cache
-def _processors(device_type: str, index: int) -> int:
-    """Streaming multiprocessors (CUDA/ROCm compute units) of a device; 64 when unknown."""
-    try:
-        if device_type == "cuda":
-            return int(torch.cuda.get_device_properties(index).multi_processor_count)
-        if device_type == "xpu":
-            props = torch.xpu.get_device_properties(index)
-            return int(getattr(props, "gpu_subslice_count", 0) or 64)
-    except (RuntimeError, AssertionError, AttributeError):
-        pass
-    return 64
 
 
 #: BLOCK_K per BLOCK_N: measured inside CUDA graphs on an H200 at the Qwen2.5-0.5B decode shapes
@@ -201,7 +186,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     interpret = use_interpreter(a, "MatMulNBits")
     if tiles is None:
         dev = a.device
-        sms = 1 if interpret or dev.type == "cpu" else _processors(dev.type, dev.index if dev.index is not None else 0)
+        sms = 1 if interpret or dev.type == "cpu" else processors(a)
         tiles = pick_tiles(M, N, K, block_size, sms)
     block_m, block_n, block_k, num_warps = tiles
     if block_k % block_size or block_k & (block_k - 1) or block_n & (block_n - 1) or block_m & (block_m - 1):
