@@ -139,7 +139,7 @@ def fast_path(monkeypatch):
 
     def enable() -> list[int]:
         if INTERPRET:
-            monkeypatch.setattr(attention, "_FAST_DECODE_DEVICES", ("cpu", "cuda", "xpu"))
+            monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
         original = attention._fast_decode
 
         def spy(*a, **k):

@@ -192,7 +192,7 @@ def test_ops_use_torch_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 def cpu_routes_to_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let the ops send CPU tensors to the (interpreted) kernels, to test their routing without a GPU."""
     if not torch.cuda.is_available():
-        monkeypatch.setattr(norm, "_KERNEL_DEVICES", ("cpu",))
+        monkeypatch.setattr(norm, "TRITON_DEVICES", ("cpu",))
         monkeypatch.setattr(norm, "_rmsnorm_kernels", lambda: rmsnorm)
 
 
@@ -205,7 +205,7 @@ def _both_paths(monkeypatch: pytest.MonkeyPatch, fn, *args: torch.Tensor | None,
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     got = fn(*(None if a is None else a.to(dev) for a in args), **kw)
     n = len(calls)
-    monkeypatch.setattr(norm, "_KERNEL_DEVICES", ())
+    monkeypatch.setattr(norm, "TRITON_DEVICES", ())
     return got, fn(*(_cpu(a) for a in args), **kw), n
 
 

@@ -10,20 +10,34 @@ importing this package needs no triton.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
 
-__all__ = ["METACOMMAND_FREE"]
+__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "load"]
 
 log = logging.getLogger("crossml")
 
 #: device types Triton compiles for (CUDA also covers ROCm builds of torch)
-_TRITON_DEVICES = ("cuda", "xpu")
+TRITON_DEVICES = ("cuda", "xpu")
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned: set[tuple[str, str]] = set()
+
+
+@functools.cache
+def load(name: str) -> ModuleType | None:
+    """``crossml.kernels.<name>``, imported on the first call (which imports triton): what the ops'
+    GPU fast paths call; None, logged once, where triton does not import."""
+    try:
+        return importlib.import_module(f"crossml.kernels.{name}")
+    except (ImportError, RuntimeError) as e:
+        log.warning("crossml.kernels.%s does not import (%s); its ops use torch", name, e)
+        return None
 
 
 def _registered(op_type: str) -> Callable[..., Any]:
@@ -45,7 +59,7 @@ def _use_triton(op_type: str, *ts: torch.Tensor | None) -> bool:
         return False
     if first.dtype not in _FLOATS or any(t is not None and t.dtype != first.dtype for t in ts[:2]):
         return False
-    if first.device.type not in _TRITON_DEVICES:
+    if first.device.type not in TRITON_DEVICES:
         key = (op_type, first.device.type)
         if key not in _warned:
             _warned.add(key)

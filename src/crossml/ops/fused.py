@@ -8,13 +8,12 @@ ops elsewhere; Linear runs the Triton GEMV for decode-sized products on GPUs (as
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 
 import torch
 
 from crossml.device.vendor import fused_conv_add_relu
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.conv import conv
 from crossml.ops.matmul import gemv_eligible
 from crossml.ops.registry import op
@@ -70,20 +69,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, w.t(), b)
 
 
-#: device types and dtypes the Triton SiluMul kernel takes
-_TRITON_DEVICES = ("cuda", "xpu")
+#: dtypes the Triton SiluMul kernel takes
 _SILU_MUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-@functools.cache
-def _triton_silu_mul() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """The Triton kernel, imported on first use; None (once logged) where triton is not installed."""
-    try:
-        from crossml.kernels.swiglu import silu_mul as kernel
-    except ImportError as e:
-        log.warning("SiluMul: triton is not importable (%s); the fused op composes torch ops instead", e)
-        return None
-    return kernel
 
 
 @op("SiluMul", since=1, domain=DOMAIN)
@@ -94,9 +81,9 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     unfused nodes run, in their order. The kernel computes in fp32 and rounds once, so fp16 / bf16
     results differ from the node-by-node rounding in the last bit or so.
     """
-    if (g.device.type in _TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES and up.dtype == g.dtype
+    if (g.device.type in TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES and up.dtype == g.dtype
             and up.device == g.device and g.shape == up.shape):
-        kernel = _triton_silu_mul()
-        if kernel is not None:
-            return kernel(g, up)
+        swiglu = load("swiglu")
+        if swiglu is not None:
+            return swiglu.silu_mul(g, up)
     return torch.mul(torch.mul(g, torch.sigmoid(g)), up)

@@ -11,12 +11,12 @@ for them) and wide ones through an exact broadcast-multiply-sum.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
 import torch
 
+from crossml.kernels import load
 from crossml.ops.registry import op
 
 log = logging.getLogger("crossml")
@@ -67,17 +67,6 @@ GEMV_MAX_M = 4
 GEMV_MIN_KN = 256
 
 
-@functools.cache
-def _gemv_available() -> bool:
-    """Whether the Triton GEMV imports (triton installed); imported on the first eligible GPU call only."""
-    try:
-        import crossml.kernels.gemv  # noqa: F401
-    except ImportError as e:
-        log.warning("MatMul: triton is not importable (%s); decode-sized products use torch.matmul", e)
-        return False
-    return True
-
-
 def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``a @ w (+ bias)`` runs the Triton GEMV: ``a`` on a CUDA/ROCm/XPU device, fp16 or bf16,
     ``w`` a contiguous 2-D [K, N] matrix of the same dtype and device, at most GEMV_MAX_M rows of ``a``
@@ -93,7 +82,7 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != N or bias.dtype != a.dtype
                              or bias.device != a.device):
         return False
-    return _gemv_available()
+    return load("gemv") is not None  # imported on the first eligible call only
 
 
 def matmul_any(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

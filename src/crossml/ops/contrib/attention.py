@@ -22,12 +22,12 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import scalar
 from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
@@ -93,27 +93,13 @@ def _attend(
     return out, qk
 
 
-#: devices the Triton decode kernels compile for (CUDA also covers ROCm builds of torch)
-_FAST_DECODE_DEVICES = ("cuda", "xpu")
-
-
-@functools.cache
-def _decode_kernels():
-    """``crossml.kernels.decode_attention``, imported on first use (None without triton)."""
-    try:
-        from crossml.kernels import decode_attention
-    except ImportError:
-        return None
-    return decode_attention
-
-
 def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                     attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
                     smooth_softmax, qk_output) -> bool:
     """Whether a token-generation step (S == 1, past given) may run the Triton decode kernels: a shared
     max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton device."""
     dev = query.device
-    if dev.type not in _FAST_DECODE_DEVICES or past_key is None or past_value is None:
+    if dev.type not in TRITON_DEVICES or past_key is None or past_value is None:
         return False
     if attention_bias is not None or head_sink is not None or smooth_softmax or softcap != 0.0 or qk_output:
         return False
@@ -143,7 +129,7 @@ def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cach
         if position_ids is not None and (position_ids.numel() != B or position_ids.device != dev
                                          or position_ids.dtype.is_floating_point):
             return False
-    kernels = _decode_kernels()
+    kernels = load("decode_attention")
     return kernels is not None and kernels.supported_head_size(H)
 
 
@@ -152,7 +138,7 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
     rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended."""
-    kernels = _decode_kernels()
+    kernels = load("decode_attention")
     B, _, N, H = q.shape
     kc = past_key if inplace else past_key.clone()
     vc = past_value if inplace else past_value.clone()

@@ -18,11 +18,11 @@ Everything else, and every CPU call, dequantizes and multiplies as below.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import norm_axis
 from crossml.ops.registry import MS_DOMAIN, op
 
@@ -107,22 +107,12 @@ KERNEL_MAX_M = 16
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@functools.cache
-def _triton_available() -> bool:
-    """Whether the Triton kernel imports (triton installed); imported on the first GPU call only."""
-    try:
-        import crossml.kernels.matmul_nbits  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
                 g_idx: torch.Tensor | None, bias: torch.Tensor | None, bits: int) -> bool:
     """The Triton 4-bit GEMV (``crossml.kernels.matmul_nbits``) takes decode-sized products on a GPU:
     A of fp16/bf16/fp32 on a CUDA/ROCm/XPU device with at most KERNEL_MAX_M rows, bits 4, no g_idx,
     uint8 B, float scales, uint8 or float zero points, every input on A's device."""
-    if A.device.type not in ("cuda", "xpu") or bits != 4 or g_idx is not None or A.dtype not in _KERNEL_DTYPES:
+    if A.device.type not in TRITON_DEVICES or bits != 4 or g_idx is not None or A.dtype not in _KERNEL_DTYPES:
         return False
     if A.dim() == 0 or math.prod(A.shape[:-1]) > KERNEL_MAX_M:
         return False
@@ -134,7 +124,7 @@ def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
         return False
     if any(t is not None and t.device != A.device for t in (B, scales, zero_points, bias)):
         return False
-    return _triton_available()
+    return load("matmul_nbits") is not None  # imported on the first eligible call only
 
 
 @op("MatMulNBits", domain=MS_DOMAIN)

@@ -22,12 +22,12 @@ from types import ModuleType
 
 import torch
 
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
-#: device types and storage types the Triton RMSNorm kernels take
-_KERNEL_DEVICES = ("cuda", "xpu")
+#: storage types the Triton RMSNorm kernels take
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 log = logging.getLogger("crossml")
@@ -37,11 +37,11 @@ log = logging.getLogger("crossml")
 def _rmsnorm_kernels() -> ModuleType | None:
     """``crossml.kernels.rmsnorm``, or None where triton does not import or only interprets
     (the interpreter copies through the host, which a captured graph cannot hold)."""
-    try:
-        from crossml.kernels import _launch, rmsnorm
-    except (ImportError, RuntimeError) as e:
-        log.info("RMSNorm ops use torch: the Triton kernels do not import (%s)", e)
+    rmsnorm = load("rmsnorm")
+    if rmsnorm is None:
         return None
+    from crossml.kernels import _launch
+
     return None if _launch.INTERPRET else rmsnorm
 
 
@@ -60,7 +60,7 @@ def _broadcasts_to(t: torch.Tensor, x: torch.Tensor) -> bool:
 
 def _use_kernel(x: torch.Tensor, *ts: torch.Tensor | None) -> bool:
     """x on a Triton device, every tensor of a kernel storage type on x's device, triton importable."""
-    if x.device.type not in _KERNEL_DEVICES or x.dim() == 0 or x.shape[-1] == 0:
+    if x.device.type not in TRITON_DEVICES or x.dim() == 0 or x.shape[-1] == 0:
         return False
     if not all(t is None or (t.dtype in _KERNEL_DTYPES and t.device == x.device) for t in (x, *ts)):
         return False
