@@ -135,8 +135,13 @@ def _skip_sum(x: torch.Tensor, skip: torch.Tensor, bias: torch.Tensor | None) ->
     return s if bias is None else s + _stash(bias, 1)
 
 
+def _wanted(ctx: OpContext) -> tuple[bool, ...]:
+    """Which of the skip norms' four outputs (output, mean, inv_std, sum) the node uses."""
+    return ctx.outputs_wanted + (False,) * (4 - len(ctx.outputs_wanted))
+
+
 def _skip_outputs(ctx: OpContext, x: torch.Tensor, y: torch.Tensor, mean, inv, s: torch.Tensor) -> tuple:
-    want = ctx.outputs_wanted + (False,) * (4 - len(ctx.outputs_wanted))
+    want = _wanted(ctx)
     return (
         y.to(x.dtype),
         mean if want[1] and mean is not None else None,
@@ -177,7 +182,7 @@ def skip_simplified_layer_normalization(
     _check_skip(x, skip)
     if (_use_kernel(x, skip, gamma, bias) and _kernel_vector(gamma, x) and _kernel_vector(bias, x)
             and _broadcasts_to(skip, x)):
-        want = ctx.outputs_wanted + (False,) * (4 - len(ctx.outputs_wanted))
+        want = _wanted(ctx)
         y, inv, s = _rmsnorm_kernels().skip_rms_norm(x, skip, gamma, bias, epsilon, store_inv=want[2],
                                                      store_sum=want[3])
         return y, None, inv, s
