@@ -45,51 +45,24 @@ def _cast(v, dst_ptr, BF16_RTNE: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, inv_ptr, H, inv_n, eps,
-                     BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr):
-    """Row ``program_id(0)``: y = (x * rsqrt(mean(x * x) + eps)) * w, in float32."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * H
-    y_row = y_ptr + row * H
-    cols = tl.arange(0, BLOCK)
-    if SINGLE:
-        mask = cols < H
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        inv = tl.math.rsqrt(tl.sum(x * x, axis=0) * inv_n + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, _cast(x * inv * w, y_ptr, Y_RTNE), mask=mask)
-    else:
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for c0 in range(0, H, BLOCK):
-            mask = c0 + cols < H
-            x = tl.load(x_row + c0 + cols, mask=mask, other=0.0).to(tl.float32)
-            acc += x * x
-        inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
-        for c0 in range(0, H, BLOCK):
-            mask = c0 + cols < H
-            x = tl.load(x_row + c0 + cols, mask=mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
-            tl.store(y_row + c0 + cols, _cast(x * inv * w, y_ptr, Y_RTNE), mask=mask)
-    tl.store(inv_ptr + row, inv)
-
-
-@triton.jit
-def _skip_row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_BIAS: tl.constexpr):
-    """float32 ``x + skip (+ bias)`` at ``offs`` of one row, added in that order."""
-    s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + \
-        tl.load(skip_row + offs, mask=mask, other=0.0).to(tl.float32)
+def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """float32 ``x (+ skip) (+ bias)`` at ``offs`` of one row, added in that order."""
+    s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SKIP:
+        s = s + tl.load(skip_row + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
         s = s + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     return s
 
 
 @triton.jit
-def _skip_rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
-                          inv_n, eps, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr, STORE_SUM: tl.constexpr,
-                          BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
-                          SUM_RTNE: tl.constexpr):
-    """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x + skip (+ bias) in float32, then RMSNorm
-    of s. ``skip`` is read through (batch, sequence) strides, so a broadcast skip (stride 0) needs no copy."""
+def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
+                     inv_n, eps, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr,
+                     STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
+                     SUM_RTNE: tl.constexpr):
+    """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x (+ skip) (+ bias) in float32, then
+    y = (s * rsqrt(mean(s * s) + eps)) * w. ``skip`` is read through (batch, sequence) strides, so a
+    broadcast skip (stride 0) needs no copy."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * H
     y_row = y_ptr + row * H
@@ -98,7 +71,7 @@ def _skip_rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         mask = cols < H
-        s = _skip_row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_BIAS)
+        s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS)
         if STORE_SUM:
             tl.store(sum_row + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
         inv = tl.math.rsqrt(tl.sum(s * s, axis=0) * inv_n + eps)
@@ -108,14 +81,14 @@ def _skip_rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(0, H, BLOCK):
             mask = c0 + cols < H
-            s = _skip_row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_BIAS)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS)
             if STORE_SUM:
                 tl.store(sum_row + c0 + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
             acc += s * s
         inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
         for c0 in range(0, H, BLOCK):  # the float32 sum again (the stored one is rounded to the input type)
             mask = c0 + cols < H
-            s = _skip_row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_BIAS)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS)
             w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + c0 + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
     if STORE_INV:
@@ -180,8 +153,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     y = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     rows = xc.numel() // H
-    if rows:
-        _launch(_rms_norm_kernel, xc, rows, H, (xc, w, y, inv, H, 1.0 / H, float(eps)), {}, "RMSNorm", y)
+    if rows:  # the skip kernel with no skip, no bias and no sum output (their pointers are never read)
+        args = (xc, xc, w, w, y, inv, y, H, 1, 0, 0, 1.0 / H, float(eps))
+        flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": False}
+        _launch(_rms_norm_kernel, xc, rows, H, args, flags, "RMSNorm", y, None)
     return y, inv
 
 
@@ -224,6 +199,6 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bia
     if rows:
         args = (xc, sk, w, b if b is not None else w, y, inv if inv is not None else y, s if s is not None else y,
                 H, S, s_b, s_s, 1.0 / H, float(eps))
-        flags = {"HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum}
-        _launch(_skip_rms_norm_kernel, xc, rows, H, args, flags, "SkipRMSNorm", y, s)
+        flags = {"HAS_SKIP": True, "HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum}
+        _launch(_rms_norm_kernel, xc, rows, H, args, flags, "SkipRMSNorm", y, s)
     return y, inv, s
