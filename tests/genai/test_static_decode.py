@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import crossml.genai as og
+from crossml.genai.model import MAX_PROMPT_GRAPHS, prompt_bucket
 from tests.genai._generation import generate_with
 from tests.genai.conftest import ARCHS, PRECISIONS
 
@@ -149,7 +150,8 @@ def test_decode_buffers_are_lent_and_reused(genai_models) -> None:
     a.append_tokens(np.array([1, 5, 9]))
     a.generate_next_token()
     a.generate_next_token()
-    assert torch.equal(a._bufs.ids, a._seq[:, a._len - 2:a._len - 1])  # the last decode step's input
+    # the next decode step's input, staged when the last token was appended
+    assert torch.equal(a._bufs.ids, a._seq[:, a._len - 1:a._len])
     kept = a._bufs
     del a
     gc.collect()
@@ -165,3 +167,71 @@ def test_capture_entries(genai_models) -> None:
     assert so.get_session_config_entry("crossml.graph_capture_bind_io") == "1"
     assert so.get_session_config_entry("ep.dml.enable_graph_capture") == "1"
     assert not model._capture  # the CPU does not record
+
+
+def _bucketed(folder: str) -> og.Model:
+    """A model whose first prompts take the recorded-prompt path (padded to a bucket width), forced on the CPU."""
+    model = _model(folder, True)
+    assert not model._prompt_graphs  # the CPU records nothing
+    model._prompt_graphs = True
+    return model
+
+
+def test_prompt_bucket_widths() -> None:
+    assert [prompt_bucket(n, 4096) for n in (1, 7, 64, 65, 100, 512, 513, 1000, 1025)] == \
+        [64, 64, 64, 80, 112, 512, 640, 1024, 1280]
+    assert prompt_bucket(300, 320) == 320 and prompt_bucket(30, 40) == 40  # never past max_length
+    for n in range(1, 3000, 7):
+        w = prompt_bucket(n, 10 ** 6)
+        assert n <= w and (n <= 64 or w < n * 1.25 + 1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_bucketed_prompt_matches_default(genai_models, arch: str, prompts: list[str]) -> None:
+    """A first prompt right-padded to its bucket width gives the default path's tokens and logits (the padded
+    GEMMs may round differently in the last bits)."""
+    folder = genai_models[(arch, "fp32")]
+    ref_seq, ref_logits = _generate(_model(folder, False), prompts, max_length=100)
+    model = _bucketed(folder)
+    shapes = _spy(model)
+    seq, logits = _generate(model, prompts, max_length=100)
+    assert seq == ref_seq
+    assert len(logits) == len(ref_logits)
+    for step, (a, b) in enumerate(zip(logits, ref_logits)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()), err_msg=f"logits of step {step}")
+    io = model.io
+    assert shapes[0][io.input_ids] == (len(prompts), 64)  # the prompts are shorter than 64 tokens
+    assert shapes[0][io.attention_mask] == (len(prompts), 64)
+    assert all(s[io.input_ids] == (len(prompts), 1) for s in shapes[1:])
+
+
+def test_bucketed_prompt_outputs_and_rewind(genai_models) -> None:
+    """get_output('logits') after a padded prompt has the prompt's own width; rewinding to one token re-runs a
+    one-token first prompt; a set keeps MAX_PROMPT_GRAPHS buckets."""
+    folder = genai_models[("qwen2", "fp32")]
+
+    def run(model: og.Model) -> tuple[np.ndarray, list[int], np.ndarray]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=200)
+        gen = og.Generator(model, params)
+        prompt = np.arange(3, 3 + 70)
+        gen.append_tokens(prompt)
+        out = gen.get_output("logits")
+        gen.generate_next_token()
+        gen.rewind_to(1)
+        for _ in range(3):
+            gen.generate_next_token()
+        return out, gen.get_sequence(0).tolist(), gen.get_logits()
+
+    model = _bucketed(folder)
+    (ref_out, ref_seq, ref_logits), (out, seq, logits) = run(_model(folder, False)), run(model)
+    assert out.shape == ref_out.shape == (1, 70, ref_out.shape[-1])
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-5 * float(np.abs(ref_out).max()))
+    assert seq == ref_seq and len(seq) == 4
+    np.testing.assert_allclose(logits, ref_logits, rtol=0, atol=1e-5 * float(np.abs(ref_logits).max()))
+    bufs = model._buffers[(1, 200)][0]
+    assert list(bufs.prompts) == [80, 64]  # the 70-token prompt, then the one-token first prompt
+    for width in (128, 160, 192, 200):
+        bufs.prompt(width)
+    assert list(bufs.prompts) == [128, 160, 192, 200] and len(bufs.prompts) == MAX_PROMPT_GRAPHS

@@ -11,10 +11,11 @@ The loop is three small functions, as in gpt-fast:
 The host learns the new tokens and the finished flags with one copy per step, made when the user
 asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode step waits on the
 device. On a GPU with the static KV cache every decode step has the same input shapes (the
-attention mask spans max_length), so the session replays one recorded graph per step; prompts run
-eagerly. Sequences keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad
-id, a finished row continues with pad tokens, and the step on which every row has finished is not
-appended.
+attention mask spans max_length), so the session replays one recorded graph per step, whose inputs
+(the new token's id and position) are staged as soon as the token is chosen; a first prompt replays
+the graph of its bucket width (see crossml.genai.model). Sequences keep onnxruntime-genai's layout:
+prompts of a batch are right-padded with the pad id, a finished row continues with pad tokens, and
+the step on which every row has finished is not appended.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from crossml.genai import search
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
-from crossml.genai.model import Model
+from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
 
 
@@ -133,6 +134,7 @@ class Generator:
         self._beam = (search.BeamSearch(s.batch_size, s.num_beams, self._eos_list, s.length_penalty,
                                         s.early_stopping, dev) if s.num_beams > 1 else None)
         self._final: list[list[int]] | None = None
+        self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
@@ -184,6 +186,7 @@ class Generator:
         self._len += n
         self._logits = None
         self._host = None
+        self._staged = None
         self._forward()
 
     # -- the loop -----------------------------------------------------------------------------
@@ -191,42 +194,65 @@ class Generator:
         """Run the decoder on columns kv_len..len and keep each row's last-token logits."""
         io = self._model.io
         start, end = self._kv_len, self._len
-        static = self._static and start > 0 and end - start == 1
-        if static:  # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
-            bufs = self._bufs
-            bufs.ids.copy_(self._seq[:, start:end])
-            feed = {io.input_ids: bufs.ids}
-            mask = self._mask
-            pos = None
-            if bufs.pos is not None:
-                pos = bufs.pos
-                pos.copy_((mask.sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0))
-        else:
-            feed = {io.input_ids: self._seq[:, start:end].to(io.input_ids_dtype)}
+        bufs = self._bufs
+        names = [io.logits, *self._cache.present_names]
+        width = end  # columns fed (a recorded prompt is padded to its bucket)
+        if bufs is not None and start > 0 and end - start == 1:
+            # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
+            if self._staged != start:
+                self._stage(start)
+            if bufs.replay is not None:  # the recorded step: nothing to convert or check
+                outs = bufs.replay()
+            else:
+                outs = self._model.run_bound(bufs, self._feed(bufs.ids, self._mask, bufs.pos), names)
+        elif bufs is not None and start == 0 and self._model._prompt_graphs:
+            # first prompt: right-padded to a bucket width at fixed addresses (the set's mask columns are zero
+            # past `end`, and the sequence holds pad ids there); one recording per bucket
+            width = prompt_bucket(end, self._s.max_length)
+            slot = bufs.prompt(width)
+            slot.ids.copy_(self._seq[:, :width])
+            mask = self._mask[:, :width]
+            if slot.pos is not None:
+                slot.pos.copy_((mask.long().cumsum(-1) - 1).clamp_min(0))
+            outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
+        else:  # continuation prompts and growing-cache steps change shape every run: not worth recording
             mask = self._mask[:, :end]
             pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end] if io.position_ids is not None else None
-        if io.attention_mask is not None:
-            feed[io.attention_mask] = mask
-        if io.position_ids is not None:
-            feed[io.position_ids] = pos.to(io.position_dtype)
-        feed.update(self._cache.feed())
-        names = [io.logits, *self._cache.present_names]
-        if static:
-            outs = self._model.run_decode(self._bufs, feed, names)
-        else:  # prompts and growing-cache steps change shape every run: not worth recording
-            outs = self._model.run(feed, names, eager=True)
-        self._outputs = dict(zip(names, outs))
-        self._cache.update(outs[1:])
+            outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)
         logits = outs[0]
+        if width != end and logits.dim() == 3:
+            logits = logits[:, :end]  # the bucket's pad columns are not the user's
+        self._outputs = dict(zip(names, [logits, *outs[1:]]))
+        self._cache.update(outs[1:])
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
             last = logits
         elif start == 0 and self._prompt_last is not None and logits.shape[1] == end:
-            last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last]
+            last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last.clamp(max=end - 1)]
         else:
             last = logits[:, -1]
         # a copy: the logits may be a recorded graph's output buffer, which the next replay overwrites
         self._logits = last.float() if last.dtype != torch.float32 else last.clone()
         self._kv_len = end
+
+    def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        io = self._model.io
+        feed = {io.input_ids: ids.to(io.input_ids_dtype)}
+        if io.attention_mask is not None:
+            feed[io.attention_mask] = mask
+        if io.position_ids is not None:
+            feed[io.position_ids] = pos.to(io.position_dtype)
+        feed.update(self._cache.feed())
+        return feed
+
+    def _stage(self, col: int) -> None:
+        """Write the decode inputs for the token in column ``col`` (its id, its position) into the fixed buffers;
+        done right after a token is appended, so the device does it before the host waits for the token and the
+        next decode step launches its replay at once."""
+        bufs = self._bufs
+        bufs.ids.copy_(self._seq[:, col:col + 1])
+        if bufs.pos is not None:
+            bufs.pos.copy_((self._mask[:, :col + 1].sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0))
+        self._staged = col
 
     def _scores(self) -> torch.Tensor:
         s = self._s
@@ -265,6 +291,8 @@ class Generator:
         self._seq[:, col] = token
         self._mask[:, col] = 1
         self._len += 1
+        if self._bufs is not None and self._len < self._s.max_length:
+            self._stage(col)
         self._next = token
         self._logits = None
         self._host = None
@@ -296,6 +324,7 @@ class Generator:
                     self._seq[:, self._len] = self._pad
                     self._mask[:, self._len] = 0
                     self._finished_step = True
+                    self._staged = None
         return self._host
 
     def is_done(self) -> bool:
@@ -364,6 +393,7 @@ class Generator:
         self._seq[:, new_length:] = self._pad
         self._mask[:, new_length:] = 0
         self._len = new_length
+        self._staged = None
         self._kv_len = max(new_length - 1, 0)
         self._cache.rewind(self._kv_len)
         self._done.zero_()

@@ -15,8 +15,19 @@ GroupQueryAttention writes the new keys and values into the KV buffers in place,
 nothing. Sets are reused by later generators of the same shape, so their steps replay the same
 recording. The builder's decoders derive ``seqlens_k`` from the mask's sum and
 ``total_sequence_length`` from its width; GroupQueryAttention gives the same result for a total of
-max_length (rows past the real length are masked by causality). Prompts run eagerly (run config
-``gpu_graph_id=-1``), as do decode steps with a growing cache.
+max_length (rows past the real length are masked by causality).
+
+Prompts are recorded too: the first prompt (``append_tokens`` on an empty sequence) is right-padded
+to a bucket width (``prompt_bucket``: a multiple of a quarter of its power-of-two octave, at least 64,
+at most max_length) with attention-mask zeros, fed from ``PromptBuffers`` of that width at fixed
+addresses, and the graph recorded on the first prompt of each bucket is replayed by later ones. A
+padded prompt computes exactly what the batch path computes for a row shorter than its batch: the
+pad columns come after the real tokens, so causality keeps them out of every real row, their keys
+and values land past the real length (overwritten by the next steps, never attended), and the
+generator takes each row's logits at its last real token. A set keeps ``MAX_PROMPT_GRAPHS``
+buckets' recordings (each holds its activations and logits). Continuation prompts (more tokens
+appended to a started sequence) and decode steps with a growing cache run eagerly (run config
+``gpu_graph_id=-1``).
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +76,39 @@ class DecoderIO:
     input_ids_dtype: torch.dtype
 
 
+#: prompt recordings one DecodeBuffers set keeps (the least recently used bucket is dropped first)
+MAX_PROMPT_GRAPHS = 4
+#: narrowest prompt bucket
+MIN_PROMPT_BUCKET = 64
+
+
+def prompt_bucket(n: int, max_length: int) -> int:
+    """Width a first prompt of ``n`` tokens is right-padded to for a recorded prompt graph: ``n`` rounded up
+    to a multiple of a quarter of its power-of-two octave (four buckets from 2**k to 2**(k+1), at most a
+    quarter more columns), at least MIN_PROMPT_BUCKET, at most ``max_length``. 512 stays 512; 513 becomes
+    640; 100 becomes 112."""
+    if n <= MIN_PROMPT_BUCKET:
+        width = MIN_PROMPT_BUCKET
+    else:
+        step = 1 << ((n - 1).bit_length() - 3)
+        width = -(-n // step) * step
+    return min(max(width, n), max_length)
+
+
+class PromptBuffers:
+    """A first prompt's input_ids / position_ids, ``width`` columns at fixed addresses, and the replay of the
+    graph recorded on them (with the set's mask columns and KV buffers)."""
+
+    def __init__(self, io: DecoderIO, rows: int, width: int, device: torch.device) -> None:
+        self.width = width
+        self.ids = torch.zeros((rows, width), dtype=io.input_ids_dtype, device=device)
+        self.pos = torch.zeros((rows, width), dtype=io.position_dtype, device=device) if io.position_ids else None
+        self.replay: Any = None
+
+
 class DecodeBuffers:
-    """The decode step's inputs at fixed addresses (what a recorded decode graph reads in place)."""
+    """The decode step's inputs at fixed addresses (what a recorded decode graph reads in place), and the
+    prompt buckets recorded on the same mask and KV buffers."""
 
     def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_heads: int, head_size: int,
                  device: torch.device) -> None:
@@ -77,6 +120,19 @@ class DecodeBuffers:
                    for _ in io.past_names]
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
+        self._io, self._device = io, device
+        self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
+
+    def prompt(self, width: int) -> PromptBuffers:
+        """The prompt buffers of one bucket width (made on first use; the least recently used beyond
+        MAX_PROMPT_GRAPHS are dropped with their recordings)."""
+        slot = self.prompts.pop(width, None)
+        if slot is None:
+            slot = PromptBuffers(self._io, self.rows, width, self._device)
+        self.prompts[width] = slot
+        while len(self.prompts) > MAX_PROMPT_GRAPHS:
+            self.prompts.popitem(last=False)
+        return slot
 
 
 class Model:
@@ -105,6 +161,9 @@ class Model:
         #: decode steps feed fixed shapes (max-length attention mask) at fixed addresses, so one recorded
         #: graph replays them; on for GPUs. Internal: tests force it on the CPU.
         self._static_decode = capture_supported(self.device) and self.config.search.past_present_share_buffer
+        #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers); internal:
+        #: tests force it on the CPU
+        self._prompt_graphs = self._capture and self._static_decode
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 
@@ -211,14 +270,15 @@ class Model:
                          logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64))
 
-    def run_decode(self, bufs: DecodeBuffers, feed: dict[str, torch.Tensor],
-                   output_names: list[str]) -> list[torch.Tensor]:
-        """A static decode step on ``bufs`` (``feed`` holds exactly those tensors): the first run records the
-        graph (when the session captures); later runs replay it directly."""
-        if bufs.replay is not None:
-            return bufs.replay()
+    def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
+                  output_names: list[str]) -> list[torch.Tensor]:
+        """A run on ``slot``'s fixed-address buffers (``feed`` holds exactly those tensors): the first run
+        records the graph (when the session captures); later runs replay it directly. Prompt recordings
+        belong to their slot alone (the session forgets them), so dropping a bucket frees its memory."""
+        if slot.replay is not None:
+            return slot.replay()
         outs = self.run(feed, output_names)
-        bufs.replay = self.session._bound_replay(feed, output_names)
+        slot.replay = self.session._bound_replay(feed, output_names, detach=isinstance(slot, PromptBuffers))
         return outs
 
     def run(self, feed: dict[str, torch.Tensor], output_names: list[str], *, eager: bool = False) -> list[torch.Tensor]:

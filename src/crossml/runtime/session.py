@@ -351,12 +351,13 @@ class InferenceSession:
             return runner.run(tensors)
         return runner(tensors)
 
-    def _bound_replay(self, feed: Mapping[str, torch.Tensor],
-                      output_names: Sequence[str]) -> Callable[[], list[Any]] | None:
+    def _bound_replay(self, feed: Mapping[str, torch.Tensor], output_names: Sequence[str],
+                      detach: bool = False) -> Callable[[], list[Any]] | None:
         """crossml internal (GenAI's decode loop): with ``crossml.graph_capture_bind_io``, a function of no
         arguments replaying the graph recorded for exactly these tensors (same shapes and addresses) and
         returning the named outputs, skipping the per-run input checks; None until a run has recorded it.
-        The caller must keep feeding those same tensors (writing new values into them)."""
+        The caller must keep feeding those same tensors (writing new values into them). ``detach``: the session
+        forgets the recording, which then lives as long as the returned function."""
         if not self._bind_io:
             return None
         tensors = [feed[a.name] for a in self._inputs]
@@ -364,6 +365,9 @@ class InferenceSession:
         runner = self._runners.get(key)
         if not isinstance(runner, Recording):
             return None
+        if detach:
+            with self._lock:
+                self._runners.pop(key, None)
         idx = self._output_indices(output_names)
 
         def replay() -> list[Any]:
