@@ -145,3 +145,37 @@ def test_captured_and_eager_decode_agree(models: Path) -> None:
     assert seq == ref_seq
     for a, b in zip(logits, ref_logits):
         np.testing.assert_allclose(a, b, atol=1e-2, rtol=0)
+
+
+def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
+    """A first prompt records the graph of its bucket width once; later generators replay it (the session does
+    not keep it) and get the same logits and tokens as the first, and as an eager model."""
+    folder = str(models / "qwen2_fp16_cuda")
+    model = og.Model(folder)
+    eager = _captured(folder, "0")
+    ids = og.Tokenizer(model).encode(PROMPT)
+
+    def run(m: og.Model) -> tuple[np.ndarray, list[int]]:
+        params = og.GeneratorParams(m)
+        params.set_search_options(max_length=128)
+        gen = og.Generator(m, params)
+        gen.append_tokens(ids)
+        first = gen.get_logits().copy()
+        for _ in range(6):
+            gen.generate_next_token()
+        return first, gen.get_sequence(0).tolist()
+
+    results = []
+    for i in range(3):
+        results.append(run(model))
+        if i == 0:
+            runners = len(model.session._runners)
+    bufs = model._buffers[(1, 128)][0]
+    assert list(bufs.prompts) == [64] and bufs.prompts[64].replay is not None
+    assert len(model.session._runners) == runners  # replays add no recordings
+    for first, seq in results[1:]:
+        assert seq == results[0][1]
+        np.testing.assert_array_equal(first, results[0][0])
+    ref_first, ref_seq = run(eager)
+    assert results[0][1] == ref_seq
+    np.testing.assert_allclose(results[0][0], ref_first, atol=1e-2 * float(np.abs(ref_first).max()), rtol=0)

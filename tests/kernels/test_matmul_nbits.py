@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.matmul_nbits import matmul_nbits, pick_tiles  # noqa: E402
+from crossml.kernels.matmul_nbits import dequantize, matmul_nbits, pick_tiles  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import dequantize_nbits  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import matmul_nbits as matmul_nbits_op  # noqa: E402
 from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
@@ -157,6 +157,63 @@ def test_op_routes_to_the_kernel(monkeypatch: pytest.MonkeyPatch, level: int) ->
     y = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
     assert len(calls) == 1
     assert_close(y, ref.double(), torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES[:6], ids=lambda c: f"bs{c[0]}_K{c[1]}_N{c[2]}_{c[4]}")
+def test_dequantize_equals_the_ops_dequantization(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """The one-pass dequantization gives dequantize_nbits' matrix bit for bit (partial blocks and tiles,
+    every zero-point kind, 2-D scales)."""
+    bs, K, N, _, zp_kind, _ = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device)
+    w = dequantize(B, scales.reshape(N, -1), zp, K=K, N=N, block_size=bs, dtype=dtype)
+    ref = dequantize_nbits(B.cpu(), scales.cpu(), None if zp is None else zp.cpu(), None, K=K, N=N, bits=4,
+                           block_size=bs, dtype=dtype)
+    assert w.shape == (N, K) and w.dtype == dtype and w.device.type == device
+    if device == "cpu" and dtype == torch.bfloat16:
+        # Triton's interpreter converts float32 to bfloat16 by truncation (GPUs round to nearest even): q - zp
+        # and the product are each rounded, so two ulps
+        torch.testing.assert_close(w, ref, rtol=2.0 ** -6, atol=0)
+    else:
+        assert torch.equal(w.cpu(), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dequantize_errors(device: str) -> None:
+    B, scales, _ = _weight(8, 64, 32, None, torch.float32, device)
+    with pytest.raises(ValueError, match="B must be uint8"):
+        dequantize(B[:4], scales, K=64, N=8, block_size=32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="scales must be floats"):
+        dequantize(B, scales[:3], K=64, N=8, block_size=32, dtype=torch.float16)
+    with pytest.raises(TypeError, match="dtype must be"):
+        dequantize(B, scales, K=64, N=8, block_size=32, dtype=torch.int32)
+    assert dequantize(B[:0], scales[:0], K=64, N=0, block_size=32, dtype=torch.float16).shape == (0, 64)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_op_dequantizes_prompt_sizes_with_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than KERNEL_MAX_M rows: the op multiplies the kernel's dequantized matrix (forced on, interpreted)."""
+    import crossml.kernels.matmul_nbits as kernel
+    import crossml.ops.contrib.matmul_nbits as op_module
+
+    calls = []
+    original = kernel.dequantize
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    K, N, bs = 96, 24, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float32, "cpu")
+    a, bias = rand(op_module.KERNEL_MAX_M + 4, K, seed=1), rand(N, seed=2)
+    kw = {"K": K, "N": N, "block_size": bs}
+    ref = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
+    monkeypatch.setattr(kernel, "dequantize", spy)
+    monkeypatch.setattr(op_module, "_use_kernel", lambda *args: True)
+    y = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
+    assert len(calls) == 1
+    assert torch.equal(y, ref)
 
 
 def test_importing_crossml_does_not_import_triton() -> None:

@@ -1,4 +1,5 @@
-"""Triton 4-bit GEMV for com.microsoft MatMulNBits at decode sizes (few rows of A).
+"""Triton kernels for com.microsoft MatMulNBits with 4-bit weights: a GEMV at decode sizes (few rows
+of A), and a one-pass dequantization for the prompt sizes (many rows), which multiply a dense matrix.
 
 ``y[M, N] = A[M, K] @ dequant(B)^T (+ bias)`` reading the packed weight once, without a dense
 dequantized copy. The layout is the op's (see ``crossml.ops.contrib.matmul_nbits``): B is uint8
@@ -27,7 +28,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
 
-__all__ = ["matmul_nbits", "pick_tiles"]
+__all__ = ["dequantize", "matmul_nbits", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest M one program handles (rows beyond it are more programs along grid dimension 1)
@@ -100,6 +101,37 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
     tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
 
 
+@triton.jit
+def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, N, K, N_BLOCKS, ROW_BYTES, s_zn,
+                       BS: tl.constexpr, ZP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[n, k] = (q[n, k] - zero_point) * scale of block (n, k // BS), for rows [pid0 * BLOCK_N, +BLOCK_N) and
+    columns [pid1 * BLOCK_K, +BLOCK_K), rounded as the op's dequantization in y's dtype rounds: q - zero_point
+    to y's dtype, then the product (both exact in float32 before the rounding)."""
+    G: tl.constexpr = BLOCK_K // BS
+    HALF: tl.constexpr = BLOCK_K // 2
+    out_ty = y_ptr.dtype.element_ty
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    n2 = offs_n.to(tl.int64)[:, None]
+    byte = tl.program_id(1) * HALF + tl.arange(0, HALF)[None, :]
+    packed = tl.load(w_ptr + n2 * ROW_BYTES + byte, mask=n_ok[:, None] & (byte < ROW_BYTES), other=0).to(tl.int32)
+    q = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, G, BS)).to(tl.float32)  # low nibble first
+    blk = tl.program_id(1) * G + tl.arange(0, G)[None, :]  # [1, G]
+    blk_ok = n_ok[:, None] & (blk < N_BLOCKS)
+    scale = tl.load(s_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+    if ZP == 0:
+        zp = tl.full((BLOCK_N, G), 8.0, tl.float32)
+    elif ZP == 1:
+        zb = tl.load(z_ptr + n2 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
+        zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
+    else:
+        zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+    d = (q - zp[:, :, None]).to(out_ty).to(tl.float32)
+    w = tl.reshape((d * scale[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
+    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+    tl.store(y_ptr + n2 * K + kk, w, mask=n_ok[:, None] & (kk < K))
+
+
 #: BLOCK_K per BLOCK_N: measured inside CUDA graphs on an H200 at the Qwen2.5-0.5B decode shapes
 #: (benchmarks/results/kernels.md): long contiguous runs per weight row for narrow tiles
 _BLOCK_K = {1: 2048, 2: 1024, 4: 1024, 8: 1024, 16: 512}
@@ -122,22 +154,11 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     return block_m, block_n, block_k, num_warps
 
 
-def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
-                 tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
-
-    ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
-    a multiple of block_size, all powers of two.
-    """
-    if bits != 4:
-        raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
+def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
+                  block_size: int) -> tuple[int, int]:
+    """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode)."""
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of 2 and >= 16, got {block_size}")
-    if a.dtype not in _DTYPES:
-        raise TypeError(f"MatMulNBits Triton kernel: A must be float16/bfloat16/float32, got {a.dtype}")
-    if a.shape[-1] != K:
-        raise ValueError(f"MatMulNBits: A's last dimension {a.shape[-1]} != K={K}")
     n_blocks = cdiv(K, block_size)
     blob = block_size // 2
     if b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob:
@@ -160,6 +181,24 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                                  f"got {tuple(zero_points.shape)}")
         else:
             raise TypeError(f"zero_points must be uint8 (packed) or floats, got {zero_points.dtype}")
+    return n_blocks, zp_mode
+
+
+def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None = None,
+                 bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
+                 tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
+
+    ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
+    a multiple of block_size, all powers of two.
+    """
+    if bits != 4:
+        raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
+    if a.dtype not in _DTYPES:
+        raise TypeError(f"MatMulNBits Triton kernel: A must be float16/bfloat16/float32, got {a.dtype}")
+    if a.shape[-1] != K:
+        raise ValueError(f"MatMulNBits: A's last dimension {a.shape[-1]} != K={K}")
+    n_blocks, zp_mode = _check_weight(b, scales, zero_points, K=K, N=N, block_size=block_size)
     if bias is not None and bias.numel() != N:
         raise ValueError(f"bias must have N={N} values, got shape {tuple(bias.shape)}")
     others = [t for t in (b, scales, zero_points, bias) if t is not None]
@@ -175,8 +214,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
         y.zero_()
         return y if bias is None else y.add_(bias.to(a.dtype))
     a2 = a.reshape(M, K).contiguous()
-    b2 = b.reshape(N, n_blocks * blob).contiguous()
-    row_words = n_blocks * blob // 4  # blob = block_size / 2 >= 8 bytes: whole int32 words
+    b2 = b.reshape(N, n_blocks * block_size // 2).contiguous()
+    row_words = b2.shape[1] // 4  # block_size / 2 >= 8 bytes per block: whole int32 words
     w2 = b2.view(torch.int32)
     s2 = scales.reshape(N, n_blocks).contiguous()
     z2 = zero_points.reshape(N, -1).contiguous() if zero_points is not None else s2
@@ -204,4 +243,39 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
         return y
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
         _matmul_nbits_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2)
+    return y
+
+
+#: dequantization tile: rows x columns per program (8192 values at 4 warps)
+_DQ_BLOCK_N, _DQ_BLOCK_K = 32, 256
+
+
+def dequantize(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None = None, *, K: int, N: int,
+               block_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """MatMulNBits' 4-bit B as a dense [N, K] matrix of ``dtype`` in one Triton launch, equal bit for bit to
+    ``crossml.ops.contrib.matmul_nbits.dequantize_nbits`` (which takes a dozen elementwise kernels and
+    temporaries of the full matrix's size)."""
+    if dtype not in _DTYPES:
+        raise TypeError(f"MatMulNBits dequantization: dtype must be float16/bfloat16/float32, got {dtype}")
+    n_blocks, zp_mode = _check_weight(b, scales, zero_points, K=K, N=N, block_size=block_size)
+    others = [t for t in (scales, zero_points) if t is not None]
+    if any(t.device != b.device for t in others):
+        raise ValueError(f"MatMulNBits inputs are on different devices: {', '.join(str(t.device) for t in [b, *others])}")
+    y = torch.empty((N, K), dtype=dtype, device=b.device)
+    if y.numel() == 0:
+        return y
+    b2 = b.reshape(N, n_blocks * block_size // 2).contiguous()
+    s2 = scales.reshape(N, n_blocks).contiguous()
+    z2 = zero_points.reshape(N, -1).contiguous() if zero_points is not None else s2
+    block_k = max(_DQ_BLOCK_K, block_size)
+    grid = (cdiv(N, _DQ_BLOCK_N), cdiv(K, block_k))
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"MatMulNBits dequantization: K={K} needs more than {GRID_YZ_MAX} column tiles")
+    args = (b2, s2, z2, y, N, K, n_blocks, b2.shape[1], z2.stride(0))
+    meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": _DQ_BLOCK_N, "BLOCK_K": block_k}
+    if use_interpreter(b, "MatMulNBits"):
+        _dequantize_kernel[grid](*args, **meta)
+        return y
+    with torch.cuda.device(b.device) if b.device.type == "cuda" else contextlib.nullcontext():
+        _dequantize_kernel[grid](*args, **meta, num_warps=4)
     return y

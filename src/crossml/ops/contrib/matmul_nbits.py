@@ -10,10 +10,11 @@ nearest even) before the dot product with the integer weights. The block dot pro
 float32, so computing ``dequant(quant(A)) @ dequant(B)`` gives the same result up to the order of
 float32 accumulation.
 
-On a GPU, decode-sized MatMulNBits (at most ``KERNEL_MAX_M`` rows of A, 4 bits, no g_idx) runs the
-Triton GEMV in ``crossml.kernels.matmul_nbits``, which reads the packed weight once instead of
-dequantizing it to a dense matrix per call (the int8 path above quantizes A first, as here).
-Everything else, and every CPU call, dequantizes and multiplies as below.
+On a GPU, 4-bit MatMulNBits without g_idx takes the Triton kernels of ``crossml.kernels.matmul_nbits``:
+decode sizes (at most ``KERNEL_MAX_M`` rows of A) the GEMV, which reads the packed weight once
+instead of dequantizing it to a dense matrix per call (the int8 path above quantizes A first, as
+here); larger products (prompts) a one-pass dequantization, then a dense matmul. Everything else,
+and every CPU call, dequantizes with torch ops and multiplies as below.
 """
 
 from __future__ import annotations
@@ -109,14 +110,12 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
                 g_idx: torch.Tensor | None, bias: torch.Tensor | None, bits: int) -> bool:
-    """The Triton 4-bit GEMV (``crossml.kernels.matmul_nbits``) takes decode-sized products on a GPU:
-    A of fp16/bf16/fp32 on a CUDA/ROCm/XPU device with at most KERNEL_MAX_M rows, bits 4, no g_idx,
-    uint8 B, float scales, uint8 or float zero points, every input on A's device."""
+    """The Triton kernels (``crossml.kernels.matmul_nbits``) take the product on a GPU: A of fp16/bf16/fp32 on
+    a CUDA/ROCm/XPU device, bits 4, no g_idx, uint8 B, float scales, uint8 or float zero points, every input on
+    A's device (the GEMV when A has at most KERNEL_MAX_M rows, the dequantization otherwise)."""
     if A.device.type not in TRITON_DEVICES or bits != 4 or g_idx is not None or A.dtype not in _KERNEL_DTYPES:
         return False
-    if A.dim() == 0 or math.prod(A.shape[:-1]) > KERNEL_MAX_M:
-        return False
-    if B.dtype != torch.uint8 or not scales.is_floating_point():
+    if A.dim() == 0 or B.dtype != torch.uint8 or not scales.is_floating_point():
         return False
     if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
         return False
@@ -149,13 +148,16 @@ def matmul_nbits(
     if A.shape[-1] != K:
         raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={K}")
     int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
-    if _use_kernel(A, B, scales, zero_points, g_idx, bias, bits):
-        from crossml.kernels.matmul_nbits import matmul_nbits as triton_matmul_nbits
-
+    kernels = _use_kernel(A, B, scales, zero_points, g_idx, bias, bits)
+    if kernels and math.prod(A.shape[:-1]) <= KERNEL_MAX_M:
         a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
-        return triton_matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size)
+        return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size)
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
-    w = dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size, dtype=compute)
+    if kernels:
+        w = load("matmul_nbits").dequantize(B, scales, zero_points, K=K, N=N, block_size=block_size, dtype=compute)
+    else:
+        w = dequantize_nbits(B, scales, zero_points, g_idx, K=K, N=N, bits=bits, block_size=block_size,
+                             dtype=compute)
     a = A.to(compute)
     if int8_path:
         a = quantize_dequantize_int8_blocks(a.float(), block_size).to(compute)
