@@ -140,13 +140,14 @@ def fast_path(monkeypatch):
     def enable() -> list[int]:
         if INTERPRET:
             monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
-        original = attention._fast_decode
+        for name in ("_fast_decode", "_fast_prompt"):
+            original = getattr(attention, name)
 
-        def spy(*a, **k):
-            calls.append(1)
-            return original(*a, **k)
+            def spy(*a, _original=original, _name=name, **k):
+                calls.append(_name)
+                return _original(*a, **k)
 
-        monkeypatch.setattr(attention, "_fast_decode", spy)
+            monkeypatch.setattr(attention, name, spy)
         return calls
 
     return enable
@@ -187,7 +188,7 @@ def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None
     past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
     inplace = case.get("inplace", False)
     out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
-    assert fast_path_calls, "the decode step did not take the fast path"
+    assert fast_path_calls == ["_fast_decode"], "the decode step did not take the fast path"
     assert qk is None and out.shape == (B, 1, N * H) and out.dtype == dtype
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
@@ -216,6 +217,48 @@ def test_gqa_fast_path_declines(device: str, fast_path) -> None:
     assert not fast_path_calls
     _gqa(base, kw, False)
     assert fast_path_calls
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", inplace=True),
+    dict(dtype=torch.float32, heads=(14, 2), H=64, rotary="interleaved", packed=True, position_ids=True),
+    dict(dtype=torch.float16, heads=(8, 8), H=16, rotary="partial", inplace=True, scale=0.3),
+    dict(dtype=torch.float16, heads=(4, 2), H=64, rotary="off", packed=True),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
+def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> None:
+    """A first prompt on the rotary/cache-write kernel + causal SDPA equals the torch path (run on CPU copies):
+    the output (right-padded entries included), the written cache rows bit for bit, other rows untouched."""
+    dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
+    B, S, L, max_pos = 2, 5, 12, 32
+    do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
+    seqlens_k = torch.tensor([4, 2], dtype=torch.int32)  # the second entry is right-padded
+    q, k, v = (rand(B, S, n * H, dtype=dtype, seed=s) for s, n in ((20, N), (21, Nk), (22, Nk)))
+    pk, pv = (rand(B, Nk, L, H, dtype=dtype, seed=s) for s in (23, 24))
+    cos, sin = _caches(max_pos, rot // 2, dtype, "cpu") if do_rotary else (None, None)
+    pos = torch.arange(3, 3 + S).repeat(B, 1) if case.get("position_ids") else None
+    if case.get("packed"):
+        q, k, v = torch.cat([q, k, v], dim=-1), None, None
+    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(S, dtype=torch.int32), cos, sin, pos]
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
+              scale=case.get("scale", 0.0))
+    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
+    fast_path_calls = fast_path()
+
+    dev_args = [None if a is None else a.to(device) for a in args]
+    dev_args[6] = args[6]  # total_sequence_length is a host scalar
+    past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
+    inplace = case.get("inplace", False)
+    out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
+    assert fast_path_calls == ["_fast_prompt"], "the prompt did not take the fast path"
+    assert qk is None and out.shape == (B, S, N * H) and out.dtype == dtype
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
+    assert torch.equal(pk_out.cpu(), pk_ref) and torch.equal(pv_out.cpu(), pv_ref)
+    if inplace:
+        assert pk_out.data_ptr() == dev_args[3].data_ptr()
+    else:
+        assert torch.equal(dev_args[3], past_k) and torch.equal(dev_args[4], past_v)
 
 
 def test_import_does_not_load_triton() -> None:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, processors, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "rotary_cache_write",
            "rotary_cache_write_reference", "supported_head_size"]
@@ -83,13 +83,13 @@ def _rotate(x_ptr, s_xh, s_xd, n_heads, cos_row, sin_row, s_cd, s_sd, HEAD_DIM, 
 
 @triton.jit
 def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, wpos_ptr, qo_ptr,
-                         N, NK, Q_BLOCKS, L, MAX_POS, HEAD_DIM, HALF,
+                         N, NK, Q_BLOCKS, L, MAX_POS, HEAD_DIM, HALF, TOKENS,
                          s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
                          s_kcb, s_kch, s_kcl, s_kcd, s_vcb, s_vch, s_vcl, s_vcd, s_ob, s_oh, s_od,
                          ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
                          BLOCK_D: tl.constexpr):
-    """Program (block, b): blocks ``0 .. Q_BLOCKS`` rotate BLOCK_H query heads each, the rest rotate BLOCK_H
-    key heads and write them and their values into the caches."""
+    """Program (block, b): blocks ``0 .. Q_BLOCKS`` rotate BLOCK_H query heads of token b each, the rest rotate
+    BLOCK_H key heads and write them and their values into the caches of batch entry b // TOKENS."""
     blk = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -113,29 +113,33 @@ def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr,
         y, ok = _rotate(k_ptr + b * s_kb + h0.to(tl.int64) * s_kh, s_kh, s_kd, NK - h0, cos_row, sin_row, s_cd, s_sd,
                         HEAD_DIM, HALF, ROTARY, INTERLEAVED, BLOCK_H, BLOCK_D)
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
-        tl.store(kc_ptr + b * s_kcb + h * s_kch + row * s_kcl + d * s_kcd, y.to(kc_ptr.dtype.element_ty), mask=ok)
+        cb = b // TOKENS
+        tl.store(kc_ptr + cb * s_kcb + h * s_kch + row * s_kcl + d * s_kcd, y.to(kc_ptr.dtype.element_ty), mask=ok)
         val = tl.load(v_ptr + b * s_vb + h * s_vh + d * s_vd, mask=ok, other=0.0)
-        tl.store(vc_ptr + b * s_vcb + h * s_vch + row * s_vcl + d * s_vcd, val.to(vc_ptr.dtype.element_ty), mask=ok)
+        tl.store(vc_ptr + cb * s_vcb + h * s_vch + row * s_vcl + d * s_vcd, val.to(vc_ptr.dtype.element_ty), mask=ok)
 
 
 def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
                        sin_cache: torch.Tensor | None, pos: torch.Tensor | None, k_cache: torch.Tensor,
                        v_cache: torch.Tensor, write_pos: torch.Tensor, interleaved: bool,
-                       do_rotary: bool) -> torch.Tensor:
-    """Rotate ``q [B, N, H]`` and ``k [B, Nk, H]`` at positions ``pos [B]``, write ``k`` and ``v`` into row
-    ``write_pos[b]`` (clamped to ``0 .. L-1``) of ``k_cache`` / ``v_cache [B, Nk, L, H]``; return the rotated
-    queries as a new ``[B, N, H]`` tensor (``q`` itself when ``do_rotary`` is false).
+                       do_rotary: bool, tokens: int = 1) -> torch.Tensor:
+    """Rotate ``q [R, N, H]`` and ``k [R, Nk, H]`` (R = B * tokens new tokens, ``tokens`` per batch entry) at
+    positions ``pos [R]``, write ``k`` and ``v`` of token r into row ``write_pos[r]`` (clamped to ``0 .. L-1``)
+    of batch entry ``r // tokens`` of ``k_cache`` / ``v_cache [B, Nk, L, H]``; return the rotated queries as a
+    new ``[R, N, H]`` tensor (``q`` itself when ``do_rotary`` is false). A decode step has one token per
+    entry; a prompt passes its [B, S] tokens flattened.
 
     ``cos_cache`` / ``sin_cache`` are ``[max_pos, rot/2]``; positions are clamped to ``0 .. max_pos-1`` and
     channels past ``rot`` pass through, as in ``gather_cos_sin`` / ``apply_rotary``. All operands are read
     and written through their strides (the split views of a packed QKV need no copy).
     """
-    B, N, H = q.shape
+    B, N, H = q.shape  # B: tokens (batch entries x tokens)
     Nk, L = k_cache.shape[1], k_cache.shape[2]
-    if k.shape != (B, Nk, H) or v.shape != (B, Nk, H) or k_cache.shape != (B, Nk, L, H) or \
-            v_cache.shape != k_cache.shape:
+    if tokens < 1 or B % tokens or k.shape != (B, Nk, H) or v.shape != (B, Nk, H) or \
+            k_cache.shape != (B // tokens, Nk, L, H) or v_cache.shape != k_cache.shape:
         raise ValueError(f"rotary_cache_write: shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match [B, N|Nk, (L,) H]")
+                         f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match [R, N|Nk, H] with "
+                         f"R = {tokens} tokens x the caches' [R / {tokens}, Nk, L, H]")
     if do_rotary:
         if cos_cache is None or sin_cache is None or pos is None:
             raise ValueError("rotary_cache_write: do_rotary needs cos_cache, sin_cache and pos")
@@ -155,7 +159,9 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_ca
     block_h = max(1, min(16, 2048 // block_d, triton.next_power_of_2(max(N, Nk))))  # about 2K elements a program
     q_blocks = cdiv(N, block_h) if do_rotary else 0
     grid = (q_blocks + cdiv(Nk, block_h), B)
-    args = (q, k, v, cos, sin, p, k_cache, v_cache, write_pos, q_out, N, Nk, q_blocks, L, max_pos, H, half,
+    if B > GRID_YZ_MAX:
+        raise ValueError(f"rotary_cache_write: {B} tokens in one call; at most {GRID_YZ_MAX}")
+    args = (q, k, v, cos, sin, p, k_cache, v_cache, write_pos, q_out, N, Nk, q_blocks, L, max_pos, H, half, tokens,
             *q.stride(), *k.stride(), *v.stride(), *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *q_out.stride())
     meta = {"ROTARY": bool(do_rotary), "INTERLEAVED": bool(interleaved), "BLOCK_H": block_h, "BLOCK_D": block_d}
     interp = use_interpreter(q, "GroupQueryAttention rotary/cache write")
@@ -167,7 +173,7 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_ca
 
 
 def rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, write_pos, interleaved,
-                                 do_rotary):
+                                 do_rotary, tokens=1):
     """What ``rotary_cache_write`` computes, with the torch helpers GroupQueryAttention uses (in place on the caches)."""
     from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 
@@ -178,8 +184,8 @@ def rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_
         k = apply_rotary(k.unsqueeze(1), cos, sin, bool(interleaved)).squeeze(1)
     rows = write_pos.long().clamp(0, k_cache.shape[2] - 1)
     for b in range(B):
-        k_cache[b, :, rows[b]] = k[b].to(k_cache.dtype)
-        v_cache[b, :, rows[b]] = v[b].to(v_cache.dtype)
+        k_cache[b // tokens, :, rows[b]] = k[b].to(k_cache.dtype)
+        v_cache[b // tokens, :, rows[b]] = v[b].to(v_cache.dtype)
     return q
 
 

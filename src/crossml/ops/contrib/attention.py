@@ -17,7 +17,8 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
   ``local_window_size`` keys with a local window); rows of right padding in the first prompt are unspecified in onnxruntime.
 * A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention runs
   two or three Triton kernels (``kernels/decode_attention.py``: rotary + cache write, attention) instead
-  of the torch code below; ``_fast_decode_ok`` lists the conditions.
+  of the torch code below; a causal first prompt without a window there runs the rotary + cache write
+  kernel for all its tokens, then causal SDPA over the new rows. ``_fast_ok`` lists the conditions.
 """
 
 from __future__ import annotations
@@ -93,11 +94,12 @@ def _attend(
     return out, qk
 
 
-def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                    attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
-                    smooth_softmax, qk_output) -> bool:
-    """Whether a token-generation step (S == 1, past given) may run the Triton decode kernels: a shared
-    max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton device."""
+def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+             attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
+             smooth_softmax, qk_output) -> bool:
+    """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
+    shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
+    device."""
     dev = query.device
     if dev.type not in TRITON_DEVICES or past_key is None or past_value is None:
         return False
@@ -105,12 +107,12 @@ def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cach
         return False
     if q_norm_weight is not None or k_norm_weight is not None:
         return False
-    B, _, D = query.shape
+    B, S, D = query.shape
     dt = query.dtype
     if dt not in _DECODE_DTYPES or D != H * (N if key is not None else N + 2 * Nk):
         return False
-    if key is not None and (key.dtype != dt or value.dtype != dt or key.shape != (B, 1, Nk * H)
-                            or value.shape != (B, 1, Nk * H) or key.device != dev or value.device != dev):
+    if key is not None and (key.dtype != dt or value.dtype != dt or key.shape != (B, S, Nk * H)
+                            or value.shape != (B, S, Nk * H) or key.device != dev or value.device != dev):
         return False
     P = past_key.shape[2] if past_key.dim() == 4 else -1
     if P < max(total, 1) or past_key.shape != (B, Nk, P, H) or past_value.shape != past_key.shape:
@@ -126,7 +128,7 @@ def _fast_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cach
             return False
         if cos_cache.device != dev or sin_cache.device != dev or not 0 < 2 * cos_cache.shape[1] <= H:
             return False
-        if position_ids is not None and (position_ids.numel() != B or position_ids.device != dev
+        if position_ids is not None and (position_ids.numel() != B * S or position_ids.device != dev
                                          or position_ids.dtype.is_floating_point):
             return False
     kernels = load("decode_attention")
@@ -150,6 +152,31 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
     out = kernels.decode_attention(qr, kc, vc, seqlens_k.reshape(B), sc, local_window, len_offset=1)
     return out.reshape(B, 1, N * H), kc, vc, None
+
+
+def _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, *, scale, do_rotary,
+                 rotary_interleaved, inplace) -> tuple:
+    """A first prompt (S > 1, causal, no window) on a shared buffer: one Triton launch rotates every token's
+    query and key heads and writes keys and values into rows 0 .. S-1 of the caches, then causal SDPA over
+    those S rows (key heads shared by query groups without copies). The torch code below computes the same
+    (rotary bit for bit; its mask over all L rows gives the same attention). q [B, S, N, H], k/v [B, S, Nk, H];
+    rotary positions start at ``position_ids``' first element (onnxruntime reads only that one) or 0."""
+    kernels = load("decode_attention")
+    B, S, N, H = q.shape
+    Nk = k.shape[2]
+    kc = past_key if inplace else past_key.clone()
+    vc = past_value if inplace else past_value.clone()
+    steps = torch.arange(S, device=q.device)
+    pos = None
+    if do_rotary:
+        pos = (steps + position_ids.reshape(-1)[:1] if position_ids is not None else steps).repeat(B)
+    qr = kernels.rotary_cache_write(q.reshape(B * S, N, H), k.reshape(B * S, Nk, H), v.reshape(B * S, Nk, H),
+                                    cos_cache, sin_cache, pos, kc, vc, steps.repeat(B), bool(rotary_interleaved),
+                                    bool(do_rotary), tokens=S)
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    out = F.scaled_dot_product_attention(qr.reshape(B, S, N, H).transpose(1, 2), kc[:, :, :S], vc[:, :, :S],
+                                         is_causal=True, scale=sc, enable_gqa=N != Nk)
+    return out.transpose(1, 2).reshape(B, S, N * H), kc, vc, None
 
 
 @op("GroupQueryAttention", domain=MS_DOMAIN, host_inputs=(6,), ctx=True)
@@ -218,13 +245,17 @@ def group_query_attention(
     if not first_prompt and not subsequent and S != 1:
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
 
-    if S == 1 and not first_prompt and _fast_decode_ok(
-            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
-            head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap, smooth_softmax, qk_output):
-        return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                            scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                            local_window=local_window_size if causal else -1,
-                            inplace=bool(ctx.extra.get("kv_inplace")))
+    fast = (S == 1 and not first_prompt) or (first_prompt and S > 1 and causal and local_window_size <= 0)
+    if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                         attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
+                         smooth_softmax, qk_output):
+        inplace = bool(ctx.extra.get("kv_inplace"))
+        if S == 1:
+            return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                                scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                                local_window=local_window_size if causal else -1, inplace=inplace)
+        return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
+                            do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
 
     total_b = seqlens_k.reshape(B).long() + 1
     past_b = torch.zeros_like(total_b) if first_prompt else total_b - S
