@@ -8,7 +8,9 @@ are saved, and onnxruntime-genai's model builder converts them (``-p fp16 -e cud
 
 Measured per (model, precision, runtime), batch 1, greedy:
 
-* prefill tokens/s: a --prompt-token prompt (median of --repeats runs after a warm-up);
+* prefill tokens/s: a --prompt-token prompt (median of --repeats runs after a warm-up); the warm-up's
+  own prompt is reported too ("first prefill ms": crossml records the graph of the prompt's bucket
+  width there, which later prompts of that width replay);
 * decode tokens/s: --new tokens, the host reading each token as it comes (EOS is held off with
   min_length so every runtime makes the same number of steps);
 * bandwidth fraction: decode tokens/s x bytes read per token (the weights every token reads, plus the
@@ -200,7 +202,11 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
         return og.Generator(model, params)
 
     warm = generator()  # records / captures the prompt and decode graphs
+    _sync()
+    t0 = time.perf_counter()
     warm.append_tokens(ids)
+    _sync()
+    first = time.perf_counter() - t0
     for _ in range(8):
         warm.generate_next_token()
         warm.get_next_tokens()
@@ -223,7 +229,8 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
     _sync()
     dt = time.perf_counter() - t0
     assert len(gen.get_sequence(0)) == total
-    return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "decode_tok_s": new / dt,
+    return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "prefill_first_ms": first * 1e3,
+            "decode_tok_s": new / dt,
             "decode_ms_per_token": dt / new * 1e3}
 
 
@@ -310,18 +317,20 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Batch 1, greedy, prompt {payload['prompt']} tokens, {payload['new']} new tokens; random weights. "
         f"Copy bandwidth (read + write): {payload['copy_bandwidth_gbs']:.0f} GB/s. "
         "BW fraction = decode tok/s x bytes read per token / copy bandwidth.", "",
-        "| model | precision | runtime | prefill tok/s | decode tok/s | ms/token | MB read/token | BW fraction | note |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model | precision | runtime | prefill tok/s | first prefill ms | decode tok/s | ms/token | MB read/token "
+        "| BW fraction | note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in payload["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | - | - | - | - | - | "
+            lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | - | - | - | - | - | - | "
                          f"error: {r['error'].replace('|', '/')[:160]} |")
             continue
         mb = r.get("bytes_per_token", {}).get("total", 0) / 1e6
         frac = r.get("bandwidth_fraction")
+        first = r.get("prefill_first_ms")
         lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
-                     f"{r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
+                     f"{'' if first is None else f'{first:.1f}'} | {r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
                      f"{'' if frac is None else f'{frac:.2f}'} | {r.get('note', '')} |")
     lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_bench.py; rerun it to "
               "regenerate (models are cached under --workdir).", ""]
