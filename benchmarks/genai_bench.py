@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
                     row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
                     if rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))
-                        row["note"] = "decode graph capture off" if rt.endswith("eager") else "decode graph capture"
+                        row["note"] = "graph capture off" if rt.endswith("eager") else "prompt and decode graphs recorded"
                     elif rt.startswith("ortgenai"):
                         row.update(run_ortgenai(folder, prompt, args.new, args.repeats, rt.endswith("graph")))
                         row["note"] = "enable_cuda_graph=1" if rt.endswith("graph") else "enable_cuda_graph=0"
