@@ -64,21 +64,19 @@ class Recording:
     def replay(self) -> list[Any]:
         """Replay a ``bind_inputs`` recording on the tensors it was recorded with (the caller has written the
         new values into them); returns the recorded output buffers."""
-        stream = torch.cuda.current_stream(self.device)
-        with self.lock:
-            if self.done is not None:
-                stream.wait_event(self.done)
-            self.graph.replay()
-            self.done = torch.cuda.Event()
-            self.done.record(stream)
-        return list(self.outputs)
+        return self._replay(None)
 
     def run(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
+        return self._replay(inputs)
+
+    def _replay(self, inputs: Sequence[torch.Tensor] | None) -> list[Any]:
+        """One replay, serialised with the previous one of this recording on the current stream: copies
+        ``inputs`` (if given) into the recorded buffers first; returns the outputs (copies unless bound)."""
         stream = torch.cuda.current_stream(self.device)
         with self.lock:
             if self.done is not None:
                 stream.wait_event(self.done)
-            for buf, x in zip(self.inputs, inputs):
+            for buf, x in zip(self.inputs, inputs or ()):
                 if x is not buf and not _same_view(x, buf):
                     buf.copy_(x, non_blocking=True)
             self.graph.replay()

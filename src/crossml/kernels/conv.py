@@ -29,6 +29,18 @@ __all__ = ["conv", "conv_reference"]
 _CHANNEL_LOOP_MIN = 32
 
 
+@triton.jit
+def _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw, mask,
+                  HAS_BIAS: tl.constexpr, RELU: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    """Both kernels' epilogue: + bias[oc], ReLU, store the [rows, channels] tile at output rows (n, od, oh, ow)."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + oc).to(ACC_DTYPE)[None, :]
+    if RELU:
+        acc = tl.maximum(acc, 0.0)
+    y_rows = y_ptr + n.to(tl.int64) * s_yn + od * s_yd + oh * s_yh + ow * s_yw
+    tl.store(y_rows[:, None] + oc.to(tl.int64)[None, :] * s_yc, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
 def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, KD, KH, KW, K_TOTAL,
                  sd, sh, sw, pd, ph, pw, dd, dh, dw,
                  s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wc, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw,
@@ -94,14 +106,8 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, 
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC_DTYPE)
 
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + oc).to(ACC_DTYPE)[None, :]
-    if RELU:
-        acc = tl.maximum(acc, 0.0)
-    y_rows = y_ptr + n.to(tl.int64) * s_yn + od * s_yd + oh * s_yh + ow * s_yw
-    y_ptrs = y_rows[:, None] + oc.to(tl.int64)[None, :] * s_yc
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < OC_G)
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw,
+                  (offs_m[:, None] < M) & (offs_n[None, :] < OC_G), HAS_BIAS, RELU, ACC_DTYPE)
 
 
 def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, OW, KD, KH, KW,
@@ -135,13 +141,8 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, 
         a = tl.load(a_rows[:, None] + x_cols[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
         wv = tl.load(w_cols + kd * s_wd + kh * s_wh + kw * s_ww)
         acc += a.to(ACC_DTYPE) * wv.to(ACC_DTYPE)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + oc).to(ACC_DTYPE)[None, :]
-    if RELU:
-        acc = tl.maximum(acc, 0.0)
-    y_rows = y_ptr + n.to(tl.int64) * s_yn + od * s_yd + oh * s_yh + ow * s_yw
-    y_ptrs = y_rows[:, None] + oc.to(tl.int64)[None, :] * s_yc
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & c_ok[None, :])
+    _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw,
+                  m_ok[:, None] & c_ok[None, :], HAS_BIAS, RELU, ACC_DTYPE)
 
 
 def _conv_configs() -> list[triton.Config]:
