@@ -168,3 +168,18 @@ def conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W):
     wi = w0 + kw * dw
     inside = (di >= 0) & (di < D) & (hi >= 0) & (hi < H) & (wi >= 0) & (wi < W)
     return kd, kh, kw, di, hi, wi, inside
+
+
+def product_output(a: torch.Tensor, N: int, K: int, bias: torch.Tensor | None) -> tuple[torch.Tensor, bool]:
+    """The ``[..., N]`` output of a product of ``a [..., K]`` (in a's dtype, from ``torch.empty``, so the call
+    stays capturable) and whether it is already final: no elements, or K == 0 (the empty sum: zeros + bias)."""
+    y = torch.empty((*a.shape[:-1], N), dtype=a.dtype, device=a.device)
+    if y.numel() == 0:
+        return y, True
+    if K == 0:
+        y.zero_()
+        if bias is not None:
+            y.add_(bias.reshape(N).to(a.dtype))
+        return y, True
+    return y, False
+

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, product_output, use_interpreter
 
 __all__ = ["DTYPES", "gemv", "pick_tiles"]
 
@@ -187,14 +187,10 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         raise ValueError(f"GEMV inputs are on different devices: a on {a.device}, w on {w.device}"
                          + ("" if bias is None else f", bias on {bias.device}"))
 
-    lead = tuple(a.shape[:-1])
-    M = math.prod(lead)
-    y = torch.empty((*lead, N), dtype=a.dtype, device=a.device)
-    if y.numel() == 0:
+    M = math.prod(a.shape[:-1])
+    y, final = product_output(a, N, K, bias)
+    if final:
         return y
-    if K == 0:  # empty sum
-        y.zero_()
-        return y if bias is None else y.add_(bias.reshape(N).to(a.dtype))
     a2 = a.reshape(M, K)
     y2 = y.view(M, N)
     bias1 = bias.reshape(N).contiguous() if bias is not None else w

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, product_output, use_interpreter
 
 __all__ = ["dequantize", "matmul_nbits", "pick_tiles"]
 
@@ -205,14 +205,10 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if any(t.device != a.device for t in others):
         raise ValueError(f"MatMulNBits inputs are on different devices: {', '.join(str(t.device) for t in [a, *others])}")
 
-    lead = tuple(a.shape[:-1])
-    M = math.prod(lead)
-    y = torch.empty((*lead, N), dtype=a.dtype, device=a.device)
-    if y.numel() == 0:
+    M = math.prod(a.shape[:-1])
+    y, final = product_output(a, N, K, bias)
+    if final:
         return y
-    if K == 0:  # empty sum
-        y.zero_()
-        return y if bias is None else y.add_(bias.to(a.dtype))
     a2 = a.reshape(M, K).contiguous()
     b2 = b.reshape(N, n_blocks * block_size // 2).contiguous()
     row_words = b2.shape[1] // 4  # block_size / 2 >= 8 bytes per block: whole int32 words
