@@ -71,7 +71,7 @@ class _IterNumbers:
         return self.chunk[i - self.start]
 
 
-@op("Loop", since=1, host_inputs=(0,), variadic=True, ctx=True)
+@op("Loop", since=1, host_inputs=(0,), ctx=True)
 def loop(m: Any, cond: Any, *v_initial: Any, body: Graph, ctx: OpContext) -> tuple[Any, ...]:
     trip = None if m is None else int(scalar(m))
     n_carried = len(v_initial)
@@ -135,7 +135,7 @@ def _scan_loop(body: Graph, states: list[Any], scan_inputs: list[torch.Tensor], 
     return states, scan_out or []
 
 
-@op("Scan", since=9, variadic=True, ctx=True)
+@op("Scan", since=9, ctx=True)
 def scan(*inputs: Any, body: Graph, num_scan_inputs: int, scan_input_axes: list[int] | None = None,
          scan_input_directions: list[int] | None = None, scan_output_axes: list[int] | None = None,
          scan_output_directions: list[int] | None = None, ctx: OpContext) -> tuple[Any, ...]:
@@ -164,7 +164,7 @@ def scan(*inputs: Any, body: Graph, num_scan_inputs: int, scan_input_axes: list[
     return tuple(results)
 
 
-@op("Scan", since=8, host_inputs=(0,), variadic=True, ctx=True)
+@op("Scan", since=8, host_inputs=(0,), ctx=True)
 def scan8(sequence_lens: Any, *inputs: Any, body: Graph, num_scan_inputs: int,
           directions: list[int] | None = None, ctx: OpContext) -> tuple[Any, ...]:
     """Opset 8: every input has a batch axis 0; scan inputs are scanned along axis 1."""

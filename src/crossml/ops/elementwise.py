@@ -357,13 +357,13 @@ def _variadic(name: str, xs: tuple[Tensor, ...]) -> None:
     _same_type(name, *xs)
 
 
-@op("Sum", since=1, variadic=True)
+@op("Sum", since=1)
 def sum_(*xs: Tensor) -> Tensor:
     _variadic("Sum", xs)
     return functools.reduce(_add, xs)
 
 
-@op("Mean", since=1, variadic=True)
+@op("Mean", since=1)
 def mean(*xs: Tensor) -> Tensor:
     _variadic("Mean", xs)
     return (functools.reduce(_add, xs) / len(xs)).to(xs[0].dtype)
@@ -376,12 +376,12 @@ def _extreme(name: str, fn: Callable[[Tensor, Tensor], Tensor], xs: tuple[Tensor
     return _unordered(functools.reduce(fn, [_ordered(x) for x in xs]), xs[0].dtype)
 
 
-@op("Max", since=1, variadic=True)
+@op("Max", since=1)
 def max_(*xs: Tensor) -> Tensor:
     return _extreme("Max", torch.maximum, xs)  # NaN propagates, as in numpy.maximum
 
 
-@op("Min", since=1, variadic=True)
+@op("Min", since=1)
 def min_(*xs: Tensor) -> Tensor:
     return _extreme("Min", torch.minimum, xs)
 

@@ -138,7 +138,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alp
     return out.to(a.dtype)
 
 
-@op("Einsum", since=12, variadic=True)
+@op("Einsum", since=12)
 def einsum(*inputs: torch.Tensor, equation: str) -> torch.Tensor:
     if not inputs:
         raise ValueError("Einsum needs at least one input")

@@ -16,7 +16,6 @@ Options of ``op``:
   for, declared output element types, node name, opset, and a way to run subgraphs.
 * ``cpu_only=True``: the op cannot run on an accelerator (strings, maps...); a GPU session runs it
   on the CPU with explicit copies.
-* ``variadic=True``: the op takes any number of inputs (Concat, Sum, Max...).
 * ``host_output=True``: the op reads only its inputs' shapes and returns host (CPU) tensors
   (Shape, Size): its inputs are never copied between devices for it.
 * ``dynamic=True``: the op's output shapes depend on tensor values (NonZero, Unique...), so it
@@ -54,7 +53,6 @@ class OpSpec:
     host_inputs: tuple[int, ...] = ()
     wants_ctx: bool = False
     cpu_only: bool = False
-    variadic: bool = False
     host_output: bool = False
     dynamic: bool = False
     attr_names: frozenset[str] | None = None  # None: the function takes **kwargs
@@ -88,7 +86,6 @@ def op(
     host_inputs: tuple[int, ...] = (),
     ctx: bool = False,
     cpu_only: bool = False,
-    variadic: bool = False,
     host_output: bool = False,
     dynamic: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -114,7 +111,6 @@ def op(
             host_inputs=tuple(host_inputs),
             wants_ctx=ctx,
             cpu_only=cpu_only,
-            variadic=variadic,
             host_output=host_output,
             dynamic=dynamic,
             attr_names=None if takes_any else frozenset(names),

@@ -36,7 +36,7 @@ def sequence_empty(*, dtype: int = 1) -> list[Any]:
     return []
 
 
-@op("SequenceConstruct", since=11, variadic=True)
+@op("SequenceConstruct", since=11)
 def sequence_construct(*inputs: Any) -> list[Any]:
     if inputs:
         first = inputs[0]
@@ -109,7 +109,7 @@ def concat_from_sequence(seq: Any, *, axis: int, new_axis: int = 0) -> torch.Ten
     return torch.cat(seq, dim=norm_axis(axis, rank))
 
 
-@op("SequenceMap", since=17, variadic=True)
+@op("SequenceMap", since=17)
 def sequence_map(input_sequence: Any, *additional: Any, body: Callable[..., list[Any]]) -> tuple[list[Any], ...]:
     seqs = [_seq(input_sequence)] + [a for a in additional if isinstance(a, list)]
     n = len(seqs[0])

@@ -239,13 +239,13 @@ def size(x: Any) -> torch.Tensor:
 # joining and splitting
 
 
-@op("Concat", since=1, variadic=True)
+@op("Concat", since=1)
 @movement
 def concat_1(*xs: torch.Tensor, axis: int = 1) -> torch.Tensor:
     return concat(*xs, axis=axis)
 
 
-@op("Concat", since=4, variadic=True)
+@op("Concat", since=4)
 @movement
 def concat(*xs: torch.Tensor, axis: int) -> torch.Tensor:
     xs = tuple(x for x in xs if x is not None)

@@ -28,7 +28,7 @@ def _rate(r: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return r.reshape(()).to(like.dtype)
 
 
-@op("Adagrad", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,), variadic=True)
+@op("Adagrad", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,))
 def adagrad(r: torch.Tensor, t: torch.Tensor, *data: torch.Tensor, decay_factor: float = 0.0,
             epsilon: float = 1e-6, norm_coefficient: float = 0.0) -> tuple[torch.Tensor, ...]:
     step = int(scalar(t))
@@ -42,7 +42,7 @@ def adagrad(r: torch.Tensor, t: torch.Tensor, *data: torch.Tensor, decay_factor:
     return tuple(xs + hs)
 
 
-@op("Adam", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,), variadic=True)
+@op("Adam", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,))
 def adam(r: torch.Tensor, t: torch.Tensor, *data: torch.Tensor, alpha: float = 0.9, beta: float = 0.999,
          epsilon: float = 1e-6, norm_coefficient: float = 0.0,
          norm_coefficient_post: float = 0.0) -> tuple[torch.Tensor, ...]:
@@ -60,7 +60,7 @@ def adam(r: torch.Tensor, t: torch.Tensor, *data: torch.Tensor, alpha: float = 0
     return tuple(xs + vs + hs)
 
 
-@op("Momentum", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,), variadic=True)
+@op("Momentum", since=1, domain=TRAINING_DOMAIN, host_inputs=(1,))
 def momentum(r: torch.Tensor, t: torch.Tensor, *data: torch.Tensor, alpha: float, beta: float, mode: str,
              norm_coefficient: float) -> tuple[torch.Tensor, ...]:
     if mode not in ("standard", "nesterov"):

@@ -110,7 +110,7 @@ def one_hot_encoder(x: Any, *, cats_int64s: list[int] | None = None, cats_string
     return hot.to(torch.float32)
 
 
-@op("FeatureVectorizer", since=1, domain=ML_DOMAIN, variadic=True)
+@op("FeatureVectorizer", since=1, domain=ML_DOMAIN)
 def feature_vectorizer(*inputs: torch.Tensor, inputdimensions: list[int] | None = None) -> torch.Tensor:
     dims = inputdimensions or []
     if len(dims) != len(inputs):
