@@ -1,5 +1,6 @@
-"""The Triton SiLU-gated product (crossml.kernels.swiglu) against its torch reference, and the
-com.crossml SiluMul op. CPU cases run in Triton's interpreter; ``gpu`` cases compile."""
+"""The Triton SiLU-gated product (crossml.kernels.swiglu) against its torch reference, the packed
+form (g and up as the halves of one tensor) against the two-input one, and the com.crossml SiluMul
+op. CPU cases run in Triton's interpreter; ``gpu`` cases compile."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.swiglu import silu_mul, silu_mul_reference  # noqa: E402
+from crossml.kernels.swiglu import silu_mul, silu_mul_packed, silu_mul_reference  # noqa: E402
 from crossml.ops.fused import silu_mul as silu_mul_op  # noqa: E402
 from tests.kernels._common import DEVICES, assert_close, rand  # noqa: E402
 
@@ -70,6 +71,59 @@ def test_kernel_refuses(device: str) -> None:
         silu_mul(g.double(), up.double())
 
 
+PACKED_SHAPES = [(1, 2 * 4864), (3, 2000), (2, 5, 74), (2,), (2050,)]
+
+
+def _halves(gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = gu.shape[-1] // 2
+    return gu[..., :n], gu[..., n:]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", PACKED_SHAPES)
+def test_packed_kernel_matches_two_inputs(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    gu = rand(*shape, dtype=dtype, device=device, seed=3) * 4
+    g, up = _halves(gu)
+    y = silu_mul_packed(gu)
+    assert y.device.type == device and y.shape == g.shape and y.is_contiguous()
+    assert_close(y, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
+    # the same fp32 math as the two-input kernel: bitwise its result on copies of the halves
+    assert torch.equal(y, silu_mul(g.contiguous(), up.contiguous()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_kernel_strided_and_empty(device: str) -> None:
+    wide = rand(5, 3, 50, device=device, seed=4)
+    tall = rand(40, 3, device=device, seed=5)
+    for gu in (wide[..., :40], tall.mT, tall.mT[::2, 2:]):  # rows apart, columns apart, both
+        g, up = _halves(gu)
+        assert_close(silu_mul_packed(gu), silu_mul_reference(g.double().cpu(), up.double().cpu()), torch.float32)
+    assert silu_mul_packed(wide[:0]).shape == (0, 3, 25)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_kernel_refuses(device: str) -> None:
+    gu = rand(3, 9, device=device)
+    with pytest.raises(ValueError, match=r"even.*\(3, 9\)"):
+        silu_mul_packed(gu)
+    with pytest.raises(TypeError, match="float16/bfloat16/float32"):
+        silu_mul_packed(gu[:, :8].double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_op_single_input_on_cpu_is_the_unfused_nodes_on_the_halves(dtype: torch.dtype) -> None:
+    gu = rand(3, 7, 2000, dtype=dtype, seed=5) * 4
+    g, up = (h.contiguous() for h in _halves(gu))  # as two matrix products write them
+    assert torch.equal(silu_mul_op(gu), (g * torch.sigmoid(g)) * up)
+    assert torch.equal(silu_mul_op(gu), silu_mul_op(g, up))
+
+
+def test_op_single_input_refuses_odd_last_dimension() -> None:
+    with pytest.raises(ValueError, match=r"SiluMul.*\(2, 5\)"):
+        silu_mul_op(torch.zeros(2, 5))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_op_on_cpu_is_the_unfused_nodes(dtype: torch.dtype) -> None:
     """On CPU tensors the op runs Sigmoid, Mul, Mul as the nodes do: bitwise the same, and broadcasts."""
@@ -90,6 +144,24 @@ def test_op_on_gpu_runs_the_kernel_and_captures(dtype: torch.dtype) -> None:
     with torch.cuda.graph(graph):  # no host syncs: capturable
         out.copy_(silu_mul_op(g, up))
     g.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_single_input_on_gpu_runs_the_packed_kernel_and_captures(dtype: torch.dtype) -> None:
+    gu = rand(1, 2 * 4864, dtype=dtype, device="cuda", seed=6) * 4
+    y = silu_mul_op(gu)
+    g, up = _halves(gu)
+    assert torch.equal(y, silu_mul(g.contiguous(), up.contiguous()))
+    out = torch.empty_like(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # no host syncs: capturable
+        out.copy_(silu_mul_op(gu))
+    gu.mul_(0.5)
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)

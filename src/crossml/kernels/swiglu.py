@@ -4,8 +4,11 @@ torch reference.
 LLM MLPs compute this as Sigmoid, Mul, Mul (three kernels and two intermediate tensors per layer);
 here each element is read once from ``g`` and ``up``, computed in fp32, and written once in the
 input dtype. ``g`` and ``up`` have equal shapes (no broadcasting) and one of float16 / bfloat16 /
-float32. A fixed block size (no autotuning) and no host syncs: safe inside CUDA graph capture.
-Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter (see ``_launch``).
+float32. ``silu_mul_packed`` takes both in one tensor ``gu = [g | up]`` along the last axis (what one
+matrix product with the gate and up weights concatenated writes, see graph/passes/gate_up.py) and
+reads the two halves of each row where they lie. A fixed block size (no autotuning) and no host
+syncs: safe inside CUDA graph capture. Under TRITON_INTERPRET=1 the kernels run in Triton's
+interpreter (see ``_launch``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import cdiv, use_interpreter
 
-__all__ = ["DTYPES", "silu_mul", "silu_mul_reference"]
+__all__ = ["DTYPES", "silu_mul", "silu_mul_packed", "silu_mul_reference"]
 
 #: dtypes the kernel takes (it computes in fp32)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,6 +38,20 @@ def _silu_mul_kernel(g_ptr, up_ptr, y_ptr, n, BLOCK: tl.constexpr):
     up = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = (g * tl.sigmoid(g)) * up
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_mul_packed_kernel(gu_ptr, y_ptr, n, stride_row, stride_col, BLOCK: tl.constexpr):
+    """Columns [pid₁ · BLOCK, (pid₁ + 1) · BLOCK) of row pid₀: g at column j of ``gu``'s row, up at
+    column n + j; ``y`` is contiguous [rows, n]."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    base = gu_ptr + row * stride_row
+    g = tl.load(base + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(base + (cols + n) * stride_col, mask=mask, other=0.0).to(tl.float32)
+    y = (g * tl.sigmoid(g)) * up
+    tl.store(y_ptr + row * n + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_mul_reference(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -61,4 +78,27 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     on_cuda = g.device.type == "cuda" and not interpret
     with torch.cuda.device(g.device) if on_cuda else contextlib.nullcontext():
         _silu_mul_kernel[(cdiv(n, _BLOCK),)](g, up, y, n, BLOCK=_BLOCK, num_warps=_WARPS)
+    return y
+
+
+def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
+    """``(g · σ(g)) · up`` with ``g = gu[..., :n]``, ``up = gu[..., n:]``, ``n = gu.shape[-1] // 2``: one
+    launch reading both halves of each row in place. Returns a new contiguous tensor of shape
+    ``gu.shape[:-1] + (n,)``."""
+    if gu.dtype not in DTYPES:
+        raise TypeError(f"SiluMul Triton kernel takes a float16/bfloat16/float32 tensor, got {gu.dtype}; "
+                        "use the registered op for other types")
+    if gu.dim() == 0 or gu.shape[-1] % 2:
+        raise ValueError(f"SiluMul with one input takes [g | up] along an even last dimension, got shape "
+                         f"{tuple(gu.shape)}")
+    interpret = use_interpreter(gu, "SiluMul")
+    n = gu.shape[-1] // 2
+    y = torch.empty((*gu.shape[:-1], n), dtype=gu.dtype, device=gu.device)
+    if y.numel() == 0:
+        return y
+    rows = gu.reshape(-1, 2 * n)  # a view for the matmul outputs this reads (no copy of the halves)
+    on_cuda = gu.device.type == "cuda" and not interpret
+    with torch.cuda.device(gu.device) if on_cuda else contextlib.nullcontext():
+        _silu_mul_packed_kernel[(rows.shape[0], cdiv(n, _BLOCK))](rows, y, n, rows.stride(0), rows.stride(1),
+                                                                  BLOCK=_BLOCK, num_warps=_WARPS)
     return y

@@ -2,8 +2,9 @@
 
 Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv is one library call;
 elsewhere it composes the library's Conv, Add and Relu, so results are the same on every provider.
-SiluMul runs crossml's Triton kernel on GPU tensors (imported on first use) and composes the torch
-ops elsewhere; Linear runs the Triton GEMV for decode-sized products on GPUs (as MatMul does).
+SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton kernels on GPU tensors
+(imported on first use) and composes the torch ops elsewhere; Linear runs the Triton GEMV for
+decode-sized products on GPUs (as MatMul does).
 """
 
 from __future__ import annotations
@@ -74,14 +75,28 @@ _SILU_MUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @op("SiluMul", since=1, domain=DOMAIN)
-def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def silu_mul(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     """(g · σ(g)) · up: the SiLU-gated product of LLM MLPs (Sigmoid, Mul, Mul) as one kernel on a GPU.
 
-    Elsewhere (CPU tensors, other dtypes, shapes that broadcast) the same torch ops the three
-    unfused nodes run, in their order. The kernel computes in fp32 and rounds once, so fp16 / bf16
-    results differ from the node-by-node rounding in the last bit or so.
+    With one input ``gu``, g and up are its two halves along the last axis (``g = gu[..., :N]``,
+    ``up = gu[..., N:]``, ``N = gu.shape[-1] // 2``): what the merged gate/up product of
+    graph/passes/gate_up.py writes. Elsewhere (CPU tensors, other dtypes, shapes that broadcast)
+    the same torch ops the three unfused nodes run, in their order. The kernel computes in fp32
+    and rounds once, so fp16 / bf16 results differ from the node-by-node rounding in the last bit
+    or so.
     """
-    if (g.device.type in TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES and up.dtype == g.dtype
+    if up is None:
+        if g.dim() == 0 or g.shape[-1] % 2:
+            raise ValueError(f"SiluMul with one input takes [g | up] concatenated along the last axis, which "
+                             f"must be even; got shape {tuple(g.shape)}")
+        if g.device.type in TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES:
+            swiglu = load("swiglu")
+            if swiglu is not None:
+                return swiglu.silu_mul_packed(g)
+        # contiguous halves: torch's CPU loops vectorize by memory layout, so this rounds exactly as
+        # the two-input op on the separate products does (views of the halves can differ in the last bit)
+        g, up = (h.contiguous() for h in g.chunk(2, dim=-1))
+    elif (g.device.type in TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES and up.dtype == g.dtype
             and up.device == g.device and g.shape == up.shape):
         swiglu = load("swiglu")
         if swiglu is not None:

@@ -22,6 +22,7 @@ from crossml.graph.load import apply_free_dimension_overrides, load_model, prepa
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
+from crossml.graph.passes.gate_up import GATE_UP
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
 from crossml.graph.passes.swiglu import SWIGLU
@@ -469,10 +470,13 @@ MAX_SIGNATURES = 32
 def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     """The rewrites for a provider (all off with the session entry ep.dml.disable_graph_fusion=1).
 
-    With disable_metacommands only fusions that call no vendor library remain."""
+    With disable_metacommands only fusions that call no vendor library remain. Off the CPU the gate
+    and up products of SwiGLU MLPs are merged into one (GATE_UP); the CPU keeps the model's products
+    (its results stay bit-close to onnxruntime's)."""
+    merge = [GATE_UP] if device.type != "cpu" else []
     if gpu is not None and gpu.disable_metacommands:
-        return [GELU, SWIGLU]
-    rules = [GELU, ATTENTION, LINEAR, SWIGLU]
+        return [GELU, SWIGLU, *merge]
+    rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
     if device.type == "cuda":
         rules.append(CONV_RELU)
     return rules

@@ -1,7 +1,8 @@
 """Graph rewrites. A rule is data: a pattern matcher, a check that returns the reason it refuses
 (None to accept), and a rewrite that returns the replacement nodes. One rule per module.
 
-``apply_rules(model, rules)`` walks the graph once per rule and applies every accepted match.
+``apply_rules(model, rules)`` walks the graph once per rule and applies every accepted match. A
+rewrite may add initializers (``view.graph.initializer``); initializers it left unread are dropped.
 """
 
 from __future__ import annotations
@@ -65,6 +66,29 @@ class GraphView:
         return t.data_type if t is not None else None
 
 
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names read inside If / Loop / Scan bodies at any depth (outer-scope values are not in
+    ``GraphView.consumers``)."""
+    names: set[str] = set()
+    for n in graph.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                names.update(i for m in sub.node for i in m.input)
+                names |= subgraph_reads(sub)
+    return names
+
+
+def _drop_unread_initializers(graph: onnx.GraphProto, candidates: set[str]) -> None:
+    """Remove the initializers among ``candidates`` that no node reads any more (subgraphs included)
+    and that are not graph inputs or outputs, so replaced weights do not stay resident."""
+    kept = {i for n in graph.node for i in n.input} | subgraph_reads(graph)
+    kept |= {vi.name for vi in graph.input} | {vi.name for vi in graph.output}
+    for i in reversed(range(len(graph.initializer))):
+        name = graph.initializer[i].name
+        if name in candidates and name not in kept:
+            del graph.initializer[i]
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -75,12 +99,17 @@ class Rule:
 
 
 def apply_rules(model: onnx.ModelProto, rules: list[Rule]) -> dict[str, int]:
-    """Apply ``rules`` to ``model`` in place; returns how many times each rule fired."""
+    """Apply ``rules`` to ``model`` in place; returns how many times each rule fired.
+
+    After a rule fired, the initializers the replaced nodes read that no node reads any more (nodes
+    of subgraphs included) and that are not graph inputs or outputs are removed from the model:
+    e.g. the gate and up weights once GATE_UP has concatenated them into one new initializer."""
     fired: dict[str, int] = {}
     for rule in rules:
         view = GraphView.of(model.graph)
         replaced: dict[int, list[onnx.NodeProto]] = {}
         dropped: set[int] = set()
+        read_before: set[str] = set()  # what the replaced nodes read
         for node in model.graph.node:
             if id(node) in dropped:
                 continue
@@ -94,6 +123,7 @@ def apply_rules(model: onnx.ModelProto, rules: list[Rule]) -> dict[str, int]:
             new = rule.rewrite(view, m)
             replaced[id(m.nodes[-1])] = new
             dropped.update(id(n) for n in m.nodes)
+            read_before.update(i for n in m.nodes for i in n.input)
         if not replaced:
             continue
         kept: list[onnx.NodeProto] = []
@@ -104,6 +134,7 @@ def apply_rules(model: onnx.ModelProto, rules: list[Rule]) -> dict[str, int]:
                 kept.append(node)
         del model.graph.node[:]
         model.graph.node.extend(kept)
+        _drop_unread_initializers(model.graph, read_before & view.initializers.keys())
         for domain, version in rule.domains:
             if not any(o.domain == domain for o in model.opset_import):
                 model.opset_import.append(onnx.helper.make_opsetid(domain, version))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule
+from crossml.graph.passes import GraphView, Match, Rule, subgraph_reads
 from crossml.graph.passes._consts import other_input
 
 DOMAIN = "com.crossml"
@@ -35,17 +35,6 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     return Match([node, act, gate], {"g": g, "up": other_input(gate, act.output[0])})
 
 
-def _subgraph_inputs(graph: onnx.GraphProto) -> set[str]:
-    """Names read inside If / Loop / Scan bodies (outer-scope values are not in view.consumers)."""
-    names: set[str] = set()
-    for n in graph.node:
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names.update(i for m in sub.node for i in m.input)
-                names |= _subgraph_inputs(sub)
-    return names
-
-
 def check(view: GraphView, m: Match) -> str | None:
     sig, act, gate = m.nodes
     g, up = m.info["g"], m.info["up"]
@@ -67,7 +56,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if sg is not None and su is not None and (
             len(sg) != len(su) or any(a is not None and b is not None and a != b for a, b in zip(sg, su))):
         return f"g ('{g}') and up ('{up}') differ in shape: {sg} and {su} (SiluMul does not broadcast)"
-    if {sig.output[0], act.output[0]} & _subgraph_inputs(view.graph):
+    if {sig.output[0], act.output[0]} & subgraph_reads(view.graph):
         return "an intermediate value is read inside a subgraph"
     return None
 
