@@ -107,13 +107,16 @@ def test_errors_name_the_problem(device: str) -> None:
 
 
 def test_tiles_for_decode_shapes() -> None:
-    """The tile rule on a 132-SM GPU for Qwen2-0.5B's decode GEMVs: legal tiles, enough programs."""
-    for K, N in [(896, 4864), (4864, 896), (896, 151936)]:
+    """The tile rule on a 132-SM GPU for Qwen2-0.5B's and Llama-3.2-1B's decode GEMVs: legal tiles, enough
+    programs; the measured best tiles of the wide and the long products."""
+    for K, N in [(896, 4864), (4864, 896), (896, 151936), (2048, 16384), (8192, 2048)]:
         for bs in (16, 32, 128, 256):
             bm, bn, bk, warps = pick_tiles(1, N, K, bs, 132)
             assert bm == 1 and bk % bs == 0 and bk & (bk - 1) == 0 and 1 <= warps <= 4
             assert bn * bk <= 8192 or bk == bs
-            assert -(-N // bn) >= 4 * 132
+            assert -(-N // bn) >= 2 * 132
+    assert pick_tiles(1, 16384, 2048, 32, 132) == (1, 8, 1024, 2)
+    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 4, 2048, 4)
     assert pick_tiles(3, 4864, 896, 32, 132)[0] == 4
     assert pick_tiles(40, 4864, 896, 32, 132)[0] == 16
 
