@@ -114,9 +114,10 @@ def test_tiles_for_decode_shapes() -> None:
             bm, bn, bk, warps = pick_tiles(1, N, K, bs, 132)
             assert bm == 1 and bk % bs == 0 and bk & (bk - 1) == 0 and 1 <= warps <= 4
             assert bn * bk <= 8192 or bk == bs
-            assert -(-N // bn) >= 2 * 132
+            assert -(-N // bn) >= 4 * 132
     assert pick_tiles(1, 16384, 2048, 32, 132) == (1, 8, 1024, 2)
-    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 4, 2048, 4)
+    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 2, 2048, 2)
+    assert pick_tiles(1, 3072, 2048, 32, 132) == (1, 4, 2048, 4)
     assert pick_tiles(3, 4864, 896, 32, 132)[0] == 4
     assert pick_tiles(40, 4864, 896, 32, 132)[0] == 16
 

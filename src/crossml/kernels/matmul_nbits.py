@@ -135,20 +135,20 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, N, K, N_BLOCKS, ROW_BYTES, s_
 #: (BLOCK_K, num_warps) per BLOCK_N: the fastest tiles inside CUDA graphs on an H200 at the Qwen2.5-0.5B and
 #: Llama-3.2-1B decode shapes (benchmarks/matmul_nbits_tiles.py, results/matmul_nbits_tiles.md): long contiguous
 #: runs per weight row for narrow tiles, 8 x 1024 with 2 warps for the wide products (merged gate+up, lm_head)
-_TILE = {1: (2048, 4), 2: (2048, 4), 4: (2048, 4), 8: (1024, 2)}
+_TILE = {1: (2048, 4), 2: (2048, 2), 4: (2048, 4), 8: (1024, 2)}
 
 
 def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a problem on a GPU of ``processors`` SMs.
 
-    BLOCK_N is the largest power of two <= 8 leaving >= 2 programs per SM (decode GEMVs are
+    BLOCK_N is the largest power of two <= 8 leaving >= 4 programs per SM (decode GEMVs are
     bandwidth-bound: enough programs in flight to cover memory latency); BLOCK_K and the warps come
     from a table measured on an H200 (1024 for 8 columns, 2048 for fewer), BLOCK_K at least one
     quantization block and at most K rounded up.
     """
     block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
     block_n = 8
-    while block_n > 1 and cdiv(N, block_n) < 2 * processors:
+    while block_n > 1 and cdiv(N, block_n) < 4 * processors:
         block_n //= 2
     block_k, num_warps = _TILE[block_n]
     block_k = max(block_size, min(triton.next_power_of_2(max(K, 1)), block_k))
