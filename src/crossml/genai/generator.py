@@ -13,7 +13,7 @@ asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode 
 device. On a GPU with the static KV cache every decode step has the same input shapes (the
 attention mask spans max_length), so the session replays one recorded graph per step, whose inputs
 (the new token's id and position) are staged as soon as the token is chosen; a first prompt replays
-the graph of its bucket width (see crossml.genai.model). Sequences keep onnxruntime-genai's layout:
+the graph of its bucket width once the bucket has come twice (see crossml.genai.model). Sequences keep onnxruntime-genai's layout:
 prompts of a batch are right-padded with the pad id, a finished row continues with pad tokens, and
 the step on which every row has finished is not appended.
 """
@@ -197,6 +197,9 @@ class Generator:
         bufs = self._bufs
         names = [io.logits, *self._cache.present_names]
         width = end  # columns fed (a recorded prompt is padded to its bucket)
+        slot = None  # a first prompt's bucket buffers (None: the bucket's first prompt, run eagerly)
+        if bufs is not None and start == 0 and self._model._prompt_graphs:
+            slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
         if bufs is not None and start > 0 and end - start == 1:
             # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
             if self._staged != start:
@@ -205,17 +208,16 @@ class Generator:
                 outs = bufs.replay()
             else:
                 outs = self._model.run_bound(bufs, self._feed(bufs.ids, self._mask, bufs.pos), names)
-        elif bufs is not None and start == 0 and self._model._prompt_graphs:
+        elif slot is not None:
             # first prompt: right-padded to a bucket width at fixed addresses (the set's mask columns are zero
             # past `end`, and the sequence holds pad ids there); one recording per bucket
-            width = prompt_bucket(end, self._s.max_length)
-            slot = bufs.prompt(width)
+            width = slot.width
             slot.ids.copy_(self._seq[:, :width])
             mask = self._mask[:, :width]
             if slot.pos is not None:
                 slot.pos.copy_((mask.long().cumsum(-1) - 1).clamp_min(0))
             outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
-        else:  # continuation prompts and growing-cache steps change shape every run: not worth recording
+        else:  # continuation prompts, a bucket's first prompt and growing-cache steps: not worth recording
             mask = self._mask[:, :end]
             pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end] if io.position_ids is not None else None
             outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)

@@ -17,10 +17,11 @@ recording. The builder's decoders derive ``seqlens_k`` from the mask's sum and
 ``total_sequence_length`` from its width; GroupQueryAttention gives the same result for a total of
 max_length (rows past the real length are masked by causality).
 
-Prompts are recorded too: the first prompt (``append_tokens`` on an empty sequence) is right-padded
+Prompts are recorded too: a first prompt (``append_tokens`` on an empty sequence) is right-padded
 to a bucket width (``prompt_bucket``: a multiple of a quarter of its power-of-two octave, at least 64,
 at most max_length) with attention-mask zeros, fed from ``PromptBuffers`` of that width at fixed
-addresses, and the graph recorded on the first prompt of each bucket is replayed by later ones. A
+addresses; the first prompt of a bucket runs eagerly, the second records the bucket's graph and
+later ones replay it. A
 padded prompt computes exactly what the batch path computes for a row shorter than its batch: the
 pad columns come after the real tokens, so causality keeps them out of every real row, their keys
 and values land past the real length (overwritten by the next steps, never attended), and the
@@ -122,10 +123,15 @@ class DecodeBuffers:
         self.replay: Any = None
         self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
+        self.seen: set[int] = set()  # bucket widths asked for at least once
 
-    def prompt(self, width: int) -> PromptBuffers:
-        """The prompt buffers of one bucket width (made on first use; the least recently used beyond
-        MAX_PROMPT_GRAPHS are dropped with their recordings)."""
+    def prompt(self, width: int) -> PromptBuffers | None:
+        """The prompt buffers of one bucket width; None the first time the width is asked for (that prompt runs
+        eagerly: a width seen once may never come again, and recording costs several eager runs). Made on the
+        second request; the least recently used beyond MAX_PROMPT_GRAPHS are dropped with their recordings."""
+        if width not in self.seen:
+            self.seen.add(width)
+            return None
         slot = self.prompts.pop(width, None)
         if slot is None:
             slot = PromptBuffers(self._io, self.rows, width, self._device)
