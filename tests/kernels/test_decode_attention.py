@@ -153,6 +153,30 @@ def fast_path(monkeypatch):
     return enable
 
 
+def _check_fast_path(args: list, kw: dict, device: str, inplace: bool, fast_path, path: str,
+                     out_shape: tuple[int, ...]) -> None:
+    """group_query_attention on ``device`` through its fast path ``path`` equals its torch path run on CPU copies:
+    the attention output, the present buffers (new rows bit for bit, other rows untouched), written in place
+    into the past buffers or, when not in place, into new ones leaving the inputs as they were."""
+    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
+    fast_path_calls = fast_path()
+    dev_args = [None if a is None else a.to(device) for a in args]
+    dev_args[6] = args[6]  # total_sequence_length is a host scalar
+    past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
+    out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
+    assert fast_path_calls == [path], f"group_query_attention did not take {path}"
+    dtype = args[0].dtype
+    assert qk is None and out.shape == out_shape and out.dtype == dtype
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
+    assert torch.equal(pk_out.cpu(), pk_ref) and torch.equal(pv_out.cpu(), pv_ref)
+    if inplace:
+        assert pk_out.data_ptr() == dev_args[3].data_ptr() and pv_out.data_ptr() == dev_args[4].data_ptr()
+    else:  # the op must not modify its inputs
+        assert torch.equal(dev_args[3], past_k) and torch.equal(dev_args[4], past_v)
+        assert pk_out.data_ptr() != dev_args[3].data_ptr()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", inplace=True),
@@ -180,24 +204,7 @@ def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1),
               causal=case.get("causal", 1))
-    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
-    fast_path_calls = fast_path()
-
-    dev_args = [None if a is None else a.to(device) for a in args]
-    dev_args[6] = args[6]  # total_sequence_length is a host scalar
-    past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
-    inplace = case.get("inplace", False)
-    out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
-    assert fast_path_calls == ["_fast_decode"], "the decode step did not take the fast path"
-    assert qk is None and out.shape == (B, 1, N * H) and out.dtype == dtype
-    rtol, atol = TOL[dtype]
-    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
-    assert torch.equal(pk_out.cpu(), pk_ref) and torch.equal(pv_out.cpu(), pv_ref)
-    if inplace:
-        assert pk_out.data_ptr() == dev_args[3].data_ptr() and pv_out.data_ptr() == dev_args[4].data_ptr()
-    else:  # the op must not modify its inputs
-        assert torch.equal(dev_args[3], past_k) and torch.equal(dev_args[4], past_v)
-        assert pk_out.data_ptr() != dev_args[3].data_ptr()
+    _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_decode", (B, 1, N * H))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -242,23 +249,7 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     args = [q, k, v, pk, pv, seqlens_k, torch.tensor(S, dtype=torch.int32), cos, sin, pos]
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0))
-    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
-    fast_path_calls = fast_path()
-
-    dev_args = [None if a is None else a.to(device) for a in args]
-    dev_args[6] = args[6]  # total_sequence_length is a host scalar
-    past_k, past_v = dev_args[3].clone(), dev_args[4].clone()
-    inplace = case.get("inplace", False)
-    out, pk_out, pv_out, qk = _gqa(dev_args, kw, inplace)
-    assert fast_path_calls == ["_fast_prompt"], "the prompt did not take the fast path"
-    assert qk is None and out.shape == (B, S, N * H) and out.dtype == dtype
-    rtol, atol = TOL[dtype]
-    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
-    assert torch.equal(pk_out.cpu(), pk_ref) and torch.equal(pv_out.cpu(), pv_ref)
-    if inplace:
-        assert pk_out.data_ptr() == dev_args[3].data_ptr()
-    else:
-        assert torch.equal(dev_args[3], past_k) and torch.equal(dev_args[4], past_v)
+    _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_prompt", (B, S, N * H))
 
 
 def test_import_does_not_load_triton() -> None:
