@@ -336,9 +336,7 @@ class InferenceSession:
         tensors = [feed[a.name] for a in self._inputs]
         if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
             return None
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        if self._bind_io:  # a recording reads its inputs in place: one per set of input addresses
-            key += tuple((t.data_ptr(), t.stride()) for t in tensors)
+        key = self._signature(tensors)
         runner = self._runners.get(key)
         if runner is None:
             with self._lock:
@@ -352,6 +350,14 @@ class InferenceSession:
             return runner.run(tensors)
         return runner(tensors)
 
+    def _signature(self, tensors: Sequence[torch.Tensor]) -> tuple:
+        """The key of the inputs' plan and recording: shapes and dtypes, and with bound I/O (a recording reads
+        its inputs in place) their addresses and strides too."""
+        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+        if self._bind_io:
+            key += tuple((t.data_ptr(), t.stride()) for t in tensors)
+        return key
+
     def _bound_replay(self, feed: Mapping[str, torch.Tensor], output_names: Sequence[str],
                       detach: bool = False) -> Callable[[], list[Any]] | None:
         """crossml internal (GenAI's decode loop): with ``crossml.graph_capture_bind_io``, a function of no
@@ -361,8 +367,7 @@ class InferenceSession:
         forgets the recording, which then lives as long as the returned function."""
         if not self._bind_io:
             return None
-        tensors = [feed[a.name] for a in self._inputs]
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors) + tuple((t.data_ptr(), t.stride()) for t in tensors)
+        key = self._signature([feed[a.name] for a in self._inputs])
         runner = self._runners.get(key)
         if not isinstance(runner, Recording):
             return None
