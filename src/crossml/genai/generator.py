@@ -13,9 +13,9 @@ asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode 
 device. On a GPU with the static KV cache every decode step has the same input shapes (the
 attention mask spans max_length), so the session replays one recorded graph per step, whose inputs
 (the new token's id and position) are staged as soon as the token is chosen; a first prompt replays
-the graph of its bucket width once the bucket has come twice (see crossml.genai.model). Sequences keep onnxruntime-genai's layout:
-prompts of a batch are right-padded with the pad id, a finished row continues with pad tokens, and
-the step on which every row has finished is not appended.
+the graph of its bucket width once the bucket has come twice (see crossml.genai.model). Sequences
+keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad id, a finished row
+continues with pad tokens, and the step on which every row has finished is not appended.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionE
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a [rows, columns] attention mask: each column's count of real tokens so far, minus one
+    (left padding and the columns before the first real token get 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 class GeneratorParams:
@@ -124,6 +130,7 @@ class Generator:
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
         self._finished_step = False
         self._cache = self._make_cache()
+        self._names = [io.logits, *self._cache.present_names]  # the decoder outputs every run asks for
         self._rng: torch.Generator | None = None
         if s.do_sample:
             self._rng = torch.Generator(device=dev)
@@ -195,7 +202,7 @@ class Generator:
         io = self._model.io
         start, end = self._kv_len, self._len
         bufs = self._bufs
-        names = [io.logits, *self._cache.present_names]
+        names = self._names
         width = end  # columns fed (a recorded prompt is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None: the bucket's first prompt, run eagerly)
         if bufs is not None and start == 0 and self._model._prompt_graphs:
@@ -215,11 +222,11 @@ class Generator:
             slot.ids.copy_(self._seq[:, :width])
             mask = self._mask[:, :width]
             if slot.pos is not None:
-                slot.pos.copy_((mask.long().cumsum(-1) - 1).clamp_min(0))
+                slot.pos.copy_(_positions(mask))
             outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
         else:  # continuation prompts, a bucket's first prompt and growing-cache steps: not worth recording
             mask = self._mask[:, :end]
-            pos = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end] if io.position_ids is not None else None
+            pos = _positions(mask)[:, start:end] if io.position_ids is not None else None
             outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)
         logits = outs[0]
         if width != end and logits.dim() == 3:
