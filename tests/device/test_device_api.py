@@ -172,6 +172,7 @@ def test_wrap_cuda_array_interface_and_user_stream():
     w = xd.wrap(CAI())
     assert w.data_ptr() == src.data_ptr()
     user = torch.cuda.Stream()
+    user.wait_stream(torch.cuda.current_stream())  # src is written on the default stream: order it, as a user must
     q = xd.Queue.from_stream(user)
     relu = dev.create_operator("Relu", [w.desc]).compile()
     (y,) = relu.dispatch(q, [w])

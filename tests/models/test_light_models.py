@@ -3,6 +3,13 @@
 Inputs are made as onnx's backend runner makes them (``arange(n) / n``, float32); expected
 outputs are the ``light_<name>_output_0.pb`` files shipped beside the models (provenance: the
 onnx project, produced by its ReferenceEvaluator).
+
+On the GPU, squeezenet is checked before its final Softmax: its weights are constants, so its
+1000 logits are all equal and about 9.5e9, and the expected output (every class 0.001) holds
+only if all 1000 are bit-identical. One rounding step's difference between channels (any
+convolution algorithm may give one; cuDNN picks its algorithm by timing, so under load the
+choice changes) is ~1e3 after the scaling and makes the softmax one-hot. The logits themselves
+are compared with onnxruntime's on the CPU instead, at the model's tolerance.
 """
 
 from __future__ import annotations
@@ -29,15 +36,45 @@ def dummy_input(vi: onnx.ValueInfoProto) -> np.ndarray:
     return (np.arange(n).reshape(shape) / n).astype(np.float32)
 
 
+#: GPU runs of these models are compared at this tensor (see the module docstring)
+GPU_COMPARE_AT = {"squeezenet": "r65"}
+
+
+def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {t.name for t in model.graph.initializer}
+    return {vi.name: dummy_input(vi) for vi in model.graph.input if vi.name not in inits}
+
+
 def run_light(name: str, providers: list[str]) -> None:
     path = os.path.join(LIGHT, f"light_{name}.onnx")
     model = onnx.load(path)
-    inits = {t.name for t in model.graph.initializer}
-    feeds = {vi.name: dummy_input(vi) for vi in model.graph.input if vi.name not in inits}
+    feeds = _feeds(model)
     expected = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
     got = ort.InferenceSession(path, providers=providers).run(None, feeds)[0]
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_allclose(got, expected, rtol=MODELS[name], atol=1e-7)
+
+
+def run_light_at(name: str, tensor: str, providers: list[str]) -> None:
+    """Compare the model's intermediate ``tensor`` with onnxruntime's on the CPU, and check the final output is
+    still a distribution of the expected shape."""
+    ref_ort = pytest.importorskip("onnxruntime", reason="onnxruntime (test extra) is the reference here")
+    model = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    blob = model.SerializeToString()
+    feeds = _feeds(model)
+    expected = ref_ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run([tensor], feeds)[0]
+    final, got = ort.InferenceSession(blob, providers=providers).run(None, feeds)
+    np.testing.assert_allclose(got, expected, rtol=MODELS[name], atol=1e-7)
+    shipped = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
+    assert final.shape == shipped.shape and final.dtype == shipped.dtype
+    np.testing.assert_allclose(final.sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(GPU_COMPARE_AT))
+def test_light_model_at_cpu(name: str) -> None:
+    """The intermediate comparison the GPU test uses, on the CPU provider (so CI runs it too)."""
+    run_light_at(name, GPU_COMPARE_AT[name], ["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -52,4 +89,8 @@ def test_light_model_gpu(name: str) -> None:
 
     if not gpu_available():
         pytest.skip("no GPU: torch sees no accelerator on this machine")
-    run_light(name, ["GPUExecutionProvider", "CPUExecutionProvider"])
+    providers = ["GPUExecutionProvider", "CPUExecutionProvider"]
+    if name in GPU_COMPARE_AT:
+        run_light_at(name, GPU_COMPARE_AT[name], providers)
+    else:
+        run_light(name, providers)
