@@ -137,15 +137,64 @@ def apply_free_dimension_overrides(
             dim.dim_value = int(value)
 
 
+#: initializers of at most this many elements stay in a skeleton (shape inference may read their values)
+SKELETON_MAX_ELEMENTS = 64
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without the data of its large initializers, which become typed graph inputs: all that
+    shape inference reads, cheap to copy and to serialise (an LLM's weights are never copied)."""
+    g = model.graph
+    m = onnx.ModelProto(ir_version=model.ir_version)
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    sg = m.graph
+    sg.name = g.name
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    sg.output.extend(g.output)
+    sg.value_info.extend(g.value_info)
+    sg.sparse_initializer.extend(g.sparse_initializer)
+    inputs = {vi.name for vi in g.input}
+    for t in g.initializer:
+        if _numel(t.dims) <= SKELETON_MAX_ELEMENTS:
+            sg.initializer.append(t)
+        elif t.name not in inputs:
+            sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
+
+
+def _numel(dims: Any) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
 def prepare(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Inline model-local functions and run onnx shape inference (best effort)."""
+    """Inline model-local functions and run onnx shape inference (best effort); returns a new model (the
+    argument is left as it was).
+
+    Inference runs on the ``skeleton`` (the weights would otherwise be serialised and parsed again: 8 s of a
+    1 GB model's load); the value types it finds, the nodes (with their subgraphs' value types) and the output
+    types go into a copy of the model."""
     if model.functions:
         try:
             model = onnx.inliner.inline_local_functions(model)
         except Exception as exc:  # noqa: BLE001 - the inliner refuses malformed functions
             raise InvalidGraph(f"could not inline the model's local functions: {exc}") from None
     try:
-        model = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model), check_type=False, strict_mode=False,
+                                                     data_prop=True)
     except Exception:  # noqa: BLE001 - shape inference is an optimisation input, not a gate
-        pass
-    return model
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g, ig = out.graph, inferred.graph
+    del g.value_info[:]
+    g.value_info.extend(ig.value_info)
+    del g.node[:]
+    g.node.extend(ig.node)
+    del g.output[:]
+    g.output.extend(ig.output)
+    return out

@@ -18,7 +18,7 @@ import torch
 from crossml import dtypes
 from crossml.device.recording import Recording, capture_supported
 from crossml.graph.execute import execute
-from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare
+from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare, skeleton
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
@@ -115,7 +115,7 @@ class InferenceSession:
         model = prepare(model)
         # specialised plans are shape-inferred on the graph before fusion: onnx cannot see
         # through crossml's fused ops, and fusion keeps the name of every value that survives
-        self._skeleton = _skeleton(model)
+        self._skeleton = skeleton(model)
         if (opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_EXTENDED
                 and opts._config.get("ep.dml.disable_graph_fusion", "0") != "1"):
             fired = apply_rules(model, fusion_rules(self._providers[0].config, self._device))
@@ -500,28 +500,6 @@ def _eager_requested(run_options: RunOptions | None) -> bool:
     return run_options is not None and run_options._config.get("gpu_graph_id") == "-1"
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its large initializers turned into typed inputs: cheap to shape-infer."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    g = m.graph
-    keep = []
-    inputs = {vi.name for vi in g.input}
-    for t in g.initializer:
-        if _numel(t.dims) <= 64:
-            keep.append(t)
-        elif t.name not in inputs:
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    del g.initializer[:]
-    g.initializer.extend(keep)
-    return m
-
-
-def _numel(dims: Sequence[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def _elem_type(tp: onnx.TypeProto | None) -> int | None:
