@@ -26,10 +26,11 @@ BATCH = ["The quick brown fox jumps over", "def f(x):"]
 MAX_LENGTH = 40
 
 
-def _model(folder: str, static: bool) -> og.Model:
+def _model(folder: str, static: bool, ahead: bool = False) -> og.Model:
     model = og.Model(folder)
-    assert not model._static_decode  # the CPU: today's path unless forced
+    assert not model._static_decode and not model._run_ahead  # the CPU: today's path unless forced
     model._static_decode = static
+    model._run_ahead = ahead
     return model
 
 
@@ -243,3 +244,86 @@ def test_bucketed_prompt_outputs_and_rewind(genai_models) -> None:
         assert bufs.prompt(width) is None  # first request
         bufs.prompt(width)
     assert list(bufs.prompts) == [128, 160, 192, 200] and len(bufs.prompts) == MAX_PROMPT_GRAPHS
+
+
+def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | None = None,
+           **options: Any) -> dict[str, Any]:
+    """Generate step by step, reading everything the API shows after each step: the tokens, get_output("logits"),
+    token_count; ``eos_at``: force an end-of-sequence token (set_logits) at that step, then append a chunk and go
+    on; finally rewind and generate again."""
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, batch_size=len(prompts), **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
+    seen: dict[str, Any] = {"tokens": [], "outputs": [], "counts": [], "logits": []}
+    step = 0
+    while not gen.is_done():
+        if step == eos_at:
+            forced = np.full((len(prompts), gen.get_logits().shape[-1]), -1e4, np.float32)
+            forced[:, model.config.model.eos_token_id[0]] = 0.0
+            gen.set_logits(forced)
+        gen.generate_next_token()
+        seen["tokens"].append(gen.get_next_tokens().tolist())
+        seen["outputs"].append(gen.get_output("logits"))
+        seen["counts"].append(gen.token_count())
+        step += 1
+    if eos_at is not None and len(prompts) == 1:
+        seen["done_len"] = gen.token_count()
+        gen.append_tokens(tok.encode(" the fox")[1:])  # goes on after the end-of-sequence step
+        for _ in range(3):
+            gen.generate_next_token()
+        seen["logits"].append(gen.get_logits())
+    if len(prompts) == 1:
+        gen.rewind_to(gen.token_count() - 3)
+        for _ in range(2):
+            gen.generate_next_token()
+        seen["logits"].append(gen.get_logits())
+    seen["sequences"] = [gen.get_sequence(i).tolist() for i in range(len(prompts))]
+    return seen
+
+
+@pytest.mark.parametrize("case", ["batch1", "batch2", "eos", "sample"])
+def test_run_ahead_shows_what_the_default_path_shows(genai_models, case: str) -> None:
+    """Running the next decode step before the host reads the token changes nothing the API shows: tokens,
+    get_output("logits") of the step that chose them, token counts, logits after an end-of-sequence step
+    (whose ahead step is dropped), a chunk appended after it, and a rewind."""
+    folder = genai_models[("qwen2", "fp32")]
+    prompts = BATCH if case == "batch2" else [PROMPT]
+    options: dict[str, Any] = {"do_sample": True, "top_k": 5, "random_seed": 3} if case == "sample" else {}
+    eos_at = 4 if case == "eos" else None
+    ref_model = _model(folder, True)
+    ref_shapes = _spy(ref_model)
+    ref = _steps(ref_model, prompts, 30, eos_at, **options)
+    model = _model(folder, True, ahead=True)
+    shapes = _spy(model)
+    got = _steps(model, prompts, 30, eos_at, **options)
+    assert got["tokens"] == ref["tokens"] and got["counts"] == ref["counts"]
+    assert got["sequences"] == ref["sequences"] and got.get("done_len") == ref.get("done_len")
+    for step, (a, b) in enumerate(zip(got["outputs"], ref["outputs"], strict=True)):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"step {step}"
+        np.testing.assert_array_equal(a, b, err_msg=f"get_output('logits') after step {step}")
+    for a, b in zip(got["logits"], ref["logits"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the same runs, one more with an end-of-sequence token (its step ran ahead, then was dropped)
+    assert shapes == ref_shapes[:len(shapes)] or case == "eos"
+    assert len(shapes) == len(ref_shapes) + (case == "eos")
+    if case == "eos":
+        assert ref["tokens"][4] == [model.config.model.eos_token_id[0]] and len(ref["tokens"]) == 5
+
+
+def test_run_ahead_queues_the_step_before_the_host_reads_the_token(genai_models) -> None:
+    """After generate_next_token the next step has already run (its logits are there) and the token is on its way
+    to the host; beam search does not run ahead."""
+    model = _model(genai_models[("llama", "fp32")], True, ahead=True)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([1, 5, 9]))
+    gen.generate_next_token()
+    assert gen._pending is not None and gen._logits is not None and gen._kv_len == gen._len
+    token = gen.get_next_tokens()
+    assert gen._pending is None and token.tolist() == [int(gen._seq[0, 3])]
+    params.set_search_options(num_beams=2)
+    beams = og.Generator(model, params)
+    assert not beams._ahead

@@ -122,7 +122,7 @@ def test_decode_replays_one_graph(models: Path, precision: str) -> None:
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(8):
-            gen._forward()
+            gen._ready()  # the step that ran ahead when the last token was appended
             gen._append(gen._select())
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -8,12 +8,20 @@ The loop is three small functions, as in gpt-fast:
   beam search), all on the device;
 * ``generate_next_token`` = ``_forward`` if needed, then ``_select``, then append.
 
-The host learns the new tokens and the finished flags with one copy per step, made when the user
-asks (``get_next_tokens`` / ``is_done``); nothing in a greedy or sampled decode step waits on the
-device. On a GPU with the static KV cache every decode step has the same input shapes (the
-attention mask spans max_length), so the session replays one recorded graph per step, whose inputs
-(the new token's id and position) are staged as soon as the token is chosen; a first prompt replays
-the graph of its bucket width once the bucket has come twice (see crossml.genai.model). Sequences
+The host learns the new tokens and the finished flags with one copy per step; nothing in a greedy
+or sampled decode step waits on the device. On a GPU with the static KV cache every decode step has
+the same input shapes (the attention mask spans max_length), so the session replays one recorded
+graph per step, whose inputs (the new token's id and position) are staged as soon as the token is
+chosen; a first prompt replays the graph of its bucket width once the bucket has come twice (see
+crossml.genai.model).
+
+There the generator also runs ahead: once a token is appended, its copy to the host is queued and
+then the decoder step that token feeds, before the host has the token. The device goes from one
+step to the next without waiting for the host (which reads the token while the next step runs),
+so the per-token time is the device's. That step is the one the next ``generate_next_token`` (or
+``get_logits``) would run anyway; when the generation ends instead, it was spare work whose KV row
+lies past the sequence, where rows are never read. ``get_output`` still shows the outputs of the
+run that chose the last token until the next token is chosen. Sequences
 keep onnxruntime-genai's layout: prompts of a batch are right-padded with the pad id, a finished row
 continues with pad tokens, and the step on which every row has finished is not appended.
 """
@@ -27,6 +35,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from crossml.device.queue import Fence, Queue
+from crossml.device.tensor import DeviceTensor
 from crossml.genai import search
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionError
@@ -39,6 +49,16 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids of a [rows, columns] attention mask: each column's count of real tokens so far, minus one
     (left padding and the columns before the first real token get 0)."""
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+@dataclasses.dataclass
+class _Shown:
+    """A one-token step's "logits" output kept as the float32 copy of its values (the recorded graph's buffer
+    is overwritten by the step that runs ahead)."""
+
+    logits: torch.Tensor
+    dtype: torch.dtype
+    shape: tuple[int, ...]
 
 
 class GeneratorParams:
@@ -142,6 +162,10 @@ class Generator:
                                         s.early_stopping, dev) if s.num_beams > 1 else None)
         self._final: list[list[int]] | None = None
         self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
+        # run ahead (see the module docstring): the static decode path of a recording session, not beam search
+        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None
+        self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
+        self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
@@ -197,8 +221,17 @@ class Generator:
         self._forward()
 
     # -- the loop -----------------------------------------------------------------------------
-    def _forward(self) -> None:
-        """Run the decoder on columns kv_len..len and keep each row's last-token logits."""
+    def _ready(self) -> None:
+        """Make the logits of the tokens appended so far current: run the decoder, or show the outputs of the step
+        that ran ahead."""
+        if self._logits is None:
+            self._forward()
+        elif self._ahead_outputs is not None:
+            self._outputs, self._ahead_outputs = self._ahead_outputs, None
+
+    def _forward(self, ahead: bool = False) -> None:
+        """Run the decoder on columns kv_len..len and keep each row's last-token logits. ``ahead``: the step runs
+        before it is asked for; its outputs are shown by ``_ready``."""
         io = self._model.io
         start, end = self._kv_len, self._len
         bufs = self._bufs
@@ -231,7 +264,7 @@ class Generator:
         logits = outs[0]
         if width != end and logits.dim() == 3:
             logits = logits[:, :end]  # the bucket's pad columns are not the user's
-        self._outputs = dict(zip(names, [logits, *outs[1:]]))
+        outputs = dict(zip(names, [logits, *outs[1:]]))
         self._cache.update(outs[1:])
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
             last = logits
@@ -241,6 +274,14 @@ class Generator:
             last = logits[:, -1]
         # a copy: the logits may be a recorded graph's output buffer, which the next replay overwrites
         self._logits = last.float() if last.dtype != torch.float32 else last.clone()
+        if self._ahead and end - start == 1 and logits.numel() == last.numel():
+            # so is the shown "logits" output when the next step runs ahead: keep it as this copy (exact: float32
+            # holds every float16 / bfloat16 value)
+            outputs[names[0]] = _Shown(self._logits, logits.dtype, tuple(logits.shape))
+        if ahead:
+            self._ahead_outputs = outputs
+        else:
+            self._outputs, self._ahead_outputs = outputs, None
         self._kv_len = end
 
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -285,8 +326,7 @@ class Generator:
         if self.is_done():
             raise GeneratorStateError("generate_next_token: generation is done (every sequence ended or reached "
                                       f"max_length {self._s.max_length}); check is_done() before generating")
-        if self._logits is None:
-            self._forward()
+        self._ready()
         if self._beam is not None:
             self._beam_step()
             return
@@ -306,6 +346,11 @@ class Generator:
         self._logits = None
         self._host = None
         self._finished_step = False
+        if self._ahead and self._len < self._s.max_length:
+            # the host copy first, then the step this token feeds: the host waits only for the copy
+            both = torch.cat([token, self._done.long()])
+            self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
+            self._forward(ahead=True)
 
     def _beam_step(self) -> None:
         src, token = self._beam.step(self._scores(), self._seq[:, :self._len], self._pad)
@@ -325,7 +370,12 @@ class Generator:
             elif self._beam is not None:
                 self._host = (self._next.to(torch.int32).cpu().numpy(), self._beam.done())
             else:
-                both = torch.cat([self._next, self._done.long()]).cpu().numpy()
+                if self._pending is not None:
+                    fence, both = self._pending
+                    fence.wait()
+                    self._pending = None
+                else:
+                    both = torch.cat([self._next, self._done.long()]).cpu().numpy()
                 all_done = bool(both[self._rows:].all())
                 self._host = (both[: self._rows].astype(np.int32), all_done)
                 if all_done and not self._finished_step:
@@ -334,6 +384,10 @@ class Generator:
                     self._mask[:, self._len] = 0
                     self._finished_step = True
                     self._staged = None
+                    if self._kv_len > self._len:  # that token's step ran ahead: drop it
+                        self._kv_len = self._len
+                        self._logits = None
+                        self._ahead_outputs = None
         return self._host
 
     def is_done(self) -> bool:
@@ -366,9 +420,8 @@ class Generator:
         """The last-token logits of every row, [rows, 1, vocab] float32."""
         if self._len == 0:
             raise GeneratorStateError("get_logits: call append_tokens first")
-        if self._logits is None:
-            self._settle()
-            self._forward()
+        self._settle()
+        self._ready()
         return self._logits[:, None, :].cpu().numpy()
 
     def set_logits(self, logits: Any) -> None:
@@ -379,9 +432,8 @@ class Generator:
         vocab = self._outputs[self._model.io.logits].shape[-1] if self._outputs else arr.shape[-1]
         if arr.size != self._rows * vocab:
             raise ValueError(f"set_logits: expected {self._rows} x {vocab} values, got shape {arr.shape}")
-        if self._logits is None:
-            self._settle()
-            self._forward()
+        self._settle()
+        self._ready()
         self._logits = torch.as_tensor(arr.reshape(self._rows, vocab), device=self._dev)
 
     def get_output(self, name: str) -> np.ndarray:
@@ -389,7 +441,10 @@ class Generator:
         if name not in self._outputs:
             known = ", ".join(self._outputs) or "none yet: call append_tokens first"
             raise KeyError(f"get_output: '{name}' is not an output of the last run; outputs: {known}")
-        return self._outputs[name].cpu().numpy()
+        value = self._outputs[name]
+        if isinstance(value, _Shown):
+            return value.logits.to(value.dtype).reshape(value.shape).cpu().numpy()
+        return value.cpu().numpy()
 
     # -- rewinding ----------------------------------------------------------------------------
     def rewind_to(self, new_length: int) -> None:
@@ -410,5 +465,6 @@ class Generator:
         self._host = None
         self._logits = None
         self._outputs = {}
+        self._ahead_outputs = None
         if new_length == 0:
             self._prompt_last = None

@@ -170,6 +170,9 @@ class Model:
         #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers); internal:
         #: tests force it on the CPU
         self._prompt_graphs = self._capture and self._static_decode
+        #: generators run the next decode step as soon as a token is appended, before the host reads it (see
+        #: crossml.genai.generator); internal: tests force it on the CPU
+        self._run_ahead = self._capture and self._static_decode
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 
