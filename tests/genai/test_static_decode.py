@@ -10,6 +10,7 @@ from its width, and GroupQueryAttention must give the same results for a total o
 from __future__ import annotations
 
 import gc
+import types
 from typing import Any
 
 import numpy as np
@@ -246,8 +247,17 @@ def test_bucketed_prompt_outputs_and_rewind(genai_models) -> None:
     assert list(bufs.prompts) == [128, 160, 192, 200] and len(bufs.prompts) == MAX_PROMPT_GRAPHS
 
 
+def _greedy_module() -> Any:
+    """The greedy step the generator calls on a GPU: the Triton kernel where Triton interprets (CPU tensors), else
+    its torch reference (the kernel tests check the two are equal). Imported here, not at module level: triton
+    must not be imported before the kernel tests ask for its interpreter."""
+    from crossml.kernels import _launch, greedy
+
+    return types.SimpleNamespace(greedy_step=greedy.greedy_step if _launch.INTERPRET else greedy.greedy_step_reference)
+
+
 def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | None = None,
-           **options: Any) -> dict[str, Any]:
+           greedy_step: bool = False, **options: Any) -> dict[str, Any]:
     """Generate step by step, reading everything the API shows after each step: the tokens, get_output("logits"),
     token_count; ``eos_at``: force an end-of-sequence token (set_logits) at that step, then append a chunk and go
     on; finally rewind and generate again."""
@@ -255,6 +265,9 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, batch_size=len(prompts), **options)
     gen = og.Generator(model, params)
+    assert gen._greedy is None  # the CPU: the torch path unless forced
+    if greedy_step:
+        gen._greedy = _greedy_module()
     gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
     seen: dict[str, Any] = {"tokens": [], "outputs": [], "counts": [], "logits": []}
     step = 0
@@ -283,21 +296,23 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
     return seen
 
 
-@pytest.mark.parametrize("case", ["batch1", "batch2", "eos", "sample"])
+@pytest.mark.parametrize("case", ["batch1", "batch2", "eos", "sample", "greedy-step", "greedy-step-batch2"])
 def test_run_ahead_shows_what_the_default_path_shows(genai_models, case: str) -> None:
     """Running the next decode step before the host reads the token changes nothing the API shows: tokens,
     get_output("logits") of the step that chose them, token counts, logits after an end-of-sequence step
     (whose ahead step is dropped), a chunk appended after it, and a rewind."""
     folder = genai_models[("qwen2", "fp32")]
-    prompts = BATCH if case == "batch2" else [PROMPT]
+    prompts = BATCH if case.endswith("batch2") else [PROMPT]
     options: dict[str, Any] = {"do_sample": True, "top_k": 5, "random_seed": 3} if case == "sample" else {}
-    eos_at = 4 if case == "eos" else None
+    eos_at = 4 if case in ("eos", "greedy-step") else None
+    if case.startswith("greedy-step"):
+        options["min_length"] = 10  # the end-of-sequence ban for the first steps too
     ref_model = _model(folder, True)
     ref_shapes = _spy(ref_model)
     ref = _steps(ref_model, prompts, 30, eos_at, **options)
     model = _model(folder, True, ahead=True)
     shapes = _spy(model)
-    got = _steps(model, prompts, 30, eos_at, **options)
+    got = _steps(model, prompts, 30, eos_at, case.startswith("greedy-step"), **options)
     assert got["tokens"] == ref["tokens"] and got["counts"] == ref["counts"]
     assert got["sequences"] == ref["sequences"] and got.get("done_len") == ref.get("done_len")
     for step, (a, b) in enumerate(zip(got["outputs"], ref["outputs"], strict=True)):
@@ -306,9 +321,11 @@ def test_run_ahead_shows_what_the_default_path_shows(genai_models, case: str) ->
     for a, b in zip(got["logits"], ref["logits"], strict=True):
         np.testing.assert_array_equal(a, b)
     # the same runs, one more with an end-of-sequence token (its step ran ahead, then was dropped)
-    assert shapes == ref_shapes[:len(shapes)] or case == "eos"
-    assert len(shapes) == len(ref_shapes) + (case == "eos")
-    if case == "eos":
+    assert shapes == ref_shapes[:len(shapes)] or eos_at is not None
+    assert len(shapes) == len(ref_shapes) + (eos_at is not None)
+    if "min_length" in options:
+        assert ref["counts"][0] <= options["min_length"]  # the first step was under the ban
+    if eos_at is not None:
         assert ref["tokens"][4] == [model.config.model.eos_token_id[0]] and len(ref["tokens"]) == 5
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -43,12 +44,31 @@ from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionE
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
+from crossml.kernels import TRITON_DEVICES, load
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
     """Position ids of a [rows, columns] attention mask: each column's count of real tokens so far, minus one
     (left padding and the columns before the first real token get 0)."""
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def _plain_greedy(s: SearchConfig) -> bool:
+    """Search options under which a step is argmax plus the end-of-sequence ban (what the greedy kernel does)."""
+    return not s.do_sample and s.num_beams == 1 and s.repetition_penalty == 1.0 and s.no_repeat_ngram_size <= 0
+
+
+def _greedy_kernels(device: torch.device, eos_ids: int) -> ModuleType | None:
+    """``crossml.kernels.greedy`` on a Triton device (compiled, not interpreted) for up to its MAX_EOS
+    end-of-sequence ids, else None."""
+    if device.type not in TRITON_DEVICES:
+        return None
+    module = load("greedy")
+    if module is None:
+        return None
+    from crossml.kernels import _launch
+
+    return None if _launch.INTERPRET or eos_ids > module.MAX_EOS else module
 
 
 @dataclasses.dataclass
@@ -166,6 +186,9 @@ class Generator:
         self._ahead = model._run_ahead and self._bufs is not None and self._beam is None
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
+        # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
+        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+        self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
@@ -330,6 +353,9 @@ class Generator:
         if self._beam is not None:
             self._beam_step()
             return
+        if self._greedy is not None:
+            self._greedy_step()
+            return
         token = self._select()
         token = torch.where(self._done, torch.full_like(token, self._pad), token)
         self._done |= torch.isin(token, self._eos)
@@ -339,16 +365,33 @@ class Generator:
         col = self._len
         self._seq[:, col] = token
         self._mask[:, col] = 1
-        self._len += 1
-        if self._bufs is not None and self._len < self._s.max_length:
+        if self._bufs is not None and col + 1 < self._s.max_length:
             self._stage(col)
+        self._advance(token)
+
+    def _greedy_step(self) -> None:
+        """``_select`` + ``_append`` for plain greedy search, in one Triton step (same results)."""
+        col = self._len
+        stage = col + 1 < self._s.max_length
+        bufs = self._bufs
+        self._greedy.greedy_step(self._logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
+                                 pad=self._pad, col=col, ban_eos=col < self._s.min_length, out=self._step_out,
+                                 ids=bufs.ids if stage else None, pos=bufs.pos if stage else None)
+        if stage:
+            self._staged = col
+        self._advance(self._step_out[:self._rows], self._step_out)
+
+    def _advance(self, token: torch.Tensor, both: torch.Tensor | None = None) -> None:
+        """The sequence grew by ``token`` (already written); ``both``: [tokens, done flags] if already made."""
+        self._len += 1
         self._next = token
         self._logits = None
         self._host = None
         self._finished_step = False
         if self._ahead and self._len < self._s.max_length:
             # the host copy first, then the step this token feeds: the host waits only for the copy
-            both = torch.cat([token, self._done.long()])
+            if both is None:
+                both = torch.cat([token, self._done.long()])
             self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
             self._forward(ahead=True)
 
