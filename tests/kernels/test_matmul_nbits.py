@@ -271,3 +271,48 @@ def test_gpu_graph_capture() -> None:
     torch.cuda.synchronize()
     assert torch.equal(y, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs))
     assert not torch.equal(y, y0)
+
+
+def _rms_reference(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, eps: float):
+    """fp64 RMSNorm(x (+ skip)) * gamma of the (rounded) inputs, and x + skip rounded to x's dtype."""
+    s = x.double().cpu() + (0 if skip is None else skip.double().cpu())
+    h = s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * gamma.double().cpu()
+    return h, s.to(x.dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", [(32, 96, 130, 1, None, False, True), (16, 256, 24, 3, "packed", True, True),
+                                  (128, 64, 24, 1, "float", False, False), (32, 96, 40, 3, None, True, False)],
+                         ids=lambda c: "bs{}_K{}_N{}_M{}_{}_{}_{}".format(*c[:5], "bias" if c[5] else "",
+                                                                        "skip" if c[6] else "noskip"))
+def test_rms_norm_fused(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """``norm``: the product of RMSNorm(a (+ skip)) * gamma (not rounded to a's dtype in between), and a + skip
+    stored by the first column tile's programs."""
+    bs, K, N, M, zp_kind, with_bias, with_skip = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device)
+    a = rand(M, K, dtype=dtype, device=device, seed=5) * 3
+    skip = rand(M, K, dtype=dtype, device=device, seed=6) if with_skip else None
+    gamma = (rand(K, dtype=dtype, device=device, seed=7) * 0.5 + 1).to(dtype)
+    bias = rand(N, dtype=dtype, device=device, seed=2) if with_bias else None
+    total = torch.full_like(a, float("nan")) if with_skip else None
+    tiles = (1 if M == 1 else 4, 16, max(bs, 32), 4) if device == "cpu" else None  # several column tiles
+    y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, tiles=tiles, norm=(skip, gamma, 1e-6),
+                     sum_out=total)
+    h, s = _rms_reference(a, skip, gamma, 1e-6)
+    w = dequantize_nbits(B.cpu(), scales.cpu(), None if zp is None else zp.cpu(), None, K=K, N=N, bits=4,
+                         block_size=bs, dtype=dtype)
+    want = h @ w.double().T + (0 if bias is None else bias.cpu().to(dtype).double())
+    assert_close(y, want, dtype)
+    if with_skip:
+        torch.testing.assert_close(total.cpu(), s, rtol=0, atol=0)
+
+
+def test_rms_norm_fused_rejects_mismatched_inputs() -> None:
+    B, scales, _ = _weight(8, 64, 32, None, torch.float32, "cpu")
+    a = torch.zeros(1, 64)
+    with pytest.raises(ValueError, match="gamma must have K=64"):
+        matmul_nbits(a, B, scales, K=64, N=8, block_size=32, norm=(None, torch.ones(32), 1e-6))
+    with pytest.raises(ValueError, match="sum_out needs a skip"):
+        matmul_nbits(a, B, scales, K=64, N=8, block_size=32, norm=(None, torch.ones(64), 1e-6),
+                     sum_out=torch.empty(1, 64))

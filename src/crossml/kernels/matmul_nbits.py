@@ -40,15 +40,21 @@ _ZP_NONE, _ZP_PACKED, _ZP_FLOAT = 0, 1, 2
 
 
 @triton.jit
-def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
-                         M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym,
-                         BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, gamma_ptr, sum_ptr,
+                         M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
+                         BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                         STORE_SUM: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y.
 
     The packed weight is read as int32 words (8 nibbles, K order: low nibble of the lowest byte
     first), a row's BLOCK_K / 8 words per K step in one contiguous run; activations are read
-    contiguously and the tile is viewed as [BLOCK_N, quantization blocks, block_size]."""
+    contiguously and the tile is viewed as [BLOCK_N, quantization blocks, block_size].
+
+    NORM (see ``matmul_nbits``'s ``norm``): 1 multiplies RMSNorm(a) * gamma, 2 RMSNorm(a + skip) *
+    gamma (STORE_SUM: programs of the first column tile also store a + skip to ``sum_ptr``). Every
+    program walks all of K, so it sums the squares as it goes and scales its float32 sums by
+    rsqrt(mean + eps) at the end (the product is linear in the activations)."""
     G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
     WORDS: tl.constexpr = BLOCK_K // 8
     out_ty = y_ptr.dtype.element_ty
@@ -64,6 +70,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
     g2 = tl.arange(0, G)[None, :]  # [1, G]
     m_idx = tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
     for k0 in range(0, K, BLOCK_K):
         word0 = k0 // 8
@@ -83,9 +90,20 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
             zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
         else:
             zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+        k_ok = k0 + kk < K
+        if NORM > 0:
+            gam = tl.load(gamma_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
         for mi in tl.static_range(BLOCK_M):
             m_ok = m0 + mi < M
-            av = tl.load(a_ptr + (m0 + mi) * s_am + k0 + kk, mask=(k0 + kk < K) & m_ok, other=0.0).to(tl.float32)
+            av = tl.load(a_ptr + (m0 + mi) * s_am + k0 + kk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
+            if NORM == 2:
+                av += tl.load(skip_ptr + (m0 + mi) * s_skm + k0 + kk, mask=k_ok & m_ok, other=0.0).to(tl.float32)
+                if STORE_SUM:
+                    tl.store(sum_ptr + (m0 + mi) * s_sum + k0 + kk, av.to(sum_ptr.dtype.element_ty),
+                             mask=k_ok & m_ok & (pid_n == 0))
+            if NORM > 0:
+                squares = tl.where(m_idx == mi, squares + tl.sum(av * av, axis=0), squares)
+                av = av * gam
             a3 = tl.reshape(av, (1, G, BS))
             dot = tl.sum(q3 * a3, axis=2)  # [BLOCK_N, G]
             a_sum = tl.sum(a3, axis=2)  # [1, G]
@@ -93,6 +111,8 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr,
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
     n_ok = offs_n < N
+    if NORM > 0:
+        acc = acc * tl.math.rsqrt(squares * inv_k + eps)[:, None]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
         acc += bias[None, :]
@@ -187,11 +207,19 @@ def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
 
 def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None = None,
                  bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
-                 tiles: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                 tiles: tuple[int, int, int, int] | None = None,
+                 norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
+                 sum_out: torch.Tensor | None = None) -> torch.Tensor:
     """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
 
     ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
     a multiple of block_size, all powers of two.
+
+    ``norm`` = (skip or None, gamma [K], epsilon): the product of RMSNorm(a (+ skip)) * gamma instead of
+    ``a`` (SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization feeding the product), the
+    statistics in float32; the normalized activations are not rounded to a's dtype, as the two ops in a
+    row would round them. ``sum_out`` (with a skip): receives a + skip in its dtype, as the skip norm's
+    fourth output.
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -219,6 +247,17 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     bias1 = bias.reshape(N).contiguous() if bias is not None else s2
     y2 = y.view(M, N)
 
+    skip, gamma, eps = norm if norm is not None else (None, None, 0.0)
+    if norm is not None:
+        if gamma.numel() != K or (skip is not None and skip.shape != a.shape):
+            raise ValueError(f"MatMulNBits with RMSNorm: gamma must have K={K} values and skip a's shape "
+                             f"{tuple(a.shape)}, got {tuple(gamma.shape)} and "
+                             f"{None if skip is None else tuple(skip.shape)}")
+        if sum_out is not None and (skip is None or sum_out.shape != a.shape):
+            raise ValueError("MatMulNBits with RMSNorm: sum_out needs a skip and a's shape")
+    skip2 = skip.reshape(M, K).contiguous() if skip is not None else a2
+    gamma1 = gamma.reshape(K).contiguous() if gamma is not None else a2
+    sum2 = sum_out.view(M, K) if sum_out is not None else a2
     interpret = use_interpreter(a, "MatMulNBits")
     if tiles is None:
         dev = a.device
@@ -232,8 +271,10 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if grid[1] > GRID_YZ_MAX:
         raise ValueError(f"MatMulNBits Triton kernel: M={M} rows need more than {GRID_YZ_MAX} programs along the "
                          "grid's second dimension; this kernel is for decode sizes, use the dequantize path")
-    args = (a2, w2, s2, z2, bias1, y2, M, N, K, n_blocks, row_words, a2.stride(0), z2.stride(0), y2.stride(0))
+    args = (a2, w2, s2, z2, bias1, y2, skip2, gamma1, sum2, M, N, K, n_blocks, row_words, a2.stride(0),
+            z2.stride(0), y2.stride(0), skip2.stride(0), sum2.stride(0), 1.0 / K, float(eps))
     meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None,
+            "NORM": 0 if norm is None else 1 if skip is None else 2, "STORE_SUM": sum_out is not None,
             "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
     if interpret:
         _matmul_nbits_kernel[grid](*args, **meta)

@@ -4,20 +4,25 @@ Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv 
 elsewhere it composes the library's Conv, Add and Relu, so results are the same on every provider.
 SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton kernels on GPU tensors
 (imported on first use) and composes the torch ops elsewhere; Linear runs the Triton GEMV for
-decode-sized products on GPUs (as MatMul does).
+decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, with or without skip,
+feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
 from crossml.device.vendor import fused_conv_add_relu
 from crossml.kernels import TRITON_DEVICES, load
+from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, matmul_nbits
+from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
+from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
 from crossml.ops.conv import conv
 from crossml.ops.matmul import gemv_eligible
-from crossml.ops.registry import op
+from crossml.ops.registry import OpContext, op
 
 DOMAIN = "com.crossml"
 log = logging.getLogger("crossml")
@@ -102,3 +107,32 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
         if swiglu is not None:
             return swiglu.silu_mul(g, up)
     return torch.mul(torch.mul(g, torch.sigmoid(g)), up)
+
+
+@op("NormMatMulNBits", since=1, domain=DOMAIN, ctx=True)
+def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, B: torch.Tensor,
+                      scales: torch.Tensor, zero_points: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                      *, epsilon: float = 1e-5, K: int, N: int, block_size: int, bits: int = 4,
+                      ctx: OpContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(MatMulNBits(RMSNorm(x (+ skip)) * gamma), x + skip): SimplifiedLayerNormalization (no skip) or
+    SkipSimplifiedLayerNormalization feeding a 4-bit MatMulNBits (graph rule NormMatMulNBits). At decode sizes
+    on a GPU one Triton launch, which normalizes as it multiplies (``crossml.kernels.matmul_nbits``); elsewhere
+    the two ops."""
+    want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
+    rows = math.prod(x.shape[:-1]) if x.dim() else 0
+    if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
+            and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
+            and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None):
+        s = torch.empty_like(x) if want_sum else None
+        y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
+                                              norm=(skip, gamma, epsilon), sum_out=s)
+        return y, s
+    if skip is None:
+        normed, _ = simplified_layer_normalization(x, gamma, epsilon=epsilon)
+        s = None
+    else:
+        sub = OpContext(ctx.node_name, "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4,
+                        (True, False, False, want_sum), ctx.device)
+        normed, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, epsilon=epsilon, ctx=sub)
+    y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits)
+    return y, s

@@ -25,6 +25,7 @@ from crossml.graph.passes.conv_relu import RULE as CONV_RELU
 from crossml.graph.passes.gate_up import GATE_UP
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
+from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
 from crossml.runtime.errors import Fail, InvalidArgument
@@ -476,9 +477,10 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     """The rewrites for a provider (all off with the session entry ep.dml.disable_graph_fusion=1).
 
     With disable_metacommands only fusions that call no vendor library remain. Off the CPU the gate
-    and up products of SwiGLU MLPs are merged into one (GATE_UP); the CPU keeps the model's products
-    (its results stay bit-close to onnxruntime's)."""
-    merge = [GATE_UP] if device.type != "cpu" else []
+    and up products of SwiGLU MLPs are merged into one (GATE_UP), then RMSNorms feeding a 4-bit
+    product are fused into it (NORM_MATMUL); the CPU keeps the model's ops (its results stay
+    bit-close to onnxruntime's)."""
+    merge = [GATE_UP, NORM_MATMUL] if device.type != "cpu" else []
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]

@@ -1,0 +1,112 @@
+"""The norm + 4-bit product rule (SimplifiedLayerNormalization or SkipSimplifiedLayerNormalization feeding a
+MatMulNBits => com.crossml NormMatMulNBits): what it fuses, what it refuses (with a reason), and the fused
+model's results. On the CPU the fused op composes the two ops, so the results are equal bit for bit; the
+one-launch GPU kernel is checked in tests/kernels/test_matmul_nbits.py and on the GPU LLM tests."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper
+
+import crossml
+from crossml.graph.load import prepare
+from crossml.graph.passes import GraphView, apply_rules
+from crossml.graph.passes.gate_up import GATE_UP
+from crossml.graph.passes.norm_matmul import NORM_MATMUL
+from crossml.runtime.session import fusion_rules
+from tests.conftest import make_model
+from tests.ops.contrib.test_matmul_nbits import quantized_weight
+
+MS = "com.microsoft"
+K, N = 64, 40
+RNG = np.random.default_rng(5)
+
+
+def layer(*, skip: bool = True, level: int = 0, h_twice: bool = False, stat_used: bool = False,
+          bias: bool = False, axis: int = -1) -> onnx.ModelProto:
+    """x (+ skip) -> norm -> MatMulNBits -> y; the skip norm's sum is an output too (a residual)."""
+    B, scales, _ = quantized_weight(N, K, 4, 32, None)
+    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(scales, "scales"),
+             numpy_helper.from_array((RNG.random(K) + 0.5).astype(np.float32), "gamma")]
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["batch", "seq", K])]
+    outputs = [h.make_tensor_value_info("y", T.FLOAT, None)]
+    if skip:
+        inputs.append(h.make_tensor_value_info("skip", T.FLOAT, ["batch", "seq", K]))
+        norm_in = ["x", "skip", "gamma"]
+        if bias:
+            inits.append(numpy_helper.from_array(np.ones(K, np.float32), "nbias"))
+            norm_in.append("nbias")
+        norm = h.make_node("SkipSimplifiedLayerNormalization", norm_in, ["h", "", "inv" if stat_used else "", "sum"],
+                           name="norm", domain=MS, epsilon=1e-6)
+        outputs.append(h.make_tensor_value_info("sum", T.FLOAT, None))
+    else:
+        norm = h.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["h", "inv" if stat_used else ""],
+                           name="norm", epsilon=1e-6, axis=axis)
+    if stat_used:
+        outputs.append(h.make_tensor_value_info("inv", T.FLOAT, None))
+    nodes = [norm, h.make_node("MatMulNBits", ["h", "B", "scales"], ["y"], name="proj", domain=MS, K=K, N=N, bits=4,
+                               block_size=32, accuracy_level=level)]
+    if h_twice:
+        nodes.append(h.make_node("Relu", ["h"], ["r"], name="other"))
+        outputs.append(h.make_tensor_value_info("r", T.FLOAT, None))
+    m = make_model(nodes, inputs, outputs, inits)
+    m.opset_import.append(h.make_opsetid(MS, 1))
+    return prepare(m)
+
+
+def _feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {vi.name: RNG.standard_normal((2, 3, K)).astype(np.float32) for vi in m.graph.input}
+
+
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "first-layer"])
+def test_fused_model_equals_unfused(skip: bool) -> None:
+    m = layer(skip=skip)
+    f = _feeds(m)
+    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    assert apply_rules(fused, [NORM_MATMUL]) == {"NormMatMulNBits": 1}
+    (node,) = fused.graph.node
+    assert node.op_type == "NormMatMulNBits" and node.domain == "com.crossml"
+    assert list(node.output) == (["y", "sum"] if skip else ["y"])
+    assert list(node.input[:3]) == (["x", "skip", "gamma"] if skip else ["x", "", "gamma"])
+    got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _reason(m: onnx.ModelProto) -> str | None:
+    view = GraphView.of(m.graph)
+    product = next(n for n in m.graph.node if n.op_type == "MatMulNBits")
+    match = NORM_MATMUL.match(view, product)
+    assert match is not None
+    return NORM_MATMUL.check(view, match)
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"h_twice": True}, "used elsewhere"),
+    ({"stat_used": True}, "a statistic"),
+    ({"level": 4}, "accuracy_level=4"),
+    ({"bias": True}, "bias input"),
+    ({"skip": False, "axis": 1}, "axis=1"),
+])
+def test_refuses_with_a_reason_and_leaves_the_graph(kw: dict, says: str) -> None:
+    m = layer(**kw)
+    assert says in (_reason(m) or "")
+    before = m.SerializeToString()
+    assert apply_rules(m, [NORM_MATMUL]) == {}
+    assert m.SerializeToString() == before
+
+
+def test_registered_after_gate_up_off_the_cpu_only() -> None:
+    assert NORM_MATMUL not in fusion_rules(None, torch.device("cpu"))
+    for gpu in (None, SimpleNamespace(disable_metacommands=False), SimpleNamespace(disable_metacommands=True)):
+        rules = fusion_rules(gpu, torch.device("cuda"))
+        assert rules.index(NORM_MATMUL) == rules.index(GATE_UP) + 1
