@@ -110,3 +110,20 @@ def test_registered_after_gate_up_off_the_cpu_only() -> None:
     for gpu in (None, SimpleNamespace(disable_metacommands=False), SimpleNamespace(disable_metacommands=True)):
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules.index(NORM_MATMUL) == rules.index(GATE_UP) + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "first-layer"])
+def test_gpu_session_fuses_and_matches_the_cpu(skip: bool) -> None:
+    """A GPU session applies the rule and runs the one-launch kernel (6 rows, K=64); its outputs match the CPU
+    session's within fp32 rounding (the kernel does not round the normalized activations)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch sees none on this machine")
+    m = layer(skip=skip)
+    f = _feeds(m)
+    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+    sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
+    assert [n.op_type for n in sess._model.graph.node] == ["NormMatMulNBits"]
+    got = sess.run(None, f)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

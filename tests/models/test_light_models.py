@@ -9,7 +9,9 @@ On the GPU, squeezenet is checked before its final Softmax: its weights are cons
 only if all 1000 are bit-identical. One rounding step's difference between channels (any
 convolution algorithm may give one; cuDNN picks its algorithm by timing, so under load the
 choice changes) is ~1e3 after the scaling and makes the softmax one-hot. The logits themselves
-are compared with onnxruntime's on the CPU instead, at the model's tolerance.
+are compared with onnxruntime's on the CPU instead, at the model's tolerance, in strict fp32
+(``use_tf32=0``): with TF32 products the 26 convolutions of positive constant weights drift by
+1.6e-3 relative (measured on an H200; every input is rounded the same way), past that tolerance.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def run_light(name: str, providers: list[str]) -> None:
     np.testing.assert_allclose(got, expected, rtol=MODELS[name], atol=1e-7)
 
 
-def run_light_at(name: str, tensor: str, providers: list[str]) -> None:
+def run_light_at(name: str, tensor: str, providers: list) -> None:
     """Compare the model's intermediate ``tensor`` with onnxruntime's on the CPU, and check the final output is
     still a distribution of the expected shape."""
     ref_ort = pytest.importorskip("onnxruntime", reason="onnxruntime (test extra) is the reference here")
@@ -91,6 +93,6 @@ def test_light_model_gpu(name: str) -> None:
         pytest.skip("no GPU: torch sees no accelerator on this machine")
     providers = ["GPUExecutionProvider", "CPUExecutionProvider"]
     if name in GPU_COMPARE_AT:
-        run_light_at(name, GPU_COMPARE_AT[name], providers)
+        run_light_at(name, GPU_COMPARE_AT[name], [("GPUExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"])
     else:
         run_light(name, providers)
