@@ -40,6 +40,23 @@ _ZP_NONE, _ZP_PACKED, _ZP_FLOAT = 0, 1, 2
 
 
 @triton.jit
+def _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, ok, N_BLOCKS, s_zn, ZP: tl.constexpr):
+    """float32 scales and zero points of weight rows ``n2`` [R, 1] and quantization blocks ``blk`` [1, G] (both
+    [R, G]; 0 where not ``ok``): scales and float zero points rounded to y's dtype first, packed zero points
+    unpacked (low nibble first), 8 without zero points."""
+    out_ty = y_ptr.dtype.element_ty
+    scale = tl.load(s_ptr + n2 * N_BLOCKS + blk, mask=ok, other=0.0).to(out_ty).to(tl.float32)
+    if ZP == 0:
+        zp = tl.full(scale.shape, 8.0, tl.float32)
+    elif ZP == 1:
+        zb = tl.load(z_ptr + n2 * s_zn + blk // 2, mask=ok, other=0).to(tl.int32)
+        zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
+    else:
+        zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=ok, other=0.0).to(out_ty).to(tl.float32)
+    return scale, zp
+
+
+@triton.jit
 def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, gamma_ptr, sum_ptr,
                          M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
                          BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
@@ -81,15 +98,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
         qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         q3 = tl.reshape(qf, (BLOCK_N, G, BS))
         blk = k0 // BS + g2  # [1, G]
-        blk_ok = blk < N_BLOCKS
-        scale = tl.load(s_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
-        if ZP == 0:
-            zp = 8.0
-        elif ZP == 1:
-            zb = tl.load(z_ptr + n2 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
-            zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
-        else:
-            zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
         k_ok = k0 + kk < K
         if NORM > 0:
             gam = tl.load(gamma_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -137,15 +146,8 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, N, K, N_BLOCKS, ROW_BYTES, s_
     packed = tl.load(w_ptr + n2 * ROW_BYTES + byte, mask=n_ok[:, None] & (byte < ROW_BYTES), other=0).to(tl.int32)
     q = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, G, BS)).to(tl.float32)  # low nibble first
     blk = tl.program_id(1) * G + tl.arange(0, G)[None, :]  # [1, G]
-    blk_ok = n_ok[:, None] & (blk < N_BLOCKS)
-    scale = tl.load(s_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
-    if ZP == 0:
-        zp = tl.full((BLOCK_N, G), 8.0, tl.float32)
-    elif ZP == 1:
-        zb = tl.load(z_ptr + n2 * s_zn + blk // 2, mask=blk_ok, other=0).to(tl.int32)
-        zp = ((zb >> ((blk % 2) * 4)) & 0xF).to(tl.float32)
-    else:
-        zp = tl.load(z_ptr + n2 * N_BLOCKS + blk, mask=blk_ok, other=0.0).to(out_ty).to(tl.float32)
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, n_ok[:, None] & (blk < N_BLOCKS), N_BLOCKS, s_zn,
+                                    ZP)
     d = (q - zp[:, :, None]).to(out_ty).to(tl.float32)
     w = tl.reshape((d * scale[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
