@@ -44,7 +44,7 @@ from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionE
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
-from crossml.kernels import TRITON_DEVICES, load
+from crossml.kernels import TRITON_DEVICES, load_compiled
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -61,14 +61,8 @@ def _plain_greedy(s: SearchConfig) -> bool:
 def _greedy_kernels(device: torch.device, eos_ids: int) -> ModuleType | None:
     """``crossml.kernels.greedy`` on a Triton device (compiled, not interpreted) for up to its MAX_EOS
     end-of-sequence ids, else None."""
-    if device.type not in TRITON_DEVICES:
-        return None
-    module = load("greedy")
-    if module is None:
-        return None
-    from crossml.kernels import _launch
-
-    return None if _launch.INTERPRET or eos_ids > module.MAX_EOS else module
+    module = load_compiled("greedy") if device.type in TRITON_DEVICES else None
+    return module if module is not None and eos_ids <= module.MAX_EOS else None
 
 
 @dataclasses.dataclass
@@ -391,9 +385,13 @@ class Generator:
         if self._ahead and self._len < self._s.max_length:
             # the host copy first, then the step this token feeds: the host waits only for the copy
             if both is None:
-                both = torch.cat([token, self._done.long()])
+                both = self._tokens_and_flags()
             self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
             self._forward(ahead=True)
+
+    def _tokens_and_flags(self) -> torch.Tensor:
+        """[the last step's tokens, finished flags] (int64): what the host copies once per step."""
+        return torch.cat([self._next, self._done.long()])
 
     def _beam_step(self) -> None:
         src, token = self._beam.step(self._scores(), self._seq[:, :self._len], self._pad)
@@ -418,7 +416,7 @@ class Generator:
                     fence.wait()
                     self._pending = None
                 else:
-                    both = torch.cat([self._next, self._done.long()]).cpu().numpy()
+                    both = self._tokens_and_flags().cpu().numpy()
                 all_done = bool(both[self._rows:].all())
                 self._host = (both[: self._rows].astype(np.int32), all_done)
                 if all_done and not self._finished_step:

@@ -40,6 +40,17 @@ def load(name: str) -> ModuleType | None:
         return None
 
 
+def load_compiled(name: str) -> ModuleType | None:
+    """``load(name)``, or None where Triton only interprets: the interpreter copies through the host, which a
+    captured graph or a run-ahead decode step cannot hold, so the callers keep their torch paths there."""
+    module = load(name)
+    if module is None:
+        return None
+    from crossml.kernels import _launch
+
+    return None if _launch.INTERPRET else module
+
+
 def _registered(op_type: str) -> Callable[..., Any]:
     """The registered implementation (highest opset) of an ai.onnx op."""
     import crossml.ops.conv  # noqa: F401 - registers Conv

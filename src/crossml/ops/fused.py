@@ -130,7 +130,7 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] <= NORM_FUSE_MAX_K \
             and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
             and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None):
-        s = torch.empty_like(x) if want_sum else None
+        s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                               norm=(skip, gamma, epsilon), sum_out=s)
         return y, s

@@ -66,6 +66,11 @@ class GraphView:
         return t.data_type if t is not None else None
 
 
+def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as Python values, by name."""
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
 def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
     """Names read inside If / Loop / Scan bodies at any depth (outer-scope values are not in
     ``GraphView.consumers``)."""

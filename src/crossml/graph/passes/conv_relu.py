@@ -8,7 +8,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
 DOMAIN = "com.crossml"
@@ -32,7 +32,7 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
 
 def check(view: GraphView, m: Match) -> str | None:
     conv = m.nodes[0]
-    attrs = {a.name: helper.get_attribute_value(a) for a in conv.attribute}
+    attrs = node_attrs(conv)
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return "auto_pad is set"
     pads = attrs.get("pads", [0, 0, 0, 0])

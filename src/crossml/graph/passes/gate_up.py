@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import external_data_helper, helper, numpy_helper
 
-from crossml.graph.passes import GraphView, Match, Rule, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -46,9 +46,6 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     # the SiluMul last: apply_rules puts the replacement where the last node was
     return Match([gate, up, node], {"kind": kind, "g": node.input[0], "up": node.input[1]})
 
-
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def _constant(view: GraphView, node: onnx.NodeProto, i: int, what: str) -> str | None:
@@ -91,7 +88,7 @@ def _check_nbits(view: GraphView, gate: onnx.NodeProto, up: onnx.NodeProto) -> s
     for node in (gate, up):
         if any(node.input[4:]):
             return f"'{node.name}' has g_idx or bias inputs"
-    ag, au = _attrs(gate), _attrs(up)
+    ag, au = node_attrs(gate), node_attrs(up)
     for name, default in NBITS_ATTRS.items():
         if ag.get(name, default) != au.get(name, default):
             return f"'{gate.name}' and '{up.name}' differ in {name}: {ag.get(name, default)} and {au.get(name, default)}"
@@ -156,7 +153,7 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
         inputs = [gate.input[0]] + [_concat(view, gate, up, i, 0, what)
                                     for i, what in ((1, "B"), (2, "scales"), (3, "zero_points"))
                                     if i < len(gate.input) and gate.input[i]]
-        attrs = _attrs(gate)
+        attrs = node_attrs(gate)
         n = int(attrs["N"])
         attrs["N"] = 2 * n
         product = helper.make_node("MatMulNBits", inputs, [gu], name=name, domain=MS_DOMAIN, **attrs)

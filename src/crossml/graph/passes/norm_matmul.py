@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -27,9 +27,6 @@ MS_DOMAIN = "com.microsoft"
 NORMS = {("", "SimplifiedLayerNormalization"): 2, ("ai.onnx", "SimplifiedLayerNormalization"): 2,
          (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): 4}
 
-
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
@@ -51,12 +48,12 @@ def check(view: GraphView, m: Match) -> str | None:
     for name in stats:
         if name and (view.consumers.get(name) or name in view.outputs):
             return f"'{norm.name}' output '{name}' (a statistic) is used"
-    na = _attrs(norm)
+    na = node_attrs(norm)
     if na.get("axis", -1) != -1 or na.get("stash_type", 1) != 1:
         return f"'{norm.name}' has axis={na.get('axis', -1)} stash_type={na.get('stash_type', 1)} (needs -1 and 1)"
     if m.info["skip"] and len(norm.input) > 3 and norm.input[3]:
         return f"'{norm.name}' has a bias input"
-    pa = _attrs(product)
+    pa = node_attrs(product)
     if pa.get("bits", 4) != 4 or pa.get("accuracy_level", 0) == 4 or pa.get("weight_prepacked", 0):
         return (f"'{product.name}' has bits={pa.get('bits', 4)}, accuracy_level={pa.get('accuracy_level', 0)}, "
                 f"weight_prepacked={pa.get('weight_prepacked', 0)} (needs 4, not 4, 0)")
@@ -80,10 +77,10 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     outputs = [product.output[0], norm.output[3] if skip and len(norm.output) > 3 else ""]
     while outputs and not outputs[-1]:
         outputs.pop()
-    pa = _attrs(product)
+    pa = node_attrs(product)
     attrs = {k: pa[k] for k in ("K", "N", "block_size") if k in pa}
     attrs["bits"] = pa.get("bits", 4)
-    attrs["epsilon"] = float(_attrs(norm).get("epsilon", 1e-12 if skip else 1e-5))
+    attrs["epsilon"] = float(node_attrs(norm).get("epsilon", 1e-12 if skip else 1e-5))
     return [helper.make_node("NormMatMulNBits", inputs, outputs, name=f"{norm.name}_{product.name}_fused",
                              domain=DOMAIN, **attrs)]
 

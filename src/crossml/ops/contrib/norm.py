@@ -22,7 +22,7 @@ from types import ModuleType
 
 import torch
 
-from crossml.kernels import TRITON_DEVICES, load
+from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.ops._util import norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
@@ -37,12 +37,7 @@ log = logging.getLogger("crossml")
 def _rmsnorm_kernels() -> ModuleType | None:
     """``crossml.kernels.rmsnorm``, or None where triton does not import or only interprets
     (the interpreter copies through the host, which a captured graph cannot hold)."""
-    rmsnorm = load("rmsnorm")
-    if rmsnorm is None:
-        return None
-    from crossml.kernels import _launch
-
-    return None if _launch.INTERPRET else rmsnorm
+    return load_compiled("rmsnorm")
 
 
 def _kernel_vector(t: torch.Tensor | None, x: torch.Tensor) -> bool:
