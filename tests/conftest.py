@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import onnx
 import pytest
@@ -44,6 +46,15 @@ def affine_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     b = np.array([0.1, -0.2, 0.3], dtype=np.float32)
     y = np.maximum(x @ w + b, 0)
     return y, y * 2
+
+
+def run_in_threads(work, count: int = 8) -> None:
+    """``work(i)`` for i in 0..count-1, each on its own thread, all started before any is joined."""
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,8 +5,6 @@ Every test here is marked ``gpu`` and skips where torch sees no accelerator.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import onnx
 import pytest
@@ -15,7 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 
 import crossml as ort
-from tests.conftest import affine_reference, make_model
+from tests.conftest import affine_reference, make_model, run_in_threads
 
 pytestmark = pytest.mark.gpu
 GPU = ["GPUExecutionProvider", "CPUExecutionProvider"]
@@ -119,11 +117,7 @@ def test_eight_threads_mixed_shapes():
             if not np.allclose(got, want, rtol=2e-3, atol=2e-3):
                 errors.append(f"thread {seed}: batch {n} differs by {np.abs(got - want).max()}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work)
     assert not errors, errors[:3]
 
 

@@ -24,6 +24,7 @@ from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
+from tests.graph._rules import rule_reason
 from tests.graph.test_swiglu_rule import HIDDEN, INTER, feeds, mlp
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
 
@@ -125,11 +126,7 @@ def layer(*, weights: str = "init", up_reads: str = "x", g_extra: bool = False, 
 
 
 def _reason(m: onnx.ModelProto) -> str | None:
-    view = GraphView.of(m.graph)
-    silu = next(n for n in m.graph.node if n.op_type == "SiluMul")
-    match = GATE_UP.match(view, silu)
-    assert match is not None
-    return GATE_UP.check(view, match)
+    return rule_reason(GATE_UP, m, "SiluMul")
 
 
 def test_accepts_the_plain_layer():

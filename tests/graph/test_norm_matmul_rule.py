@@ -17,11 +17,12 @@ from onnx import numpy_helper
 
 import crossml
 from crossml.graph.load import prepare
-from crossml.graph.passes import GraphView, apply_rules
+from crossml.graph.passes import apply_rules
 from crossml.graph.passes.gate_up import GATE_UP
 from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
+from tests.graph._rules import rule_reason
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
 
 MS = "com.microsoft"
@@ -83,11 +84,7 @@ def test_fused_model_equals_unfused(skip: bool) -> None:
 
 
 def _reason(m: onnx.ModelProto) -> str | None:
-    view = GraphView.of(m.graph)
-    product = next(n for n in m.graph.node if n.op_type == "MatMulNBits")
-    match = NORM_MATMUL.match(view, product)
-    assert match is not None
-    return NORM_MATMUL.check(view, match)
+    return rule_reason(NORM_MATMUL, m, "MatMulNBits")
 
 
 @pytest.mark.parametrize(("kw", "says"), [

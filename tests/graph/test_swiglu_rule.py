@@ -16,6 +16,7 @@ from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, apply_rules
 from crossml.graph.passes.swiglu import SWIGLU
 from tests.conftest import make_model
+from tests.graph._rules import rule_reason
 
 RNG = np.random.default_rng(0)
 HIDDEN, INTER = 8, 24
@@ -107,11 +108,7 @@ def test_fp16_matches_reference_evaluator():
 
 
 def _reason(m: onnx.ModelProto) -> str | None:
-    view = GraphView.of(m.graph)
-    sig = next(n for n in m.graph.node if n.op_type == "Sigmoid")
-    match = SWIGLU.match(view, sig)
-    assert match is not None
-    return SWIGLU.check(view, match)
+    return rule_reason(SWIGLU, m, "Sigmoid")
 
 
 @pytest.mark.parametrize(("extra", "says"), [

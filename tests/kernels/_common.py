@@ -7,6 +7,9 @@ the variable stays unset, so the ``gpu`` tests run the compiled kernels (the CPU
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -45,3 +48,20 @@ def assert_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, tol: tu
     assert got.shape == ref.shape
     torch.testing.assert_close(got, ref, rtol=rtol, atol=atol)
     return float((got - ref).abs().max()) if got.numel() else 0.0
+
+
+def run_own_kernels(run: Callable[[], Any], own: str, vendor: tuple[str, ...]) -> Any:
+    """``run()`` on the GPU, traced after one untraced call (autotuning): at least one launched kernel is named
+    with ``own`` and none of the others with a ``vendor`` library marker (lower case). Returns the traced result."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = run()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any(own in n for n in names), names
+    others = [n for n in names if own not in n and any(s in n.lower() for s in vendor)]
+    assert not others, others
+    return out

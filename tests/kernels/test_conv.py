@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 from crossml.kernels import METACOMMAND_FREE  # noqa: E402
 from crossml.kernels.conv import conv, conv_reference  # noqa: E402
-from tests.kernels._common import DEVICES, assert_close, rand  # noqa: E402
+from tests.kernels._common import DEVICES, assert_close, rand, run_own_kernels  # noqa: E402
 
 #: name -> (x shape, w shape, conv keywords, channels-last input)
 CASES = {
@@ -113,18 +113,8 @@ def test_gpu_resnet_shapes(dtype: torch.dtype, channels_last: bool, xs: tuple, w
 
 @pytest.mark.gpu
 def test_gpu_conv_replacement_runs_no_cudnn() -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     x, w, b = rand(2, 64, 28, 28, device="cuda"), rand(64, 64, 3, 3, device="cuda", seed=1), rand(64, device="cuda")
     x, w, b = x.half(), w.half(), b.half()
-    METACOMMAND_FREE["Conv"](x, w, b, pads=[1, 1, 1, 1])  # autotune outside the trace
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        y = METACOMMAND_FREE["Conv"](x, w, b, pads=[1, 1, 1, 1])
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert any("_conv_kernel" in n for n in names), names
-    vendor = [n for n in names if "_conv_kernel" not in n
-              and any(s in n.lower() for s in ("conv", "cudnn", "gemm", "xmma", "cutlass", "miopen", "implicit"))]
-    assert not vendor, vendor
+    y = run_own_kernels(lambda: METACOMMAND_FREE["Conv"](x, w, b, pads=[1, 1, 1, 1]), "_conv_kernel",
+                        ("conv", "cudnn", "gemm", "xmma", "cutlass", "miopen", "implicit"))
     assert_close(y, conv_reference(x, w, b, pads=[1, 1, 1, 1]), torch.float16, tol=(1e-2, 5e-2))

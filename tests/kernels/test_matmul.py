@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 
 from crossml.kernels import METACOMMAND_FREE  # noqa: E402
 from crossml.kernels.matmul import gemm, gemm_reference, matmul, matmul_reference  # noqa: E402
-from tests.kernels._common import DEVICES, TF32_TOL, assert_close, rand  # noqa: E402
+from tests.kernels._common import DEVICES, TF32_TOL, assert_close, rand, run_own_kernels  # noqa: E402
 
 F32_F16 = [torch.float32, torch.float16]
 ALL_FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -148,20 +148,8 @@ def test_gpu_tf32() -> None:
 
 @pytest.mark.gpu
 def test_gpu_replacements_run_no_vendor_gemm() -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     a, b, c = _mats("cuda", torch.float16, (64, 96, 128), (128, 80), (80,))
-    METACOMMAND_FREE["MatMul"](a, b)  # autotune outside the trace
-    METACOMMAND_FREE["Gemm"](a[0], b, c)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        y = METACOMMAND_FREE["MatMul"](a, b)
-        z = METACOMMAND_FREE["Gemm"](a[0], b, c)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert any("_gemm_kernel" in n for n in names), names
-    vendor = [n for n in names if "_gemm_kernel" not in n
-              and any(s in n.lower() for s in ("gemm", "cublas", "cutlass", "xmma", "hipblas", "rocblas", "tensile"))]
-    assert not vendor, vendor
+    y, z = run_own_kernels(lambda: (METACOMMAND_FREE["MatMul"](a, b), METACOMMAND_FREE["Gemm"](a[0], b, c)),
+                           "_gemm_kernel", ("gemm", "cublas", "cutlass", "xmma", "hipblas", "rocblas", "tensile"))
     assert_close(y, matmul_reference(a, b), torch.float16)
     assert_close(z, gemm_reference(a[0], b, c), torch.float16)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 import numpy as np
 import onnx
 import pytest
 
 import crossml as ort
-from tests.conftest import affine_reference
+from tests.conftest import affine_reference, run_in_threads
 
 CPU = ["CPUExecutionProvider"]
 
@@ -208,11 +207,7 @@ def test_threads_share_one_session(affine_model):
             if not (np.allclose(y, ry, rtol=1e-5) and np.allclose(z, rz, rtol=1e-5)):
                 errors.append(f"thread {seed} wrong result for batch {n}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work)
     assert not errors
 
 
