@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -157,18 +158,11 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     sg.sparse_initializer.extend(g.sparse_initializer)
     inputs = {vi.name for vi in g.input}
     for t in g.initializer:
-        if _numel(t.dims) <= SKELETON_MAX_ELEMENTS:
+        if math.prod(t.dims) <= SKELETON_MAX_ELEMENTS:
             sg.initializer.append(t)
         elif t.name not in inputs:
             sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return m
-
-
-def _numel(dims: Any) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def prepare(model: onnx.ModelProto) -> onnx.ModelProto:
