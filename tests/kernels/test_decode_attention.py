@@ -22,6 +22,8 @@ from crossml.kernels.decode_attention import (  # noqa: E402
     decode_attention_reference,
     rotary_cache_write,
     rotary_cache_write_reference,
+    rotary_decode_attention,
+    rotary_decode_attention_reference,
 )
 from crossml.ops.contrib import attention  # noqa: E402
 from crossml.ops.registry import OpContext  # noqa: E402
@@ -120,6 +122,45 @@ def test_decode_attention_edges(device: str) -> None:
         out = decode_attention(q, kc, vc, total, 0.3, num_splits=splits)
         rtol, atol = TOL[dtype]
         torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "heads", "H", "mode", "window", "splits"), [
+    (torch.float32, (4, 2), 16, "halves", -1, 1),
+    (torch.float32, (14, 2), 64, "interleaved", 5, 3),
+    (torch.float32, (8, 8), 16, "partial", -1, 4),
+    (torch.float16, (14, 2), 64, "halves", -1, 3),
+    (torch.float16, (4, 2), 64, "partial_interleaved", 5, 1),
+    (torch.float16, (4, 2), 16, "off", -1, 3),
+    (torch.bfloat16, (6, 2), 24, "interleaved", -1, 2),
+], ids=_ids)
+def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, mode: str,
+                                 window: int, splits: int) -> None:
+    """The one-launch decode step equals rotary_cache_write + decode_attention's references: cache rows bit for
+    bit (written and untouched), the attention output within the dtype's tolerance. Entry 1's length is past
+    the buffer (its row is clamped to the last), entry 2 attends only its new row."""
+    N, Nk = heads
+    B, L, max_pos = 3, 40, 48
+    do_rotary, interleaved, rot = _rotary_mode(mode, H)
+    qkv = rand(B, (N + 2 * Nk) * H, dtype=dtype, device=device, seed=31)  # packed QKV: strided views
+    q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+    cos, sin = _caches(max_pos, rot // 2, dtype, device) if do_rotary else (None, None)
+    pos = torch.tensor([5, 45, 50], device=device) if do_rotary else None  # 50: past the cos cache, clamped
+    seqlens = torch.tensor([6, 44, 0], dtype=torch.int32, device=device)
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (32, 33))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ref = rotary_decode_attention_reference(q, k, v, cos, sin, pos, kc_ref, vc_ref, seqlens, 0.3, window,
+                                            interleaved=interleaved, do_rotary=do_rotary)
+    out = rotary_decode_attention(q, k, v, cos, sin, pos, kc, vc, seqlens, 0.3, window, interleaved=interleaved,
+                                  do_rotary=do_rotary, num_splits=splits)
+    assert out.shape == (B, N, H) and out.dtype == dtype
+    if dtype == torch.bfloat16 and INTERPRET:  # the interpreter rounds fp32 -> bf16 toward zero: 1 ulp
+        torch.testing.assert_close(kc, kc_ref, rtol=2 ** -7, atol=1e-3)
+    else:
+        assert torch.equal(kc, kc_ref)
+    assert torch.equal(vc, vc_ref)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------------- the op's fast path

@@ -1,13 +1,13 @@
 """Triton decode step of GroupQueryAttention (one new token per sequence, static shared KV cache).
 
-Two functions replace the ~40 torch kernels of ``group_query_attention``'s decode step:
+Three functions replace the ~40 torch kernels of ``group_query_attention``'s decode step:
 
 ``rotary_cache_write``
-    One launch: rotates the new token's query and key heads (``apply_rotary`` / ``gather_cos_sin``
+    One launch: rotates the new tokens' query and key heads (``apply_rotary`` / ``gather_cos_sin``
     of ``ops/contrib/rotary.py``: same formula, computed in float32, products rounded separately
     (no FMA contraction) so the result is bit-identical to the torch code), writes the rotated keys
     and the values into row ``write_pos[b]`` of the ``[B, Nk, L, H]`` caches and returns the
-    rotated queries.
+    rotated queries. The op's first prompt uses it for all of its tokens.
 ``decode_attention``
     ``out[b, h] = softmax(scale * q[b, h] . k[j]) v[j]`` over key rows ``j <= total_len[b] - 1``
     (and ``j > total_len[b] - 1 - local_window`` with a window), key head ``h // (N // Nk)``. One
@@ -15,7 +15,12 @@ Two functions replace the ~40 torch kernels of ``group_query_attention``'s decod
     and value row is read once per group. Online softmax in float32 over ``BLOCK_L``-row chunks.
     When ``B * Nk`` programs cannot fill the GPU the key range is split (flash-decoding): each
     split writes a partial result and its log-sum-exp, and a second kernel combines them, so the
-    call is one launch or two.
+    call is one launch or two. (Combining in the last split to arrive, counted with an atomic, was
+    measured slower on an H200: the arrival's fence and round trip cost more than a launch.)
+``rotary_decode_attention``
+    The op's decode step: the two above with one launch less. The attention programs rotate their
+    own query heads, take the new key and value from registers for the new row, and one program per
+    KV head writes them to the caches.
 
 Lengths and positions stay device tensors; nothing syncs with the host, so the step can be captured
 in a CUDA graph. ``*_reference`` are the torch definitions the tests compare against. Under
@@ -31,10 +36,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "rotary_cache_write",
-           "rotary_cache_write_reference", "supported_head_size"]
+           "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
+           "supported_head_size"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -193,14 +199,24 @@ def rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_
 
 
 @triton.jit
-def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
-                        NK, HB, G, L, HEAD_DIM, LEN_OFFSET, WINDOW, qk_scale,
-                        s_qb, s_qh, s_qd, s_kb, s_kh, s_kl, s_kd, s_vb, s_vh, s_vl, s_vd, s_ob, s_oh, s_od,
+def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, mo_ptr,
+                        ml_ptr,
+                        NK, HB, G, L, MAX_POS, HEAD_DIM, HALF, LEN_OFFSET, WINDOW, qk_scale,
+                        s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
+                        s_kcb, s_kch, s_kcl, s_kcd, s_vcb, s_vch, s_vcl, s_vcd, s_ob, s_oh, s_od,
                         s_mb, s_mh, s_ms, s_lb, s_lh,
-                        SPLIT: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
-                        BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+                        NEW: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
+                        DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
+                        BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
-    split ``program_id(1)`` of batch entry b's key range."""
+    split ``program_id(1)`` of batch entry b's key range.
+
+    NEW: the step's own token is part of the launch. Its query heads are rotated here (ROTARY), and its key
+    (rotated) and value go to cache row ``w = clamp(len[b], 0, L - 1)``, written by the (split 0, head block
+    0) program of each KV head; every program reads row w from its registers, never from the cache, so no
+    program waits for that write. SPLIT: each split stores its partial output and log-sum-exp for
+    ``_combine_kernel``."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
@@ -208,7 +224,8 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
     kvh = (pid // HB) % NK
     b = (pid // (HB * NK)).to(tl.int64)
     # key rows lo .. hi of entry b: j <= last (j < L), and j > last - WINDOW with a window
-    last = tl.load(len_ptr + b).to(tl.int32) + LEN_OFFSET - 1
+    length = tl.load(len_ptr + b).to(tl.int32)
+    last = length + LEN_OFFSET - 1
     hi = tl.minimum(last + 1, L)
     lo = tl.where(WINDOW > 0, tl.maximum(last - WINDOW + 1, 0), 0)
     n_blocks = tl.cdiv(tl.maximum(hi - lo, 0), BLOCK_L)
@@ -216,14 +233,37 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
     start = lo + split * per_split * BLOCK_L
     end = tl.minimum(start + per_split * BLOCK_L, hi)
 
-    g = hb * BLOCK_G + tl.arange(0, BLOCK_G)
+    g0 = hb * BLOCK_G
+    g = g0 + tl.arange(0, BLOCK_G)
     g_ok = g < G
     heads = (kvh * G + tl.minimum(g, G - 1)).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + d[None, :] * s_qd, mask=d_ok[None, :], other=0.0)
-    k_base = k_ptr + b * s_kb + kvh.to(tl.int64) * s_kh + d[None, :] * s_kd
-    v_base = v_ptr + b * s_vb + kvh.to(tl.int64) * s_vh + d[None, :] * s_vd
+    k_base = kc_ptr + b * s_kcb + kvh.to(tl.int64) * s_kch + d[None, :] * s_kcd
+    v_base = vc_ptr + b * s_vcb + kvh.to(tl.int64) * s_vch + d[None, :] * s_vcd
+    if NEW:
+        cos_row = cos_ptr
+        sin_row = sin_ptr
+        if ROTARY:
+            at = tl.load(pos_ptr + b).to(tl.int64)
+            at = tl.minimum(tl.maximum(at, 0), MAX_POS - 1)  # gather_cos_sin clamps
+            cos_row = cos_ptr + at * s_cp
+            sin_row = sin_ptr + at * s_sp
+        # rounded to q's dtype, as rotary_cache_write stores the rotated queries
+        qf, _ = _rotate(q_ptr + b * s_qb + (kvh * G + g0).to(tl.int64) * s_qh, s_qh, s_qd, G - g0, cos_row, sin_row,
+                        s_cd, s_sd, HEAD_DIM, HALF, ROTARY, INTERLEAVED, BLOCK_G, BLOCK_D)
+        q = qf.to(q_ptr.dtype.element_ty)
+        kn, kn_ok = _rotate(k_ptr + b * s_kb + kvh.to(tl.int64) * s_kh, s_kh, s_kd, 1, cos_row, sin_row, s_cd, s_sd,
+                            HEAD_DIM, HALF, ROTARY, INTERLEAVED, 1, BLOCK_D)  # [1, BLOCK_D]
+        kn = kn.to(kc_ptr.dtype.element_ty)
+        vn = tl.load(v_ptr + b * s_vb + kvh.to(tl.int64) * s_vh + d[None, :] * s_vd, mask=kn_ok,
+                     other=0.0).to(vc_ptr.dtype.element_ty)
+        w_row = tl.minimum(tl.maximum(length, 0), L - 1)
+        if (split == 0) & (hb == 0):
+            tl.store(k_base + w_row.to(tl.int64) * s_kcl, kn, mask=kn_ok)
+            tl.store(v_base + w_row.to(tl.int64) * s_vcl, vn, mask=kn_ok)
+    else:
+        q = tl.load(q_ptr + b * s_qb + heads[:, None] * s_qh + d[None, :] * s_qd, mask=d_ok[None, :], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
 
@@ -235,8 +275,12 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
         j = j0 + tl.arange(0, BLOCK_L)
         j_ok = j < end
         rows = j.to(tl.int64)[:, None]
-        kt = tl.load(k_base + rows * s_kl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
-        vt = tl.load(v_base + rows * s_vl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        kt = tl.load(k_base + rows * s_kcl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        vt = tl.load(v_base + rows * s_vcl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        if NEW:
+            mine = (j == w_row)[:, None]
+            kt = tl.where(mine, kn, kt)
+            vt = tl.where(mine, vn, vt)
         if DOT_FP32:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
@@ -264,8 +308,9 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, mo_ptr, ml_ptr,
 
 @triton.jit
 def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh, s_ob, s_oh, s_od,
-                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b * N + h): the log-sum-exp weighted mean of the splits' partial outputs."""
+    pdl_wait(PDL)
     pid = tl.program_id(0)
     h = (pid % N).to(tl.int64)
     b = (pid // N).to(tl.int64)
@@ -298,24 +343,24 @@ def _on_device(t: torch.Tensor, interp: bool):
     return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, total_len: torch.Tensor,
-                     scale: float, local_window: int = -1, *, len_offset: int = 0,
-                     num_splits: int | None = None) -> torch.Tensor:
-    """Attention of one query token per sequence over a KV cache: ``q [B, N, H]``, caches ``[B, Nk, L, H]``,
-    ``total_len [B]`` (device ints; ``total_len[b] + len_offset`` keys of entry b count, so onnxruntime's
-    ``seqlens_k`` goes in with ``len_offset=1``). Key rows ``j`` with ``j <= total - 1`` (and ``j < L``) are
-    attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. Returns ``[B, N, H]`` in q's
-    dtype. ``num_splits`` None: chosen from the shapes (flash-decoding when ``B * Nk`` programs are few)."""
+def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, what: str) -> None:
     B, N, H = q.shape
     Nk, L = k_cache.shape[1], k_cache.shape[2]
     if k_cache.shape != (B, Nk, L, H) or v_cache.shape != k_cache.shape or Nk == 0 or N % Nk:
-        raise ValueError(f"decode_attention: q {tuple(q.shape)} and caches {tuple(k_cache.shape)} / "
+        raise ValueError(f"{what}: q {tuple(q.shape)} and caches {tuple(k_cache.shape)} / "
                          f"{tuple(v_cache.shape)} need [B, N, H] and [B, Nk, L, H] with N a multiple of Nk")
     if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(f"decode_attention takes float16/bfloat16/float32 tensors of one type, got q {q.dtype}, "
+        raise TypeError(f"{what} takes float16/bfloat16/float32 tensors of one type, got q {q.dtype}, "
                         f"caches {k_cache.dtype} / {v_cache.dtype}")
     if not supported_head_size(H):
-        raise ValueError(f"decode_attention: head size {H} is outside 16..256")
+        raise ValueError(f"{what}: head size {H} is outside 16..256")
+
+
+def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new) -> torch.Tensor:
+    """Launch the attention kernel; ``new`` None (the caches hold every key) or (k, v, cos, sin, pos, half,
+    max_pos, rotary, interleaved) of the step's own token (see ``rotary_decode_attention``)."""
+    B, N, H = q.shape
+    Nk, L = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((B, N, H), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
@@ -328,27 +373,89 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_l = max(16, min(64, 16384 // (block_d * q.element_size())))
     programs = B * Nk * hb
     splits = num_splits if num_splits is not None else _num_splits(q, programs, L, block_l, interp)
-    splits = max(1, min(int(splits), max(1, L)))
+    splits = max(1, min(int(splits), L, GRID_YZ_MAX))
     dot_fp32 = q.dtype == torch.float32 or (interp and q.dtype == torch.bfloat16)  # numpy has no bf16 matmul
     meta = {"DOT_FP32": dot_fp32, "PRECISION": "ieee", "BLOCK_G": block_g, "BLOCK_L": block_l, "BLOCK_D": block_d}
-    qk_scale = float(scale) * _LOG2E
-    common = (Nk, hb, G, L, H, int(len_offset), int(local_window), qk_scale,
-              *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride())
-    warps = 4 if block_d * block_l >= 64 * 64 else 2
-    with _on_device(q, interp):
-        if splits == 1:
-            _decode_attn_kernel[(programs, 1)](q, k_cache, v_cache, total_len, out, out, out, *common,
-                                               0, 0, 0, 0, 0, SPLIT=False, **meta, num_warps=warps)
-            return out
+    if new is None:
+        k = v = cos = sin = pos = k_cache
+        half, max_pos, rotary, interleaved = 0, 1, False, False
+        s_k = s_v = (0, 0, 0)
+        s_c = s_s = (0, 0)
+    else:
+        k, v, cos, sin, pos, half, max_pos, rotary, interleaved = new
+        s_k, s_v = k.stride(), v.stride()
+        s_c, s_s = (cos.stride(), sin.stride()) if rotary else ((0, 0), (0, 0))
+    if splits > 1:
         mid_o = torch.empty((B, N, splits, H), dtype=torch.float32, device=q.device)
         mid_l = torch.empty((B, N, splits), dtype=torch.float32, device=q.device)
-        _decode_attn_kernel[(programs, splits)](q, k_cache, v_cache, total_len, out, mid_o, mid_l, *common,
-                                                mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0),
-                                                mid_l.stride(1), SPLIT=True, **meta, num_warps=warps)
-        _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-                                  mid_l.stride(0), mid_l.stride(1), *out.stride(),
-                                  BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4)
+        s_mid = (mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_l.stride(0), mid_l.stride(1))
+    else:
+        mid_o = mid_l = out
+        s_mid = (0, 0, 0, 0, 0)
+    args = (q, k, v, cos, sin, pos, k_cache, v_cache, total_len, out, mid_o, mid_l,
+            Nk, hb, G, L, max_pos, H, half, int(len_offset), int(local_window), float(scale) * _LOG2E,
+            *q.stride(), *s_k, *s_v, *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *out.stride(), *s_mid)
+    warps = 4 if block_d * block_l >= 64 * 64 else 2
+    with _on_device(q, interp):
+        # no FMA contraction with a new token: its rotation rounds each product as the torch code does
+        _decode_attn_kernel[(programs, splits)](*args, NEW=new is not None, ROTARY=bool(rotary),
+                                                INTERLEAVED=bool(interleaved), SPLIT=splits > 1, **meta,
+                                                num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
+        if splits > 1:
+            _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
+                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+                                      **pdl(q))
     return out
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, total_len: torch.Tensor,
+                     scale: float, local_window: int = -1, *, len_offset: int = 0,
+                     num_splits: int | None = None) -> torch.Tensor:
+    """Attention of one query token per sequence over a KV cache: ``q [B, N, H]``, caches ``[B, Nk, L, H]``,
+    ``total_len [B]`` (device ints; ``total_len[b] + len_offset`` keys of entry b count, so onnxruntime's
+    ``seqlens_k`` goes in with ``len_offset=1``). Key rows ``j`` with ``j <= total - 1`` (and ``j < L``) are
+    attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. Returns ``[B, N, H]`` in q's
+    dtype. ``num_splits`` None: chosen from the shapes (flash-decoding when ``B * Nk`` programs are few)."""
+    _check_attention(q, k_cache, v_cache, "decode_attention")
+    return _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, None)
+
+
+def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
+                            sin_cache: torch.Tensor | None, pos: torch.Tensor | None, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, seqlens: torch.Tensor, scale: float, local_window: int = -1, *,
+                            interleaved: bool = False, do_rotary: bool = True,
+                            num_splits: int | None = None) -> torch.Tensor:
+    """A whole GroupQueryAttention decode step in one launch: ``rotary_cache_write(q, k, v, cos_cache,
+    sin_cache, pos, k_cache, v_cache, seqlens, interleaved, do_rotary)`` followed by ``decode_attention(
+    rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1)``, with the same cache contents and
+    attention output. ``q [B, N, H]``, ``k`` / ``v [B, Nk, H]`` (one new token per entry, read through their
+    strides), ``seqlens [B]`` device ints: entry b's new row is ``seqlens[b]`` (clamped to the buffer) and keys
+    ``j <= seqlens[b]`` are attended."""
+    _check_attention(q, k_cache, v_cache, "rotary_decode_attention")
+    B, N, H = q.shape
+    Nk = k_cache.shape[1]
+    if k.shape != (B, Nk, H) or v.shape != (B, Nk, H):
+        raise ValueError(f"rotary_decode_attention: k {tuple(k.shape)} / v {tuple(v.shape)} need [B, Nk, H] = "
+                         f"{(B, Nk, H)}")
+    if do_rotary:
+        if cos_cache is None or sin_cache is None or pos is None:
+            raise ValueError("rotary_decode_attention: do_rotary needs cos_cache, sin_cache and pos")
+        half = cos_cache.shape[1]
+        if 2 * half > H or sin_cache.shape != cos_cache.shape:
+            raise ValueError(f"rotary_decode_attention: cos/sin caches {tuple(cos_cache.shape)} / "
+                             f"{tuple(sin_cache.shape)} need equal shapes [max_pos, rot/2] with rot <= {H}")
+        new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
+    else:
+        new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
+    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new)
+
+
+def rotary_decode_attention_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, scale,
+                                      local_window=-1, *, interleaved=False, do_rotary=True) -> torch.Tensor:
+    """What ``rotary_decode_attention`` computes: the two reference steps (caches written in place)."""
+    qr = rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, interleaved,
+                                      do_rotary)
+    return decode_attention_reference(qr, k_cache, v_cache, seqlens, scale, local_window, len_offset=1)
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -16,7 +16,7 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
 * Query row s of entry b sees keys ``j <= past_b + s`` (and ``j > past_b + s - local_window_size``:
   ``local_window_size`` keys with a local window); rows of right padding in the first prompt are unspecified in onnxruntime.
 * A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention runs
-  two or three Triton kernels (``kernels/decode_attention.py``: rotary + cache write, attention) instead
+  one Triton kernel (``kernels/decode_attention.py``: rotary, cache write and attention) instead
   of the torch code below; a causal first prompt without a window there runs the rotary + cache write
   kernel for all its tokens, then causal SDPA over the new rows. ``_fast_ok`` lists the conditions.
 """
@@ -147,10 +147,10 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     pos = None
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
-    qr = kernels.rotary_cache_write(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
-                                    seqlens_k.reshape(B), bool(rotary_interleaved), bool(do_rotary))
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    out = kernels.decode_attention(qr, kc, vc, seqlens_k.reshape(B), sc, local_window, len_offset=1)
+    out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
+                                          seqlens_k.reshape(B), sc, local_window,
+                                          interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
