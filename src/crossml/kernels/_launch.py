@@ -9,6 +9,7 @@ launches use one small fixed tile instead of autotuning.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,11 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+try:  # grid dependency control (NVIDIA sm90+); absent from some Triton builds
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - such builds never launch with PDL (see pdl)
+    gdc_launch_dependents = gdc_wait = None
 
 #: dtypes the kernels compute (fp32 accumulation; fp64 accumulates in fp64).
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -183,3 +189,35 @@ def product_output(a: torch.Tensor, N: int, K: int, bias: torch.Tensor | None) -
         return y, True
     return y, False
 
+
+
+#: CROSSML_PDL=0 launches every kernel without programmatic dependent launch (for A/B measurements)
+_PDL_ENABLED = os.environ.get("CROSSML_PDL", "1") != "0"
+
+
+@functools.cache
+def _pdl_capable(index: int) -> bool:
+    if not _PDL_ENABLED or gdc_wait is None or torch.version.hip or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl(t: torch.Tensor) -> dict[str, bool]:
+    """Launch options of a kernel that starts with ``pdl_wait(PDL)``, for a launch on ``t``'s device:
+    ``{"PDL": True, "launch_pdl": True}`` on NVIDIA GPUs of compute capability 9.0 and later (programmatic
+    dependent launch: the launch overlaps the previous kernel's tail, in streams and in CUDA graphs alike),
+    else ``{}`` (the interpreter, other devices)."""
+    if INTERPRET or t.device.type != "cuda":
+        return {}
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return {"PDL": True, "launch_pdl": True} if _pdl_capable(index) else {}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """The first statement of a kernel launched with ``pdl``: wait until the previous kernel in the stream has
+    finished and its writes are visible (nothing before this may touch memory), then let the next kernel
+    start launching (it waits for this one in turn)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, product_output, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, product_output, use_interpreter
 
 __all__ = ["dequantize", "matmul_nbits", "pick_tiles"]
 
@@ -61,7 +61,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
                          M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
                          BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                          STORE_SUM: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y.
 
     The packed weight is read as int32 words (8 nibbles, K order: low nibble of the lowest byte
@@ -72,6 +72,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     gamma (STORE_SUM: programs of the first column tile also store a + skip to ``sum_ptr``). Every
     program walks all of K, so it sums the squares as it goes and scales its float32 sums by
     rsqrt(mean + eps) at the end (the product is linear in the activations)."""
+    pdl_wait(PDL)
     G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
     WORDS: tl.constexpr = BLOCK_K // 8
     out_ty = y_ptr.dtype.element_ty
@@ -282,7 +283,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
         _matmul_nbits_kernel[grid](*args, **meta)
         return y
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        _matmul_nbits_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2)
+        _matmul_nbits_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2, **pdl(a))
     return y
 
 

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import use_interpreter
+from crossml.kernels._launch import pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "rms_norm", "skip_rms_norm"]
 
@@ -59,10 +59,11 @@ def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIA
 def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
                      inv_n, eps, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr,
                      STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
-                     SUM_RTNE: tl.constexpr):
+                     SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False):
     """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x (+ skip) (+ bias) in float32, then
     y = (s * rsqrt(mean(s * s) + eps)) * w. ``skip`` is read through (batch, sequence) strides, so a
     broadcast skip (stride 0) needs no copy."""
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * H
     y_row = y_ptr + row * H
@@ -138,7 +139,7 @@ def _launch(kernel: triton.JITFunction, x: torch.Tensor, rows: int, H: int, args
         return
     rtne = {f"{n}_RTNE": False for n, _ in zip(("Y", "SUM"), outs)}
     with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
-        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps)
+        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps, **pdl(x))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, use_interpreter
+from crossml.kernels._launch import cdiv, pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "silu_mul", "silu_mul_packed", "silu_mul_reference"]
 
@@ -30,8 +30,9 @@ _WARPS = 4
 
 
 @triton.jit
-def _silu_mul_kernel(g_ptr, up_ptr, y_ptr, n, BLOCK: tl.constexpr):
+def _silu_mul_kernel(g_ptr, up_ptr, y_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Elements [pid · BLOCK, (pid + 1) · BLOCK) of the flat, contiguous tensors."""
+    pdl_wait(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -41,9 +42,10 @@ def _silu_mul_kernel(g_ptr, up_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _silu_mul_packed_kernel(gu_ptr, y_ptr, n, stride_row, stride_col, BLOCK: tl.constexpr):
+def _silu_mul_packed_kernel(gu_ptr, y_ptr, n, stride_row, stride_col, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Columns [pid₁ · BLOCK, (pid₁ + 1) · BLOCK) of row pid₀: g at column j of ``gu``'s row, up at
     column n + j; ``y`` is contiguous [rows, n]."""
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -77,7 +79,8 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return y
     on_cuda = g.device.type == "cuda" and not interpret
     with torch.cuda.device(g.device) if on_cuda else contextlib.nullcontext():
-        _silu_mul_kernel[(cdiv(n, _BLOCK),)](g, up, y, n, BLOCK=_BLOCK, num_warps=_WARPS)
+        _silu_mul_kernel[(cdiv(n, _BLOCK),)](g, up, y, n, BLOCK=_BLOCK, num_warps=_WARPS,
+                                                   **pdl(g))
     return y
 
 
@@ -100,5 +103,5 @@ def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
     on_cuda = gu.device.type == "cuda" and not interpret
     with torch.cuda.device(gu.device) if on_cuda else contextlib.nullcontext():
         _silu_mul_packed_kernel[(rows.shape[0], cdiv(n, _BLOCK))](rows, y, n, rows.stride(0), rows.stride(1),
-                                                                  BLOCK=_BLOCK, num_warps=_WARPS)
+                                                                  BLOCK=_BLOCK, num_warps=_WARPS, **pdl(gu))
     return y
