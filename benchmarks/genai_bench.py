@@ -12,8 +12,9 @@ Measured per (model, precision, runtime), batch 1, greedy:
   the warm-up's first prompt is reported too ("first prefill ms": the first run of the model, kernel
   compilation included; crossml runs a bucket's first prompt eagerly and records the bucket's graph on
   its second, which later prompts of that width replay);
-* decode tokens/s: --new tokens, the host reading each token as it comes (EOS is held off with
-  min_length so every runtime makes the same number of steps);
+* decode tokens/s: --new tokens after each timed prompt (median of the --repeats runs; the JSON lists
+  each run), the host reading each token as it comes (EOS is held off with min_length so every
+  runtime makes the same number of steps);
 * bandwidth fraction: decode tokens/s x bytes read per token (the weights every token reads, plus the
   KV cache at the average context) / a measured device-to-device copy bandwidth (bytes read + written).
 
@@ -216,8 +217,8 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
     warm.append_tokens(ids)
     del warm
     _sync()
-    prefill, gen = [], None
-    for _ in range(repeats):
+    prefill, decode, gen = [], [], None
+    for _ in range(repeats):  # each repeat: a prompt, then `new` tokens; medians of both
         gen = None  # released first: each generator reuses the warm-up's decode buffers (and recorded graph)
         gen = generator()
         _sync()
@@ -225,17 +226,17 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
         gen.append_tokens(ids)
         _sync()
         prefill.append(time.perf_counter() - t0)
-    _sync()
-    t0 = time.perf_counter()
-    for _ in range(new):
-        gen.generate_next_token()
-        gen.get_next_tokens()  # the host gets each token, as a streaming caller does
-    _sync()
-    dt = time.perf_counter() - t0
-    assert len(gen.get_sequence(0)) == total
+        t0 = time.perf_counter()
+        for _ in range(new):
+            gen.generate_next_token()
+            gen.get_next_tokens()  # the host gets each token, as a streaming caller does
+        _sync()
+        decode.append(time.perf_counter() - t0)
+        assert len(gen.get_sequence(0)) == total
+    dt = statistics.median(decode)
     return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "prefill_first_ms": first * 1e3,
-            "decode_tok_s": new / dt,
-            "decode_ms_per_token": dt / new * 1e3}
+            "decode_tok_s": new / dt, "decode_ms_per_token": dt / new * 1e3,
+            "decode_runs_ms_per_token": [round(d / new * 1e3, 4) for d in decode]}
 
 
 def run_crossml(folder: str, prompt: list[int], new: int, repeats: int, graph: bool = True) -> dict[str, Any]:
@@ -312,6 +313,12 @@ def run_hf(hf: str, prompt: list[int], new: int, repeats: int, compile_: bool) -
 
 
 # -- report ----------------------------------------------------------------------------------------
+def _note(r: dict[str, Any]) -> str:
+    runs = r.get("decode_runs_ms_per_token")
+    spread = f"decode runs {' / '.join(f'{x:.3f}' for x in runs)} ms/token" if runs and len(runs) > 1 else ""
+    return "; ".join(x for x in (r.get("note", ""), spread) if x)
+
+
 def markdown(payload: dict[str, Any]) -> str:
     m = payload["machine"]
     lines = [
@@ -335,7 +342,7 @@ def markdown(payload: dict[str, Any]) -> str:
         first = r.get("prefill_first_ms")
         lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
                      f"{'' if first is None else f'{first:.1f}'} | {r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
-                     f"{'' if frac is None else f'{frac:.2f}'} | {r.get('note', '')} |")
+                     f"{'' if frac is None else f'{frac:.2f}'} | {_note(r)} |")
     lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_bench.py; rerun it to "
               "regenerate (models are cached under --workdir).", ""]
     return "\n".join(lines)
