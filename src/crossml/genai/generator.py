@@ -318,7 +318,7 @@ class Generator:
         bufs = self._bufs
         bufs.ids.copy_(self._seq[:, col:col + 1])
         if bufs.pos is not None:
-            bufs.pos.copy_((self._mask[:, :col + 1].sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0))
+            bufs.pos.copy_(search.position_of(self._mask, col))
         self._staged = col
 
     def _scores(self) -> torch.Tensor:
@@ -350,10 +350,7 @@ class Generator:
         if self._greedy is not None:
             self._greedy_step()
             return
-        token = self._select()
-        token = torch.where(self._done, torch.full_like(token, self._pad), token)
-        self._done |= torch.isin(token, self._eos)
-        self._append(token)
+        self._append(search.finish(self._select(), self._done, self._pad, self._eos))
 
     def _append(self, token: torch.Tensor) -> None:
         col = self._len

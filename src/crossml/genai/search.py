@@ -53,6 +53,21 @@ def greedy(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
+# -- bookkeeping of a chosen token ------------------------------------------------------------------
+def finish(token: torch.Tensor, done: torch.Tensor, pad: int, eos: torch.Tensor) -> torch.Tensor:
+    """The tokens to append: ``pad`` for rows already finished; marks in ``done`` (in place) the rows whose
+    token is an end-of-sequence id."""
+    token = torch.where(done, torch.full_like(token, pad), token)
+    done |= torch.isin(token, eos)
+    return token
+
+
+def position_of(mask: torch.Tensor, col: int) -> torch.Tensor:
+    """[rows, 1] position ids of the tokens in column ``col`` of a [rows, columns] attention mask: the real
+    tokens up to and including it, minus one (0 for a row with none)."""
+    return (mask[:, :col + 1].sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0)
+
+
 def sample(scores: torch.Tensor, *, top_k: int, top_p: float, temperature: float,
            generator: torch.Generator | None) -> torch.Tensor:
     """Sample one token per row from softmax(scores / temperature) restricted to top-k, then top-p."""

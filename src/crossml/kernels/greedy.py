@@ -138,15 +138,16 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
 def greedy_step_reference(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor,
                           eos: torch.Tensor, pad: int, col: int, ban_eos: bool, out: torch.Tensor,
                           ids: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> None:
-    """``greedy_step`` in torch operations (the generator's general path, step for step)."""
-    scores = logits.index_fill(1, eos, float("-inf")) if ban_eos else logits
-    token = scores.argmax(dim=-1)
-    token = torch.where(done, torch.full_like(token, pad), token)
-    done |= torch.isin(token, eos)
+    """``greedy_step`` in torch operations: what the generator's general path does for a plain greedy step, with
+    the same functions (``crossml.genai.search``)."""
+    from crossml.genai import search
+
+    token = search.finish(search.greedy(logits.index_fill(1, eos, search.NEG_INF) if ban_eos else logits), done,
+                          pad, eos)
     seq[:, col] = token
     mask[:, col] = 1
     out.copy_(torch.cat([token, done.long()]))
     if ids is not None:
         ids.copy_(token[:, None].to(ids.dtype))
         if pos is not None:
-            pos.copy_((mask[:, :col + 1].sum(-1, keepdim=True, dtype=torch.long) - 1).clamp_min(0))
+            pos.copy_(search.position_of(mask, col))
