@@ -88,6 +88,20 @@ def _rotate(x_ptr, s_xh, s_xd, n_heads, cos_row, sin_row, s_cd, s_sd, HEAD_DIM, 
 
 
 @triton.jit
+def _cos_sin_rows(cos_ptr, sin_ptr, at_ptr, MAX_POS, s_cp, s_sp, ROTARY: tl.constexpr):
+    """The cos/sin cache rows of the position at ``at_ptr``, clamped to ``0 .. MAX_POS-1`` as gather_cos_sin
+    clamps (the caches' first rows, unread, without ROTARY)."""
+    cos_row = cos_ptr
+    sin_row = sin_ptr
+    if ROTARY:
+        at = tl.load(at_ptr).to(tl.int64)
+        at = tl.minimum(tl.maximum(at, 0), MAX_POS - 1)
+        cos_row = cos_ptr + at * s_cp
+        sin_row = sin_ptr + at * s_sp
+    return cos_row, sin_row
+
+
+@triton.jit
 def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, wpos_ptr, qo_ptr,
                          N, NK, Q_BLOCKS, L, MAX_POS, HEAD_DIM, HALF, TOKENS,
                          s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
@@ -99,13 +113,7 @@ def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr,
     blk = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)[None, :]
-    cos_row = cos_ptr
-    sin_row = sin_ptr
-    if ROTARY:
-        p = tl.load(pos_ptr + b).to(tl.int64)
-        p = tl.minimum(tl.maximum(p, 0), MAX_POS - 1)  # gather_cos_sin clamps
-        cos_row = cos_ptr + p * s_cp
-        sin_row = sin_ptr + p * s_sp
+    cos_row, sin_row = _cos_sin_rows(cos_ptr, sin_ptr, pos_ptr + b, MAX_POS, s_cp, s_sp, ROTARY)
     if blk < Q_BLOCKS:
         h0 = blk * BLOCK_H
         y, ok = _rotate(q_ptr + b * s_qb + h0.to(tl.int64) * s_qh, s_qh, s_qd, N - h0, cos_row, sin_row, s_cd, s_sd,
@@ -123,6 +131,18 @@ def _rotary_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr,
         tl.store(kc_ptr + cb * s_kcb + h * s_kch + row * s_kcl + d * s_kcd, y.to(kc_ptr.dtype.element_ty), mask=ok)
         val = tl.load(v_ptr + b * s_vb + h * s_vh + d * s_vd, mask=ok, other=0.0)
         tl.store(vc_ptr + cb * s_vcb + h * s_vch + row * s_vcl + d * s_vcd, val.to(vc_ptr.dtype.element_ty), mask=ok)
+
+
+def _rotary_half(cos_cache: torch.Tensor | None, sin_cache: torch.Tensor | None, pos: torch.Tensor | None, H: int,
+                 what: str) -> int:
+    """Check a do_rotary call's cos/sin caches ``[max_pos, rot/2]`` (rot <= H) and positions; returns rot/2."""
+    if cos_cache is None or sin_cache is None or pos is None:
+        raise ValueError(f"{what}: do_rotary needs cos_cache, sin_cache and pos")
+    half = cos_cache.shape[1]
+    if 2 * half > H or sin_cache.shape != cos_cache.shape:
+        raise ValueError(f"{what}: cos/sin caches {tuple(cos_cache.shape)} / {tuple(sin_cache.shape)} need equal "
+                         f"shapes [max_pos, rot/2] with rot <= {H}")
+    return half
 
 
 def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
@@ -147,12 +167,7 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_ca
                          f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match [R, N|Nk, H] with "
                          f"R = {tokens} tokens x the caches' [R / {tokens}, Nk, L, H]")
     if do_rotary:
-        if cos_cache is None or sin_cache is None or pos is None:
-            raise ValueError("rotary_cache_write: do_rotary needs cos_cache, sin_cache and pos")
-        half = cos_cache.shape[1]
-        if 2 * half > H or sin_cache.shape != cos_cache.shape:
-            raise ValueError(f"rotary_cache_write: cos/sin caches {tuple(cos_cache.shape)} / "
-                             f"{tuple(sin_cache.shape)} need equal shapes [max_pos, rot/2] with rot <= {H}")
+        half = _rotary_half(cos_cache, sin_cache, pos, H, "rotary_cache_write")
         q_out = torch.empty((B, N, H), dtype=q.dtype, device=q.device)
         cos, sin, p = cos_cache, sin_cache, pos
         max_pos, s_c, s_s = cos_cache.shape[0], cos_cache.stride(), sin_cache.stride()
@@ -242,13 +257,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     k_base = kc_ptr + b * s_kcb + kvh.to(tl.int64) * s_kch + d[None, :] * s_kcd
     v_base = vc_ptr + b * s_vcb + kvh.to(tl.int64) * s_vch + d[None, :] * s_vcd
     if NEW:
-        cos_row = cos_ptr
-        sin_row = sin_ptr
-        if ROTARY:
-            at = tl.load(pos_ptr + b).to(tl.int64)
-            at = tl.minimum(tl.maximum(at, 0), MAX_POS - 1)  # gather_cos_sin clamps
-            cos_row = cos_ptr + at * s_cp
-            sin_row = sin_ptr + at * s_sp
+        cos_row, sin_row = _cos_sin_rows(cos_ptr, sin_ptr, pos_ptr + b, MAX_POS, s_cp, s_sp, ROTARY)
         # rounded to q's dtype, as rotary_cache_write stores the rotated queries
         qf, _ = _rotate(q_ptr + b * s_qb + (kvh * G + g0).to(tl.int64) * s_qh, s_qh, s_qd, G - g0, cos_row, sin_row,
                         s_cd, s_sd, HEAD_DIM, HALF, ROTARY, INTERLEAVED, BLOCK_G, BLOCK_D)
@@ -438,12 +447,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         raise ValueError(f"rotary_decode_attention: k {tuple(k.shape)} / v {tuple(v.shape)} need [B, Nk, H] = "
                          f"{(B, Nk, H)}")
     if do_rotary:
-        if cos_cache is None or sin_cache is None or pos is None:
-            raise ValueError("rotary_decode_attention: do_rotary needs cos_cache, sin_cache and pos")
-        half = cos_cache.shape[1]
-        if 2 * half > H or sin_cache.shape != cos_cache.shape:
-            raise ValueError(f"rotary_decode_attention: cos/sin caches {tuple(cos_cache.shape)} / "
-                             f"{tuple(sin_cache.shape)} need equal shapes [max_pos, rot/2] with rot <= {H}")
+        half = _rotary_half(cos_cache, sin_cache, pos, H, "rotary_decode_attention")
         new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
