@@ -53,6 +53,19 @@ def test_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple) ->
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "M{}_K{}_N{}_split{}".format(*c[:3], c[4][3]))
+def test_constant_weight_launch_gives_the_same_result(device: str, case: tuple) -> None:
+    """const_w (the first W tiles read before the wait for the previous kernel) changes when W is read,
+    not what is computed: bit-identical to the ordinary launch."""
+    M, K, N, with_bias, tiles = case
+    a = rand(M, K, dtype=torch.float16, device=device, seed=1)
+    w = rand(K, N, dtype=torch.float16, device=device, seed=2) * 0.1
+    bias = rand(N, dtype=torch.float16, device=device, seed=3) if with_bias else None
+    tiles = tiles if device == "cpu" else None
+    assert torch.equal(gemv(a, w, bias, tiles=tiles, const_w=True), gemv(a, w, bias, tiles=tiles))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_picked_tiles_leading_dims_and_strided_rows(device: str) -> None:
     """The tile rule's own choice (split K in the interpreter: 1 SM), a [2, 1, K] activation, a 1-D
     one, rows of a with a stride (a column slice), an fp32 bias for fp16 data."""
@@ -96,19 +109,22 @@ def test_errors_name_the_problem(device: str) -> None:
 
 
 def test_tiles_for_decode_shapes() -> None:
-    """The rule on a 132-SM GPU for Qwen2-0.5B's decode GEMVs: legal tiles, 128-byte rows, enough
+    """The rule on a 132-SM GPU for Qwen2-0.5B's decode GEMVs: legal tiles, 64-byte rows, enough
     programs (K split where the N slices are few), register-sized tiles."""
     for M in (1, 2, 3, 4):
         for K, N in [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 151936)]:
             bm, bn, bk, split, warps = pick_tiles(M, K, N, 2, 132)
-            assert bm == min(4, 1 << (M - 1).bit_length()) and bn >= 64 and bn & (bn - 1) == 0 and bk & (bk - 1) == 0
+            assert bm == min(4, 1 << (M - 1).bit_length()) and bn >= 32 and bn & (bn - 1) == 0 and bk & (bk - 1) == 0
             assert 1 <= split <= MAX_SPLIT_K and 1 <= warps <= 4 and bm * bk * bn <= 8192
             programs = -(-N // bn) * split
             assert programs >= 132, (M, K, N, programs)
             assert split == 1 or -(-N // bn) < 2 * 132
     assert pick_tiles(1, 896, 151936, 2, 132)[3] == 1  # wide N: one launch
     assert pick_tiles(1, 4864, 896, 2, 132)[3] > 1
-    assert pick_tiles(1, 896, 896, 4, 132)[1] == 32  # fp32: 32 values fill a 128-byte line
+    # the measured tiles of the split products (results/gemv_tiles.md): 32 x 128, 2-3 programs per SM
+    assert pick_tiles(1, 4864, 896, 2, 132) == (1, 32, 128, 13, 4)
+    assert pick_tiles(1, 2048, 3072, 2, 132) == (1, 32, 128, 4, 4)
+    assert pick_tiles(1, 896, 896, 4, 132)[1] == 16  # fp32: 16 values fill 64 bytes
 
 
 # --- the ops' routing ---
@@ -184,6 +200,45 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
     assert not calls
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_session_marks_constant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a session, a MatMul whose weight is an initializer launches with const_w (its tiles may be read
+    before the previous kernel ends); one whose weight is a graph input, or an initializer a feed may
+    override, does not."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import crossml
+    import crossml.kernels.gemv as kernel
+
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cpu",))
+    flags = []
+    original = kernel.gemv
+    monkeypatch.setattr(kernel, "gemv", lambda *a, **kw: flags.append(kw["const_w"]) or original(*a, **kw,
+                                                                                              tiles=(1, 256, 32, 1, 4)))
+    K = N = 256
+    rng = np.random.default_rng(0)
+    w, v = (rng.standard_normal((K, N)).astype(np.float16) * np.float16(0.05) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y1"]), helper.make_node("MatMul", ["x", "z"], ["y2"]),
+         helper.make_node("MatMul", ["x", "v"], ["y3"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, K]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT16, [K, N]),
+         helper.make_tensor_value_info("v", TensorProto.FLOAT16, [K, N])],  # v: an overridable initializer
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT16, [1, N]) for n in ("y1", "y2", "y3")],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((1, K)).astype(np.float16)
+    y1, y2, y3 = sess.run(None, {"x": x, "z": w})
+    assert sorted(flags) == [False, False, True], flags
+    ref = _reference(torch.from_numpy(x), torch.from_numpy(w)).numpy()
+    np.testing.assert_allclose(y1.astype(np.float64), ref, rtol=1e-2, atol=1e-2)
+    assert np.array_equal(y1, y2)
+    assert onnx.checker.check_model(model) is None
+
+
 def test_importing_crossml_does_not_import_triton() -> None:
     code = "import sys, crossml, crossml.ops.matmul, crossml.ops.fused; assert 'triton' not in sys.modules"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -223,7 +278,7 @@ def test_gpu_ops_fast_path(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("K", "N"), [(4864, 896), (896, 151936)])  # split K (2 launches), one launch
+@pytest.mark.parametrize(("K", "N"), [(4864, 896), (896, 9728)])  # split K (2 launches), one launch
 def test_gpu_graph_capture(K: int, N: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
     a = rand(1, 1, K, dtype=torch.float16, device="cuda", seed=1)

@@ -70,6 +70,21 @@ def test_matches_dequantize_matmul(device: str, dtype: torch.dtype, case: tuple)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "bs{}_K{}_N{}_M{}_{}".format(*c[:5]))
+def test_constant_weight_launch_gives_the_same_result(device: str, case: tuple) -> None:
+    """const_w (the first K step's weights read before the wait for the previous kernel) changes when
+    they are read, not what is computed: bit-identical to the ordinary launch."""
+    bs, K, N, M, zp_kind, with_bias = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, torch.float16, device)
+    a = rand(M, K, dtype=torch.float16, device=device, seed=1)
+    bias = rand(N, dtype=torch.float16, device=device, seed=2) if with_bias else None
+    tiles = (1 if M == 1 else 4, 64, max(bs, 64), 4) if device == "cpu" else None
+    kw = {"K": K, "N": N, "block_size": bs, "tiles": tiles}
+    assert torch.equal(matmul_nbits(a, B, scales, zp, bias, const_w=True, **kw),
+                       matmul_nbits(a, B, scales, zp, bias, **kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tiles", [(1, 4, 128, 1), (2, 32, 32, 4)])
 def test_other_tiles_and_layouts(device: str, tiles: tuple[int, int, int, int]) -> None:
     """Leading batch dims of A, 2-D scales, M split over programs, a K step past the last block."""
@@ -115,9 +130,10 @@ def test_tiles_for_decode_shapes() -> None:
             assert bm == 1 and bk % bs == 0 and bk & (bk - 1) == 0 and 1 <= warps <= 4
             assert bn * bk <= 8192 or bk == bs
             assert -(-N // bn) >= 4 * 132
-    assert pick_tiles(1, 16384, 2048, 32, 132) == (1, 8, 1024, 2)
-    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 2, 2048, 2)
-    assert pick_tiles(1, 3072, 2048, 32, 132) == (1, 4, 2048, 4)
+    assert pick_tiles(1, 16384, 2048, 32, 132) == (1, 4, 512, 1)  # wide: 4 x 512
+    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 1, 2048, 1)  # long K: one row per program
+    assert pick_tiles(1, 3072, 2048, 32, 132) == (1, 2, 2048, 1)
+    assert pick_tiles(1, 1152, 896, 32, 132) == (1, 2, 1024, 1)  # all of K in one step
     assert pick_tiles(3, 4864, 896, 32, 132)[0] == 4
     assert pick_tiles(40, 4864, 896, 32, 132)[0] == 16
 

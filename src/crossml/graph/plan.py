@@ -368,7 +368,8 @@ class _Builder:
         return OpContext(node_name=node.name, op_type=node.op_type, opset=opset, num_outputs=len(node.output),
                          output_types=self._elem_types(node.output),
                          outputs_wanted=tuple(bool(o) for o in node.output),
-                         device=device, extra=dict(self.opt.op_extra), input_types=self._elem_types(node.input))
+                         device=device, extra=dict(self.opt.op_extra), input_types=self._elem_types(node.input),
+                         const_inputs=tuple(bool(n) and n in self.constants for n in node.input))
 
     def _elem_types(self, names: Sequence[str]) -> tuple[int | None, ...]:
         out: list[int | None] = []

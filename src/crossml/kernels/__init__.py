@@ -80,12 +80,16 @@ def _use_triton(op_type: str, *ts: torch.Tensor | None) -> bool:
     return True
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul(a: torch.Tensor, b: torch.Tensor, *, ctx: Any = None) -> torch.Tensor:
     if _use_triton("MatMul", a, b):
+        from crossml.ops.matmul import gemv_eligible
+
+        if gemv_eligible(a, b):  # decode-sized: the Triton GEMV (also no vendor library)
+            return _registered("MatMul")(a, b, ctx=ctx)
         from crossml.kernels.matmul import matmul as triton_matmul
 
         return triton_matmul(a, b)
-    return _registered("MatMul")(a, b)
+    return _registered("MatMul")(a, b, ctx=ctx)
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alpha: float = 1.0,

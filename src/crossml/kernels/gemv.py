@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, processors, product_output, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, product_output, use_interpreter
 
 __all__ = ["DTYPES", "gemv", "pick_tiles"]
 
@@ -49,11 +49,15 @@ _MAX_BLOCK_N = 256
 @triton.jit
 def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_ym, s_ys,
                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M), summed over K range pid1.
 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias;
     else add the bias and store in y's dtype.
+
+    PDL (see ``_launch.pdl``) with CONST_W (W a constant of the model, which no kernel writes): the first
+    two W tiles are requested before waiting for the previous kernel, so they arrive while it finishes.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -77,9 +81,13 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
     # W tiles are requested two steps ahead of their use (a register double buffer): while a
     # program waits for one tile, the next is in flight too (loops without tl.dot get no
     # num_stages pipelining from Triton)
+    if not CONST_W:
+        pdl_wait(PDL)
     w_cur = tl.load(w_ptrs, mask=(k_lo + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
     w_ptrs += BLOCK_K * s_wk
     w_nxt = tl.load(w_ptrs, mask=(k_lo + BLOCK_K + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+    if CONST_W:
+        pdl_wait(PDL)
     for k in range(k_lo, k_hi, BLOCK_K):
         k_ok = k + offs_k < k_hi
         w = w_cur.to(tl.float32)
@@ -118,8 +126,10 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
 
 @triton.jit
 def _split_k_reduce_kernel(ws_ptr, bias_ptr, y_ptr, MN, N, SPLIT_K,
-                           HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """y.flat[i] = sum_s ws[s].flat[i] (+ bias[i % N]) for BLOCK values of i, in y's dtype."""
+    pdl_wait(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     s = tl.arange(0, BLOCK_S)
@@ -136,13 +146,15 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple
 
     The GEMV is bandwidth-bound, so the rule aims for enough programs in flight to cover memory
     latency (about 4 per SM) with wide, coalesced rows of W: BLOCK_N is the largest power of two
-    <= 256 leaving >= 4 programs per SM, but never narrower than one 128-byte line per row;
+    <= 256 leaving >= 4 programs per SM, but never narrower than 64 bytes per row (32 fp16 values: on an
+    H200, 32-column tiles beat 64-column ones at every decode shape measured, as twice the programs);
     BLOCK_K fills a 4096-value tile (2048 for 3-4 rows of a, whose four float32 accumulators
     would crowd the registers). When the N slices are fewer than 2 per SM, K is split to reach
-    about 4 programs per SM (at most 64 splits, each at least one BLOCK_K step).
+    about 3 programs per SM (at most 64 splits, each at least one BLOCK_K step; in the in-graph
+    sweep of benchmarks/gemv_tiles.py, 2-3 programs per SM beat 4 at the split decode shapes).
     """
     block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
-    min_n = max(16, 128 // elem_size)
+    min_n = max(16, 64 // elem_size)
     block_n = _MAX_BLOCK_N
     while block_n > min_n and cdiv(N, block_n) < 4 * processors:
         block_n //= 2
@@ -152,7 +164,7 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple
     n_prog = cdiv(N, block_n)
     split = 1
     if n_prog < 2 * processors:
-        split = max(1, min(cdiv(4 * processors, n_prog), cdiv(K, block_k), MAX_SPLIT_K))
+        split = max(1, min(cdiv(3 * processors, n_prog), cdiv(K, block_k), MAX_SPLIT_K))
         split = cdiv(K, _k_per_split(K, split, block_k))
     num_warps = max(1, min(4, block_n * block_k // 256))
     return block_m, block_n, block_k, split, num_warps
@@ -164,13 +176,15 @@ def _k_per_split(K: int, split: int, block_k: int) -> int:
 
 
 def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-         tiles: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+         tiles: tuple[int, int, int, int, int] | None = None, const_w: bool = False) -> torch.Tensor:
     """``a @ w (+ bias)`` for ``a`` [..., K] and a contiguous ``w`` [K, N] -> [..., N] in a's dtype.
 
     Meant for decode sizes (prod of a's leading dims M <= 4; more rows work, re-reading W once per
     4 rows). One launch, or two when K is split (see the module docstring). ``tiles``
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) overrides ``pick_tiles`` (tests): BLOCK_M one
-    of 1, 2, 4, BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64].
+    of 1, 2, 4, BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64]. ``const_w``: ``w`` is a constant of
+    the model that no kernel writes (an initializer), so with programmatic dependent launch its first
+    tiles are read while the previous kernel finishes.
     """
     if a.dtype not in DTYPES or w.dtype != a.dtype:
         raise TypeError(f"GEMV Triton kernel: a and w must share one of float16/bfloat16/float32, got {a.dtype} "
@@ -212,8 +226,9 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                          "third dimension; this kernel is for decode sizes, use torch.matmul")
 
     launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
-    compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2}
-    meta = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2, **pdl(a)}
+    meta = {"HAS_BIAS": bias is not None, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k,
+            "CONST_W": const_w}
     with launch:
         if split == 1:
             _gemv_kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), w.stride(0),
@@ -224,7 +239,7 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                            N, M * N, PARTIAL=True, **meta, **compiled)
         block_s = triton.next_power_of_2(split)
         block = max(32, min(1024, _TILE_ELEMS // block_s))
-        reduce_meta = {} if interpret else {"num_warps": 4 if block_s * block >= 1024 else 1}
+        reduce_meta = {} if interpret else {"num_warps": 4 if block_s * block >= 1024 else 1, **pdl(a)}
         _split_k_reduce_kernel[(cdiv(M * N, block),)](ws, bias1, y2, M * N, N, split, HAS_BIAS=bias is not None,
                                                        BLOCK_S=block_s, BLOCK=block, **reduce_meta)
     return y

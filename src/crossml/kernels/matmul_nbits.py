@@ -61,7 +61,8 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
                          M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
                          BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                          STORE_SUM: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid1 * BLOCK_M, +BLOCK_M) of y.
 
     The packed weight is read as int32 words (8 nibbles, K order: low nibble of the lowest byte
@@ -72,7 +73,6 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     gamma (STORE_SUM: programs of the first column tile also store a + skip to ``sum_ptr``). Every
     program walks all of K, so it sums the squares as it goes and scales its float32 sums by
     rsqrt(mean + eps) at the end (the product is linear in the activations)."""
-    pdl_wait(PDL)
     G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
     WORDS: tl.constexpr = BLOCK_K // 8
     out_ty = y_ptr.dtype.element_ty
@@ -90,16 +90,25 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
 
+    # the next K step's words, scales and zero points are requested one step ahead of their use; the
+    # first step's before the wait for the previous kernel when they are constants (CONST_W)
+    if not CONST_W:
+        pdl_wait(PDL)
+    words = tl.load(w_ptr + n2 * ROW_WORDS + w_idx, mask=w_idx < ROW_WORDS, other=0)
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, g2, g2 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    if CONST_W:
+        pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
-        word0 = k0 // 8
-        words = tl.load(w_ptr + n2 * ROW_WORDS + word0 + w_idx, mask=word0 + w_idx < ROW_WORDS, other=0)
-        q = (words[:, :, None] >> shifts) & 0xF  # [BLOCK_N, WORDS, 8]
+        words_k, scale_k, zp_k = words, scale, zp
+        word1 = (k0 + BLOCK_K) // 8
+        words = tl.load(w_ptr + n2 * ROW_WORDS + word1 + w_idx, mask=word1 + w_idx < ROW_WORDS, other=0)
+        blk1 = (k0 + BLOCK_K) // BS + g2
+        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk1, blk1 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+        q = (words_k[:, :, None] >> shifts) & 0xF  # [BLOCK_N, WORDS, 8]
         # nibble -> float without an int-to-float conversion (a quarter-rate instruction on NVIDIA
         # GPUs): or-ing q into the mantissa of 2**23 gives the float 2**23 + q exactly
         qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
         q3 = tl.reshape(qf, (BLOCK_N, G, BS))
-        blk = k0 // BS + g2  # [1, G]
-        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
         k_ok = k0 + kk < K
         if NORM > 0:
             gam = tl.load(gamma_ptr + k0 + kk, mask=k_ok, other=0.0).to(tl.float32)
@@ -117,7 +126,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
             a3 = tl.reshape(av, (1, G, BS))
             dot = tl.sum(q3 * a3, axis=2)  # [BLOCK_N, G]
             a_sum = tl.sum(a3, axis=2)  # [1, G]
-            part = tl.sum(scale * (dot - zp * a_sum), axis=1)  # [BLOCK_N]
+            part = tl.sum(scale_k * (dot - zp_k * a_sum), axis=1)  # [BLOCK_N]
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
     n_ok = offs_n < N
@@ -155,27 +164,23 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, N, K, N_BLOCKS, ROW_BYTES, s_
     tl.store(y_ptr + n2 * K + kk, w, mask=n_ok[:, None] & (kk < K))
 
 
-#: (BLOCK_K, num_warps) per BLOCK_N: the fastest tiles inside CUDA graphs on an H200 at the Qwen2.5-0.5B and
-#: Llama-3.2-1B decode shapes (benchmarks/matmul_nbits_tiles.py, results/matmul_nbits_tiles.md): long contiguous
-#: runs per weight row for narrow tiles, 8 x 1024 with 2 warps for the wide products (merged gate+up, lm_head)
-_TILE = {1: (2048, 4), 2: (2048, 2), 4: (2048, 4), 8: (1024, 2)}
-
-
 def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a problem on a GPU of ``processors`` SMs.
 
-    BLOCK_N is the largest power of two <= 8 leaving >= 4 programs per SM (decode GEMVs are
-    bandwidth-bound: enough programs in flight to cover memory latency); BLOCK_K and the warps come
-    from a table measured on an H200 (1024 for 8 columns, 2048 for fewer), BLOCK_K at least one
-    quantization block and at most K rounded up.
+    From the in-graph sweep of benchmarks/gemv_tiles.py on an H200 (results/gemv_tiles.md; weights not in
+    L2, constant-weight launches): one warp per program, BLOCK_K the whole of K up to 2048 (K rounded up
+    to a power of two), two weight rows per program, or one when K spans more than two such steps (more
+    programs for the long products, e.g. down: each still takes three or more K steps); for wide
+    products, where two-row programs would exceed 16 per SM (merged gate+up, lm_head), four rows by 512
+    (many short programs cost more than they hide). BLOCK_K is at least one quantization block.
     """
     block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
-    block_n = 8
-    while block_n > 1 and cdiv(N, block_n) < 4 * processors:
-        block_n //= 2
-    block_k, num_warps = _TILE[block_n]
-    block_k = max(block_size, min(triton.next_power_of_2(max(K, 1)), block_k))
-    return block_m, block_n, block_k, num_warps
+    block_k = min(2048, triton.next_power_of_2(max(K, 1)))
+    if cdiv(N, 2) > 16 * processors:
+        block_n, block_k = 4, min(block_k, 512)
+    else:
+        block_n = 1 if K > 2 * block_k else 2
+    return block_m, block_n, max(block_size, block_k), 1
 
 
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
@@ -212,7 +217,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                  bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
                  tiles: tuple[int, int, int, int] | None = None,
                  norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
-                 sum_out: torch.Tensor | None = None) -> torch.Tensor:
+                 sum_out: torch.Tensor | None = None, const_w: bool = False) -> torch.Tensor:
     """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
 
     ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
@@ -222,7 +227,9 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     ``a`` (SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization feeding the product), the
     statistics in float32; the normalized activations are not rounded to a's dtype, as the two ops in a
     row would round them. ``sum_out`` (with a skip): receives a + skip in its dtype, as the skip norm's
-    fourth output.
+    fourth output. ``const_w``: ``b``, ``scales`` and ``zero_points`` are constants of the model that no kernel
+    writes (initializers), so with programmatic dependent launch the first K step's are read while the
+    previous kernel finishes.
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -278,7 +285,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
             z2.stride(0), y2.stride(0), skip2.stride(0), sum2.stride(0), 1.0 / K, float(eps))
     meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None,
             "NORM": 0 if norm is None else 1 if skip is None else 2, "STORE_SUM": sum_out is not None,
-            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k}
+            "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w}
     if interpret:
         _matmul_nbits_kernel[grid](*args, **meta)
         return y

@@ -64,14 +64,14 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x)
 
 
-@op("Linear", since=1, domain=DOMAIN)
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+@op("Linear", since=1, domain=DOMAIN, ctx=True)
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, ctx: OpContext | None = None) -> torch.Tensor:
     """x @ w + b (w: [K, N]) as one call with the bias in the epilogue: the Triton GEMV for
     decode-sized products on GPUs (``crossml.ops.matmul.gemv_eligible``), else torch's linear."""
     if gemv_eligible(x, w, b):
         from crossml.kernels.gemv import gemv
 
-        return gemv(x, w, b)
+        return gemv(x, w, b, const_w=ctx is not None and ctx.constant(1))
     return torch.nn.functional.linear(x, w.t(), b)
 
 
@@ -132,7 +132,8 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
             and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None):
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
-                                              norm=(skip, gamma, epsilon), sum_out=s)
+                                              norm=(skip, gamma, epsilon), sum_out=s,
+                                              const_w=ctx.constant(3, 4) and (zero_points is None or ctx.constant(5)))
         return y, s
     if skip is None:
         normed, _ = simplified_layer_normalization(x, gamma, epsilon=epsilon)

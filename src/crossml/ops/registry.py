@@ -73,6 +73,13 @@ class OpContext:
     input_types: tuple[int | None, ...] = ()  # ONNX element types of the inputs, None when unknown
     run_subgraph: Callable[..., Any] | None = None  # (graph_attr_name, inputs list) -> outputs list
     extra: dict[str, Any] = field(default_factory=dict)
+    #: per input, True where it is a constant of the model (an initializer no feed can override, or a folded
+    #: value): no kernel writes it, so a kernel may read it before the previous kernel has finished
+    const_inputs: tuple[bool, ...] = ()
+
+    def constant(self, *indices: int) -> bool:
+        """Whether every one of these inputs is a model constant (False when the plan did not say)."""
+        return all(i < len(self.const_inputs) and self.const_inputs[i] for i in indices)
 
 
 _REGISTRY: dict[tuple[str, str], list[OpSpec]] = {}

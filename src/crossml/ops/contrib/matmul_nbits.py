@@ -25,7 +25,7 @@ import torch
 
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import norm_axis
-from crossml.ops.registry import MS_DOMAIN, op
+from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
 
@@ -126,7 +126,7 @@ def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     return load("matmul_nbits") is not None  # imported on the first eligible call only
 
 
-@op("MatMulNBits", domain=MS_DOMAIN)
+@op("MatMulNBits", domain=MS_DOMAIN, ctx=True)
 def matmul_nbits(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -141,6 +141,7 @@ def matmul_nbits(
     bits: int = 4,
     accuracy_level: int = 0,
     weight_prepacked: int = 0,
+    ctx: OpContext | None = None,
 ) -> torch.Tensor:
     _check_block_size(block_size)
     if weight_prepacked:
@@ -151,7 +152,9 @@ def matmul_nbits(
     kernels = _use_kernel(A, B, scales, zero_points, g_idx, bias, bits)
     if kernels and math.prod(A.shape[:-1]) <= KERNEL_MAX_M:
         a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
-        return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size)
+        const_w = ctx is not None and ctx.constant(1, 2) and (zero_points is None or ctx.constant(3))
+        return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
+                                                 const_w=const_w)
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
     if kernels:
         w = load("matmul_nbits").dequantize(B, scales, zero_points, K=K, N=N, block_size=block_size, dtype=compute)

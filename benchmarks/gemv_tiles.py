@@ -1,0 +1,179 @@
+"""The decode GEMVs' tiles at LLM decode shapes, timed inside CUDA graphs (as decode replays them).
+
+For each (N, K) of Qwen2.5-0.5B and Llama-3.2-1B decode (qkv, o, merged gate+up, down, lm_head; one row
+of fp16 activations) it times, per call:
+
+* the 4-bit GEMV (``crossml.kernels.matmul_nbits``, block size 32, packed zero points, constant weights) at
+  the tiles ``pick_tiles`` chooses and at every (BLOCK_N, BLOCK_K, num_warps) of a sweep;
+* the fp16 GEMV (``crossml.kernels.gemv``, constant weight) at its ``pick_tiles`` tiles and a sweep of
+  (BLOCK_N, BLOCK_K, SPLIT_K, num_warps), against cuBLAS (``torch.matmul``) on the same fp16 weight.
+
+Each time is the mean over graph replays of one graph holding a run of calls on distinct copies of the
+weight, together larger than the L2 cache (a decode step reads every weight once, so none is L2-resident),
+with programmatic dependent launch between the calls as in a decode step. The tile rules come from these
+results. Writes results/gemv_tiles.{json,md} (the JSON holds every sweep point).
+
+    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import machine  # noqa: E402
+
+from crossml.kernels import gemv as fp16_gemv  # noqa: E402
+from crossml.kernels import matmul_nbits as nbits  # noqa: E402
+from crossml.kernels._launch import processors  # noqa: E402
+
+#: (model, layer, N, K)
+SHAPES = [
+    ("qwen2.5-0.5b", "qkv", 1152, 896), ("qwen2.5-0.5b", "o", 896, 896),
+    ("qwen2.5-0.5b", "gate+up", 9728, 896), ("qwen2.5-0.5b", "down", 896, 4864),
+    ("qwen2.5-0.5b", "lm_head", 151936, 896),
+    ("llama-3.2-1b", "qkv", 3072, 2048), ("llama-3.2-1b", "o", 2048, 2048),
+    ("llama-3.2-1b", "gate+up", 16384, 2048), ("llama-3.2-1b", "down", 2048, 8192),
+    ("llama-3.2-1b", "lm_head", 128256, 2048),
+]
+BLOCK_SIZE = 32
+#: bytes the weight copies of one graph add up to at least (the H200's L2 is 50 MB)
+SPAN_BYTES = 160 << 20
+MAX_COPIES = 24
+
+
+def copies(weight_bytes: int) -> int:
+    return max(2, min(MAX_COPIES, math.ceil(SPAN_BYTES / weight_bytes)))
+
+
+def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
+    """Mean µs of one call among ``calls``, captured back to back in one CUDA graph."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in calls:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays / len(calls) * 1e3
+
+
+def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
+    nb = K // BLOCK_SIZE
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
+    ws = [(torch.randint(0, 256, (N, nb, BLOCK_SIZE // 2), device=dev, dtype=torch.uint8, generator=g),
+           torch.rand(N, nb, device=dev, dtype=torch.float16, generator=g) * 0.01,
+           torch.randint(0, 256, (N, (nb + 1) // 2), device=dev, dtype=torch.uint8, generator=g))
+          for _ in range(copies(N * K // 2))]
+
+    def run(tiles: tuple[int, int, int, int] | None) -> float:
+        return in_graph_us([lambda w=w: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE, tiles=tiles,
+                                                           const_w=True) for w in ws])
+
+    rule = nbits.pick_tiles(1, N, K, BLOCK_SIZE, processors(a))
+    sweep = []
+    if not quick:
+        for bn, bk, warps in itertools.product([1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048], [1, 2, 4, 8]):
+            if 512 <= bn * bk <= 16384 and bk <= triton_pow2(K) and bn * bk >= 32 * warps * 8:
+                sweep.append({"us": run((1, bn, bk, warps)), "tiles": [1, bn, bk, warps]})
+    sweep.sort(key=lambda r: r["us"])
+    return {"rule_tiles": list(rule), "rule_us": run(None), "sweep": sweep, "copies": len(ws),
+            "packed_mb": N * K / 2 / 1e6}
+
+
+def measure_fp16(N: int, K: int, dev: torch.device, quick: bool) -> dict:
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
+    ws = [torch.randn(K, N, device=dev, dtype=torch.float16, generator=g) * 0.02 for _ in range(copies(N * K * 2))]
+
+    def run(tiles: tuple[int, int, int, int, int] | None) -> float:
+        return in_graph_us([lambda w=w: fp16_gemv.gemv(a, w, tiles=tiles, const_w=True) for w in ws])
+
+    rule = fp16_gemv.pick_tiles(1, K, N, 2, processors(a))
+    sweep = []
+    if not quick:
+        for bn, tile, split, warps in itertools.product([32, 64, 128, 256], [2048, 4096, 8192], [0, 1, 2, 4, 8, 16],
+                                                        [2, 4, 8]):
+            bk = tile // bn
+            if bk <= triton_pow2(K):
+                t = (1, bn, bk, rule[3] if split == 0 else split, warps)
+                sweep.append({"us": run(t), "tiles": list(t)})
+    sweep.sort(key=lambda r: r["us"])
+    return {"rule_tiles": list(rule), "rule_us": run(None), "sweep": sweep, "copies": len(ws),
+            "cublas_us": in_graph_us([lambda w=w: torch.matmul(a, w) for w in ws]), "mb": N * K * 2 / 1e6}
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def markdown(payload: dict) -> str:
+    def best(r: dict) -> str:
+        return "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in r["sweep"][:2]) or "-"
+
+    lines = ["# Decode GEMV tiles (in-graph µs per call, one fp16 row, weights not in L2)", "",
+             f"GPU: {payload['machine'].get('gpu')}; torch {payload['machine'].get('torch')}. GB/s: weight bytes "
+             "read / time (packed bytes for 4-bit).", "",
+             "## 4-bit GEMV (block size 32, packed zero points); tiles (M, N, K, warps)", "",
+             "| model | layer | N | K | rule tiles | rule µs | GB/s | best two of the sweep |",
+             "| --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
+    for r in payload["rows"]:
+        q = r["int4"]
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {tuple(q['rule_tiles'])} | "
+                     f"{q['rule_us']:.2f} | {q['packed_mb'] / q['rule_us'] * 1e3:.0f} | {best(q)} |")
+    lines += ["", "## fp16 GEMV against cuBLAS; tiles (M, N, K, split K, warps)", "",
+              "| model | layer | N | K | rule tiles | rule µs | GB/s | cuBLAS µs | rule ÷ cuBLAS | best two of the sweep |",
+              "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in payload["rows"]:
+        h = r["fp16"]
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {tuple(h['rule_tiles'])} | "
+                     f"{h['rule_us']:.2f} | {h['mb'] / h['rule_us'] * 1e3:.0f} | {h['cublas_us']:.2f} | "
+                     f"{h['rule_us'] / h['cublas_us']:.2f} | {best(h)} |")
+    return "\n".join([*lines, "", "Produced by benchmarks/gemv_tiles.py.", ""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--quick", action="store_true", help="the rule's tiles and cuBLAS only, no sweeps")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("gemv_tiles: needs a GPU")
+    dev = torch.device("cuda")
+    rows = []
+    for model, layer, N, K in SHAPES:
+        r = {"model": model, "layer": layer, "N": N, "K": K, "int4": measure_4bit(N, K, dev, args.quick),
+             "fp16": measure_fp16(N, K, dev, args.quick)}
+        rows.append(r)
+        q, h = r["int4"], r["fp16"]
+        print(f"{model} {layer} N={N} K={K}: 4-bit rule {tuple(q['rule_tiles'])} {q['rule_us']:.2f} µs, best "
+              f"{q['sweep'][:1]}; fp16 rule {tuple(h['rule_tiles'])} {h['rule_us']:.2f} µs, best {h['sweep'][:1]}, "
+              f"cuBLAS {h['cublas_us']:.2f} µs", flush=True)
+        torch.cuda.empty_cache()
+    payload = {"machine": machine(), "block_size": BLOCK_SIZE, "rows": rows}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gemv_tiles.json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.join(args.out, "gemv_tiles.md"), "w") as f:
+        f.write(markdown(payload))
+
+
+if __name__ == "__main__":
+    main()
