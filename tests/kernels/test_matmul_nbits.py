@@ -14,8 +14,9 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.matmul_nbits import dequantize, matmul_nbits, pick_tiles  # noqa: E402
+from crossml.kernels.matmul_nbits import dequantize, gather_rows, matmul_nbits, pick_tiles  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import dequantize_nbits  # noqa: E402
+from crossml.ops.contrib.matmul_nbits import gather_block_quantized as gather_op  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import matmul_nbits as matmul_nbits_op  # noqa: E402
 from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
 
@@ -234,6 +235,78 @@ def test_op_dequantizes_prompt_sizes_with_the_kernel(monkeypatch: pytest.MonkeyP
     y = matmul_nbits_op(a, B, scales, zp, None, bias, **kw)
     assert len(calls) == 1
     assert torch.equal(y, ref)
+
+
+GATHER_CASES = [  # V, row bytes (K / 2), block size, zero points, indices
+    (10, 48, 32, "packed", [[3]]),  # one decode token, K = 96: 3 blocks
+    (10, 40, 32, None, [[0, -1, 9], [4, 4, 2]]),  # K = 80: a partial last block; a negative index
+    (7, 128, 128, "packed", [[6, 1], [0, 3]]),  # K = 256, two blocks, rows of 2 x 2 indices
+    (40, 24, 16, "packed", [list(range(-20, 20))]),  # 40 rows: more than one program of rows
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", GATHER_CASES, ids=lambda c: f"V{c[0]}_K{2 * c[1]}_bs{c[2]}_{c[3]}")
+def test_gather_rows_equals_the_ops_composition(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """GatherBlockQuantized's 4-bit row gather in one launch gives the op's torch composition bit for bit
+    (int32 and int64 indices, negative ones, zero points packed or absent, a partial last block)."""
+    V, row_bytes, bs, zp_kind, idx = case
+    g = torch.Generator().manual_seed(V)
+    nb = -(-row_bytes * 2 // bs)
+    data = torch.randint(0, 256, (V, row_bytes), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(V, nb, generator=g) * 0.05 + 0.01).to(dtype)
+    zp = torch.randint(0, 256, (V, -(-nb // 2)), generator=g, dtype=torch.uint8) if zp_kind else None
+    ref = gather_op(data, torch.tensor(idx), scales, zp, bits=4, block_size=bs)  # CPU: the torch composition
+    for itype in (torch.int32, torch.int64):
+        to = {"device": device}
+        y = gather_rows(data.to(**to), torch.tensor(idx, dtype=itype, **to), scales.to(**to),
+                        None if zp is None else zp.to(**to), block_size=bs)
+        assert y.shape == (*torch.tensor(idx).shape, row_bytes * 2) and y.dtype == dtype
+        if device == "cpu" and dtype == torch.bfloat16:
+            torch.testing.assert_close(y, ref, rtol=2.0 ** -7, atol=0)  # the interpreter truncates to bf16
+        else:
+            assert torch.equal(y.cpu(), ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_rows_out_of_range_rows_are_zeros_and_errors(device: str) -> None:
+    data = torch.randint(0, 256, (5, 16), dtype=torch.uint8, device=device)
+    scales = torch.rand(5, 1, device=device)
+    y = gather_rows(data, torch.tensor([[1, 5, -6, 2]], device=device), scales, block_size=32)
+    assert torch.equal(y[0, 1].cpu(), torch.zeros(32)) and torch.equal(y[0, 2].cpu(), torch.zeros(32))
+    assert y[0, 0].abs().sum() > 0 and y[0, 3].abs().sum() > 0
+    with pytest.raises(TypeError, match="indices"):
+        gather_rows(data, torch.tensor([1.0], device=device), scales, block_size=32)
+    with pytest.raises(ValueError, match="scales"):
+        gather_rows(data, torch.tensor([1], device=device), scales[:4], block_size=32)
+    with pytest.raises(ValueError, match="block_size"):
+        gather_rows(data, torch.tensor([1], device=device), scales, block_size=24)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_gather_op_routes_4bit_rows_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op's GPU path (forced on for CPU tensors, interpreted) takes 4-bit row gathers only."""
+    import crossml.kernels.matmul_nbits as kernel
+    import crossml.ops.contrib.matmul_nbits as op_module
+
+    calls = []
+    original = kernel.gather_rows
+    monkeypatch.setattr(kernel, "gather_rows", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    monkeypatch.setattr(op_module, "TRITON_DEVICES", ("cpu",))
+    data = torch.randint(0, 256, (6, 16), dtype=torch.uint8)
+    scales, idx = torch.rand(6, 1).half(), torch.tensor([[2, 5]])
+    y = gather_op(data, idx, scales, bits=4, block_size=32)
+    assert calls == [1]
+    monkeypatch.setattr(op_module, "TRITON_DEVICES", ())
+    assert torch.equal(y, gather_op(data, idx, scales, bits=4, block_size=32))
+    monkeypatch.setattr(op_module, "TRITON_DEVICES", ("cpu",))
+    gather_op(data, idx.int(), scales.float(), bits=4, block_size=32, gather_axis=0, quantize_axis=1)
+    gather_op(data[:, :8].contiguous(), idx, scales, bits=4, block_size=16)  # 16-value blocks
+    assert calls == [1, 1, 1]
+    gather_op(data, idx, scales, bits=8, block_size=16)  # 8-bit: the torch path
+    gather_op(data.reshape(6, 1, 16), idx, scales.reshape(6, 1, 1), bits=4, block_size=32, quantize_axis=2)  # 3-D
+    assert calls == [1, 1, 1]
 
 
 def test_importing_crossml_does_not_import_triton() -> None:

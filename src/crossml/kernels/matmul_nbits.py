@@ -28,7 +28,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, product_output, use_interpreter
 
-__all__ = ["dequantize", "matmul_nbits", "pick_tiles"]
+__all__ = ["dequantize", "gather_rows", "matmul_nbits", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest M one program handles (rows beyond it are more programs along grid dimension 1)
@@ -141,27 +141,43 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
 
 
 @triton.jit
-def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, N, K, N_BLOCKS, ROW_BYTES, s_zn,
-                       BS: tl.constexpr, ZP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, idx_ptr, N, K, N_BLOCKS, ROW_BYTES, s_zn, V,
+                       BS: tl.constexpr, ZP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       GATHER: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[n, k] = (q[n, k] - zero_point) * scale of block (n, k // BS), for rows [pid0 * BLOCK_N, +BLOCK_N) and
     columns [pid1 * BLOCK_K, +BLOCK_K), rounded as the op's dequantization in y's dtype rounds: q - zero_point
-    to y's dtype, then the product (both exact in float32 before the rounding)."""
+    to y's dtype, then the product (both exact in float32 before the rounding).
+
+    GATHER: output row n is weight row idx[n] of V (negative indices count from the end; rows of indices
+    outside [-V, V) are zeros), as GatherBlockQuantized gathers."""
+    pdl_wait(PDL)
     G: tl.constexpr = BLOCK_K // BS
     HALF: tl.constexpr = BLOCK_K // 2
     out_ty = y_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
+    if GATHER:
+        row = tl.load(idx_ptr + offs_n, mask=offs_n < N, other=0).to(tl.int64)
+        row = tl.where(row < 0, row + V, row)
+        found = (offs_n < N) & (row >= 0) & (row < V)
+        n_ok = found
+        src = tl.where(found, row, 0)[:, None]
+    else:
+        n_ok = offs_n < N
+        src = offs_n.to(tl.int64)[:, None]
     n2 = offs_n.to(tl.int64)[:, None]
     byte = tl.program_id(1) * HALF + tl.arange(0, HALF)[None, :]
-    packed = tl.load(w_ptr + n2 * ROW_BYTES + byte, mask=n_ok[:, None] & (byte < ROW_BYTES), other=0).to(tl.int32)
+    packed = tl.load(w_ptr + src * ROW_BYTES + byte, mask=n_ok[:, None] & (byte < ROW_BYTES), other=0).to(tl.int32)
     q = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_N, G, BS)).to(tl.float32)  # low nibble first
     blk = tl.program_id(1) * G + tl.arange(0, G)[None, :]  # [1, G]
-    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, n_ok[:, None] & (blk < N_BLOCKS), N_BLOCKS, s_zn,
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, src, blk, n_ok[:, None] & (blk < N_BLOCKS), N_BLOCKS, s_zn,
                                     ZP)
     d = (q - zp[:, :, None]).to(out_ty).to(tl.float32)
     w = tl.reshape((d * scale[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
-    tl.store(y_ptr + n2 * K + kk, w, mask=n_ok[:, None] & (kk < K))
+    if GATHER:  # rows of invalid indices are zeros
+        tl.store(y_ptr + n2 * K + kk, tl.where(n_ok[:, None], w, 0.0).to(out_ty), mask=(offs_n < N)[:, None] & (kk < K))
+    else:
+        tl.store(y_ptr + n2 * K + kk, w, mask=n_ok[:, None] & (kk < K))
 
 
 def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
@@ -184,13 +200,14 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
 
 
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
-                  block_size: int) -> tuple[int, int]:
-    """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode)."""
+                  block_size: int, row_bytes: int | None = None) -> tuple[int, int]:
+    """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``row_bytes``:
+    bytes per weight row when they are not whole blocks (GatherBlockQuantized's [V, K / 2] data)."""
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of 2 and >= 16, got {block_size}")
     n_blocks = cdiv(K, block_size)
     blob = block_size // 2
-    if b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob:
+    if row_bytes is None and (b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob):
         raise ValueError(f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], "
                          f"got {b.dtype} {tuple(b.shape)}")
     if not scales.is_floating_point() or scales.numel() != N * n_blocks:
@@ -319,11 +336,57 @@ def dequantize(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor 
     grid = (cdiv(N, _DQ_BLOCK_N), cdiv(K, block_k))
     if grid[1] > GRID_YZ_MAX:
         raise ValueError(f"MatMulNBits dequantization: K={K} needs more than {GRID_YZ_MAX} column tiles")
-    args = (b2, s2, z2, y, N, K, n_blocks, b2.shape[1], z2.stride(0))
+    args = (b2, s2, z2, y, s2, N, K, n_blocks, b2.shape[1], z2.stride(0), N)
     meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": _DQ_BLOCK_N, "BLOCK_K": block_k}
     if use_interpreter(b, "MatMulNBits"):
         _dequantize_kernel[grid](*args, **meta)
         return y
     with torch.cuda.device(b.device) if b.device.type == "cuda" else contextlib.nullcontext():
         _dequantize_kernel[grid](*args, **meta, num_warps=4)
+    return y
+
+
+def gather_rows(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor,
+                zero_points: torch.Tensor | None = None, *, block_size: int) -> torch.Tensor:
+    """GatherBlockQuantized of 4-bit rows (gather_axis 0, quantize_axis 1) in one Triton launch:
+    ``data`` uint8 [V, K / 2] (two values per byte, low nibble first), ``scales`` [V, ceil(K / block_size)],
+    ``zero_points`` packed uint8 [V, >= ceil(n_blocks / 2)] or None (8) -> [*indices.shape, K] in the scales'
+    dtype, each row ``(q - zero_point) * scale`` rounded once. Rows of indices outside [-V, V) are zeros.
+    What an int4 model's embedding lookup runs at every decode step (the op's torch composition takes a dozen
+    kernels)."""
+    if data.dtype != torch.uint8 or data.dim() != 2:
+        raise ValueError(f"GatherBlockQuantized kernel: data must be uint8 [V, K / 2], got {data.dtype} "
+                         f"{tuple(data.shape)}")
+    if scales.dtype not in _DTYPES:
+        raise TypeError(f"GatherBlockQuantized kernel: scales must be float16/bfloat16/float32, got {scales.dtype}")
+    if zero_points is not None and zero_points.dtype != torch.uint8:
+        raise TypeError(f"GatherBlockQuantized kernel: zero_points must be packed uint8, got {zero_points.dtype}")
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"GatherBlockQuantized kernel: indices must be int32/int64, got {indices.dtype}")
+    V, row_bytes = data.shape
+    K = row_bytes * 2
+    n_blocks, zp_mode = _check_weight(data, scales, zero_points, K=K, N=V, block_size=block_size,
+                                      row_bytes=row_bytes)
+    if any(t.device != data.device for t in (indices, scales, zero_points) if t is not None):
+        raise ValueError("GatherBlockQuantized kernel: data, indices, scales and zero_points must share a device")
+    y = torch.empty((*indices.shape, K), dtype=scales.dtype, device=data.device)
+    rows = indices.numel()
+    if y.numel() == 0:
+        return y
+    idx = indices.reshape(rows).contiguous()
+    w2 = data.contiguous()
+    s2 = scales.reshape(V, n_blocks).contiguous()
+    z2 = zero_points.reshape(V, -1).contiguous() if zero_points is not None else s2
+    block_n = min(_DQ_BLOCK_N, triton.next_power_of_2(rows))
+    block_k = max(_DQ_BLOCK_K, block_size)
+    grid = (cdiv(rows, block_n), cdiv(K, block_k))
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"GatherBlockQuantized kernel: K={K} needs more than {GRID_YZ_MAX} column tiles")
+    args = (w2, s2, z2, y, idx, rows, K, n_blocks, row_bytes, z2.stride(0), V)
+    meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": block_n, "BLOCK_K": block_k, "GATHER": True}
+    if use_interpreter(data, "GatherBlockQuantized"):
+        _dequantize_kernel[grid](*args, **meta)
+        return y
+    with torch.cuda.device(data.device) if data.device.type == "cuda" else contextlib.nullcontext():
+        _dequantize_kernel[grid](*args, **meta, num_warps=4, **pdl(data))
     return y

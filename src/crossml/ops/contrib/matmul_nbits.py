@@ -185,6 +185,22 @@ def _packed_uint8(data: torch.Tensor, scales: torch.Tensor, bits: int, quantize_
     return n_packed == scales.shape[last]
 
 
+def _gather_kernel(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                   block_size: int) -> bool:
+    """The Triton gather (``crossml.kernels.matmul_nbits.gather_rows``) takes 4-bit rows on a GPU: every input on
+    one CUDA/ROCm/XPU device, int32/int64 indices, fp16/bf16/fp32 scales of [V, n_blocks], packed uint8 zero
+    points or none, block_size a power of two >= 16."""
+    if data.device.type not in TRITON_DEVICES or scales.dtype not in _KERNEL_DTYPES or scales.dim() != 2:
+        return False
+    if indices.dtype not in (torch.int32, torch.int64) or block_size < 16 or block_size & (block_size - 1):
+        return False
+    if zero_points is not None and zero_points.dtype != torch.uint8:
+        return False
+    if any(t.device != data.device for t in (indices, scales, zero_points) if t is not None):
+        return False
+    return load("matmul_nbits") is not None  # imported on the first eligible call only
+
+
 @op("GatherBlockQuantized", domain=MS_DOMAIN)
 def gather_block_quantized(
     data: torch.Tensor,
@@ -205,6 +221,9 @@ def gather_block_quantized(
     packed = _packed_uint8(data, scales, bits, qa, block_size) if not is_fp8 else False
     if packed and ga == rank - 1:
         raise ValueError("GatherBlockQuantized: packed uint8 data cannot be gathered along its last (packed) axis")
+    if packed and bits == 4 and rank == 2 and ga == 0 and qa == 1 and _gather_kernel(data, indices, scales,
+                                                                                      zero_points, block_size):
+        return load("matmul_nbits").gather_rows(data, indices, scales, zero_points, block_size=block_size)
     per = 8 // bits if packed else 1
     logical = list(data.shape)
     logical[-1] *= per
