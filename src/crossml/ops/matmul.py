@@ -58,12 +58,14 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return y
 
 
-#: devices, dtypes and limits of the Triton GEMV path (see ``gemv_eligible``). CUDA (NVIDIA and ROCm builds):
-#: in CUDA graphs on an H200, 12 same-shape products of distinct constant weights in a row, it measured
-#: 2.6 / 2.5 / 7.2 / 5.5 us per product against cuBLAS's 3.4 / 3.5 / 7.3 / 7.0 us at the Qwen2.5-0.5B
-#: decode shapes (K x N 896x1152, 896x896, 896x9728, 4864x896) and 6.2 / 5.3 / 18.1 / 11.5 us against
-#: 6.4 / 6.0 / 18.1 / 13.3 us at Llama-3.2-1B's (2048x3072, 2048x2048, 2048x16384, 8192x2048). The vocabulary
-#: products (K x N >= 2**26: 896x151936, 2048x128256) stay on the vendor GEMM, which read them 2-3% faster.
+#: devices, dtypes and limits of the Triton GEMV path (see ``gemv_eligible``). CUDA (NVIDIA; ROCm builds of torch
+#: take it too, untested): in CUDA graphs on an H200, runs of same-shape products of distinct constant weights
+#: (benchmarks/gemv_tiles.py), it measured 2.8 / 2.6 / 7.2 / 5.3 us per product against cuBLAS's 4.2 / 3.7 / 7.1
+#: / 7.0 us at the Qwen2.5-0.5B decode shapes (K x N 896x1152, 896x896, 896x9728, 4864x896) and 6.2 / 5.1 / 19.1
+#: / 12.3 us against 6.3 / 5.9 / 18.3 / 13.0 us at Llama-3.2-1B's (2048x3072, 2048x2048, 2048x16384, 8192x2048);
+#: whole decode steps: Qwen 0.78 against 0.83-0.93 ms, Llama 0.99 against 1.05 ms. The vocabulary
+#: products (K x N >= 2**26: 896x151936, 2048x128256) stay on the vendor GEMM, which read them 8-23% faster than
+#: the GEMV's tiles (benchmarks/results/gemv_tiles.md).
 #: XPU is not listed: not measured.
 GEMV_DEVICES: tuple[str, ...] = ("cuda",)
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
