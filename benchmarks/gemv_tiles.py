@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import machine  # noqa: E402
@@ -91,7 +92,7 @@ def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
     sweep = []
     if not quick:
         for bn, bk, warps in itertools.product([1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048], [1, 2, 4, 8]):
-            if 512 <= bn * bk <= 16384 and bk <= triton_pow2(K) and bn * bk >= 32 * warps * 8:
+            if 512 <= bn * bk <= 16384 and bk <= triton.next_power_of_2(K) and bn * bk >= 32 * warps * 8:
                 sweep.append({"us": run((1, bn, bk, warps)), "tiles": [1, bn, bk, warps]})
     sweep.sort(key=lambda r: r["us"])
     return {"rule_tiles": list(rule), "rule_us": run(None), "sweep": sweep, "copies": len(ws),
@@ -112,16 +113,12 @@ def measure_fp16(N: int, K: int, dev: torch.device, quick: bool) -> dict:
         for bn, tile, split, warps in itertools.product([32, 64, 128, 256], [2048, 4096, 8192], [0, 1, 2, 4, 8, 16],
                                                         [2, 4, 8]):
             bk = tile // bn
-            if bk <= triton_pow2(K):
+            if bk <= triton.next_power_of_2(K):
                 t = (1, bn, bk, rule[3] if split == 0 else split, warps)
                 sweep.append({"us": run(t), "tiles": list(t)})
     sweep.sort(key=lambda r: r["us"])
     return {"rule_tiles": list(rule), "rule_us": run(None), "sweep": sweep, "copies": len(ws),
             "cublas_us": in_graph_us([lambda w=w: torch.matmul(a, w) for w in ws]), "mb": N * K * 2 / 1e6}
-
-
-def triton_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def markdown(payload: dict) -> str:

@@ -155,14 +155,14 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, idx_ptr, N, K, N_BLOCKS, ROW_
     HALF: tl.constexpr = BLOCK_K // 2
     out_ty = y_ptr.dtype.element_ty
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_ok = offs_n < N
     if GATHER:
-        row = tl.load(idx_ptr + offs_n, mask=offs_n < N, other=0).to(tl.int64)
+        row = tl.load(idx_ptr + offs_n, mask=rows_ok, other=0).to(tl.int64)
         row = tl.where(row < 0, row + V, row)
-        found = (offs_n < N) & (row >= 0) & (row < V)
-        n_ok = found
-        src = tl.where(found, row, 0)[:, None]
+        n_ok = rows_ok & (row >= 0) & (row < V)
+        src = tl.where(n_ok, row, 0)[:, None]
     else:
-        n_ok = offs_n < N
+        n_ok = rows_ok
         src = offs_n.to(tl.int64)[:, None]
     n2 = offs_n.to(tl.int64)[:, None]
     byte = tl.program_id(1) * HALF + tl.arange(0, HALF)[None, :]
@@ -174,10 +174,8 @@ def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, idx_ptr, N, K, N_BLOCKS, ROW_
     d = (q - zp[:, :, None]).to(out_ty).to(tl.float32)
     w = tl.reshape((d * scale[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
     kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
-    if GATHER:  # rows of invalid indices are zeros
-        tl.store(y_ptr + n2 * K + kk, tl.where(n_ok[:, None], w, 0.0).to(out_ty), mask=(offs_n < N)[:, None] & (kk < K))
-    else:
-        tl.store(y_ptr + n2 * K + kk, w, mask=n_ok[:, None] & (kk < K))
+    # rows of invalid indices (GATHER) are zeros; otherwise n_ok is rows_ok and the where keeps w
+    tl.store(y_ptr + n2 * K + kk, tl.where(n_ok[:, None], w, 0.0).to(out_ty), mask=rows_ok[:, None] & (kk < K))
 
 
 def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int]:
@@ -200,14 +198,15 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
 
 
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
-                  block_size: int, row_bytes: int | None = None) -> tuple[int, int]:
-    """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``row_bytes``:
-    bytes per weight row when they are not whole blocks (GatherBlockQuantized's [V, K / 2] data)."""
+                  block_size: int, whole_blocks: bool = True) -> tuple[int, int]:
+    """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``whole_blocks``:
+    B holds whole blocks (MatMulNBits' [N, n_blocks, block_size / 2]); False for GatherBlockQuantized's
+    [V, K / 2] rows, whose shape defines K."""
     if block_size < 16 or block_size & (block_size - 1):
         raise ValueError(f"block_size must be a power of 2 and >= 16, got {block_size}")
     n_blocks = cdiv(K, block_size)
     blob = block_size // 2
-    if row_bytes is None and (b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob):
+    if whole_blocks and (b.dtype != torch.uint8 or b.numel() != N * n_blocks * blob):
         raise ValueError(f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], "
                          f"got {b.dtype} {tuple(b.shape)}")
     if not scales.is_floating_point() or scales.numel() != N * n_blocks:
@@ -330,20 +329,30 @@ def dequantize(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor 
     if y.numel() == 0:
         return y
     b2 = b.reshape(N, n_blocks * block_size // 2).contiguous()
-    s2 = scales.reshape(N, n_blocks).contiguous()
-    z2 = zero_points.reshape(N, -1).contiguous() if zero_points is not None else s2
-    block_k = max(_DQ_BLOCK_K, block_size)
-    grid = (cdiv(N, _DQ_BLOCK_N), cdiv(K, block_k))
-    if grid[1] > GRID_YZ_MAX:
-        raise ValueError(f"MatMulNBits dequantization: K={K} needs more than {GRID_YZ_MAX} column tiles")
-    args = (b2, s2, z2, y, s2, N, K, n_blocks, b2.shape[1], z2.stride(0), N)
-    meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": _DQ_BLOCK_N, "BLOCK_K": block_k}
-    if use_interpreter(b, "MatMulNBits"):
-        _dequantize_kernel[grid](*args, **meta)
-        return y
-    with torch.cuda.device(b.device) if b.device.type == "cuda" else contextlib.nullcontext():
-        _dequantize_kernel[grid](*args, **meta, num_warps=4)
+    _run_dequantize("MatMulNBits", b2, scales, zero_points, y, None, rows=N, V=N, K=K, n_blocks=n_blocks,
+                    block_size=block_size, zp_mode=zp_mode, block_n=_DQ_BLOCK_N)
     return y
+
+
+def _run_dequantize(what: str, w2: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                    y: torch.Tensor, idx: torch.Tensor | None, *, rows: int, V: int, K: int, n_blocks: int,
+                    block_size: int, zp_mode: int, block_n: int) -> None:
+    """Launch ``_dequantize_kernel`` for ``rows`` output rows of packed weight rows ``w2`` [V, row bytes] into
+    ``y``: every row in order, or (``idx`` given) the gathered ones, which launch with PDL where available."""
+    s2 = scales.reshape(V, n_blocks).contiguous()
+    z2 = zero_points.reshape(V, -1).contiguous() if zero_points is not None else s2
+    block_k = max(_DQ_BLOCK_K, block_size)
+    grid = (cdiv(rows, block_n), cdiv(K, block_k))
+    if grid[1] > GRID_YZ_MAX:
+        raise ValueError(f"{what} dequantization: K={K} needs more than {GRID_YZ_MAX} column tiles")
+    args = (w2, s2, z2, y, s2 if idx is None else idx, rows, K, n_blocks, w2.shape[1], z2.stride(0), V)
+    meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": block_n, "BLOCK_K": block_k, "GATHER": idx is not None}
+    if use_interpreter(w2, what):
+        _dequantize_kernel[grid](*args, **meta)
+        return
+    launch = pdl(w2) if idx is not None else {}
+    with torch.cuda.device(w2.device) if w2.device.type == "cuda" else contextlib.nullcontext():
+        _dequantize_kernel[grid](*args, **meta, num_warps=4, **launch)
 
 
 def gather_rows(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor,
@@ -366,27 +375,14 @@ def gather_rows(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor,
     V, row_bytes = data.shape
     K = row_bytes * 2
     n_blocks, zp_mode = _check_weight(data, scales, zero_points, K=K, N=V, block_size=block_size,
-                                      row_bytes=row_bytes)
+                                      whole_blocks=False)
     if any(t.device != data.device for t in (indices, scales, zero_points) if t is not None):
         raise ValueError("GatherBlockQuantized kernel: data, indices, scales and zero_points must share a device")
     y = torch.empty((*indices.shape, K), dtype=scales.dtype, device=data.device)
     rows = indices.numel()
     if y.numel() == 0:
         return y
-    idx = indices.reshape(rows).contiguous()
-    w2 = data.contiguous()
-    s2 = scales.reshape(V, n_blocks).contiguous()
-    z2 = zero_points.reshape(V, -1).contiguous() if zero_points is not None else s2
-    block_n = min(_DQ_BLOCK_N, triton.next_power_of_2(rows))
-    block_k = max(_DQ_BLOCK_K, block_size)
-    grid = (cdiv(rows, block_n), cdiv(K, block_k))
-    if grid[1] > GRID_YZ_MAX:
-        raise ValueError(f"GatherBlockQuantized kernel: K={K} needs more than {GRID_YZ_MAX} column tiles")
-    args = (w2, s2, z2, y, idx, rows, K, n_blocks, row_bytes, z2.stride(0), V)
-    meta = {"BS": block_size, "ZP": zp_mode, "BLOCK_N": block_n, "BLOCK_K": block_k, "GATHER": True}
-    if use_interpreter(data, "GatherBlockQuantized"):
-        _dequantize_kernel[grid](*args, **meta)
-        return y
-    with torch.cuda.device(data.device) if data.device.type == "cuda" else contextlib.nullcontext():
-        _dequantize_kernel[grid](*args, **meta, num_warps=4, **pdl(data))
+    _run_dequantize("GatherBlockQuantized", data.contiguous(), scales, zero_points, y,
+                    indices.reshape(rows).contiguous(), rows=rows, V=V, K=K, n_blocks=n_blocks, block_size=block_size,
+                    zp_mode=zp_mode, block_n=min(_DQ_BLOCK_N, triton.next_power_of_2(rows)))
     return y
