@@ -302,3 +302,115 @@ def test_gpu_graph_capture(K: int, N: int, monkeypatch: pytest.MonkeyPatch) -> N
     torch.cuda.synchronize()
     assert torch.equal(y, gemv(a, w)) and torch.equal(z, gemv(a, w, b))
     assert not torch.equal(y, y0)
+
+
+def _skip_norm_reference(a, w, bias, residual, gamma, eps, dtype):
+    """(normed, sum) in float64 from the product rounded to ``dtype`` (the unfused MatMul's output)."""
+    s = residual.double().cpu() + _reference(a, w, bias).to(dtype).double()
+    normed = s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * gamma.double().cpu()
+    return normed, s
+
+
+NORM_CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps)
+    (1, 96, 130, False, (1, 64, 32, 2, 4)),  # split K, partial N tile
+    (3, 64, 256, True, (2, 128, 16, 1, 4)),  # K not split: a one-slice workspace; bias; rows past M masked
+    (1, 1024, 130, True, (1, 128, 16, 64, 4)),  # 64 splits: the row's partial sums in one [64, 256] tile
+    (1, 1024, 300, False, (1, 128, 16, 64, 4)),  # 64 splits, too many for one tile: the row walked in 64-column chunks
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", NORM_CASES, ids=lambda c: "M{}_K{}_N{}{}_split{}".format(*c[:3], "_bias" if c[3] else "",
+                                                                                         c[4][3]))
+def test_skip_norm_matches_reference_and_the_unfused_kernels(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """gemv_skip_norm against float64 and against the two kernels it replaces (gemv, then the RMSNorm
+    kernel on the rounded product): the same sum bit for bit, the normalized values within an ulp (the
+    sum of squares is added in another order)."""
+    from crossml.kernels.gemv import gemv_skip_norm
+    from crossml.kernels.rmsnorm import skip_rms_norm
+
+    M, K, N, with_bias, tiles = case
+    a = rand(M, K, dtype=dtype, device=device, seed=1)
+    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
+    residual = rand(M, N, dtype=dtype, device=device, seed=4)
+    gamma = rand(N, dtype=dtype, device=device, seed=5)
+    tiles = tiles if device == "cpu" else None
+    normed, total = gemv_skip_norm(a, w, bias, residual, gamma, 1e-6, tiles=tiles)
+    ref_normed, ref_sum = _skip_norm_reference(a, w, bias, residual, gamma, 1e-6, dtype)
+    assert normed.dtype == dtype and normed.shape == (M, N) and total.shape == (M, N)
+    assert_close(normed, ref_normed, dtype)
+    assert_close(total, ref_sum, dtype)
+    if not (device == "cpu" and dtype == torch.bfloat16):  # the interpreter's gemv truncates its bf16 output
+        y, _, s = skip_rms_norm(residual, gemv(a, w, bias, tiles=tiles), gamma, None, 1e-6, store_inv=False)
+        assert torch.equal(total, s)
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(normed.float(), y.float(), rtol=eps, atol=eps)
+    alone, none = gemv_skip_norm(a, w, bias, residual, gamma, 1e-6, want_sum=False, tiles=tiles, const_w=True)
+    assert none is None and torch.equal(alone, normed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_skip_norm_leading_dims_empty_and_zero_k(device: str) -> None:
+    from crossml.kernels.gemv import gemv_skip_norm
+
+    dtype = torch.float16
+    a = rand(2, 1, 64, dtype=dtype, device=device, seed=1)
+    w = rand(64, 40, dtype=dtype, device=device, seed=2) * 0.1
+    residual, gamma = rand(2, 1, 40, dtype=dtype, device=device, seed=3), rand(40, dtype=dtype, device=device, seed=4)
+    normed, total = gemv_skip_norm(a, w, None, residual, gamma, 1e-5)
+    ref_normed, ref_sum = _skip_norm_reference(a, w, None, residual, gamma, 1e-5, dtype)
+    assert normed.shape == (2, 1, 40)
+    assert_close(normed, ref_normed, dtype)
+    assert_close(total, ref_sum, dtype)
+    # K == 0: the product is the bias alone
+    bias = rand(40, dtype=dtype, device=device, seed=5)
+    normed, total = gemv_skip_norm(rand(2, 0, dtype=dtype, device=device), rand(0, 40, dtype=dtype, device=device),
+                                   bias, residual[:, 0], gamma, 1e-5)
+    assert torch.equal(total.cpu(), (residual[:, 0].float() + bias.float()).half().cpu())
+    normed, total = gemv_skip_norm(rand(0, 64, dtype=dtype, device=device), w, None,
+                                   rand(0, 40, dtype=dtype, device=device), gamma, 1e-5)
+    assert normed.shape == total.shape == (0, 40)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_skip_norm_errors_name_the_problem(device: str) -> None:
+    from crossml.kernels.gemv import gemv_skip_norm
+
+    a, w = rand(1, 64, device=device), rand(64, 32, device=device)
+    gamma = rand(32, device=device)
+    with pytest.raises(ValueError, match=r"residual must be a torch.float32 tensor of the product's shape \(1, 32\)"):
+        gemv_skip_norm(a, w, None, rand(1, 31, device=device), gamma, 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        gemv_skip_norm(a, w, None, rand(1, 32, device=device).half(), gamma, 1e-5)
+    with pytest.raises(ValueError, match="gamma must be N=32"):
+        gemv_skip_norm(a, w, None, rand(1, 32, device=device), rand(33, device=device), 1e-5)
+    with pytest.raises(ValueError, match="K=64"):
+        gemv_skip_norm(a[:, :32], w, None, rand(1, 32, device=device), gamma, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=lambda c: "M{}_K{}_N{}_split{}".format(*c[:3], c[4][3]))
+def test_silu_mul_activations_equal_the_silu_mul_kernel_then_gemv(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """silu_mul=True computes SiluMul's output as it loads the activations: bit for bit the SiluMul kernel's
+    output fed to the plain GEMV (with and without the skip-norm epilogue), on rows of [g | up]."""
+    from crossml.kernels.gemv import gemv_skip_norm
+    from crossml.kernels.swiglu import silu_mul_packed
+
+    M, K, N, with_bias, tiles = case
+    gu = rand(M, 2 * K, dtype=dtype, device=device, seed=1)
+    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
+    tiles = tiles if device == "cpu" else None
+    h = silu_mul_packed(gu)
+    y = gemv(gu, w, bias, tiles=tiles, silu_mul=True)
+    assert torch.equal(y, gemv(h, w, bias, tiles=tiles))
+    assert_close(y, _reference(h, w, bias), dtype)
+    residual, gamma = rand(M, N, dtype=dtype, device=device, seed=4), rand(N, dtype=dtype, device=device, seed=5)
+    got = gemv_skip_norm(gu, w, bias, residual, gamma, 1e-6, tiles=tiles, silu_mul=True)
+    want = gemv_skip_norm(h, w, bias, residual, gamma, 1e-6, tiles=tiles)
+    assert all(torch.equal(g_, w_) for g_, w_ in zip(got, want, strict=True))
+    with pytest.raises(ValueError, match=rf"2K={2 * K} \(\[g \| up\] for silu_mul\)"):
+        gemv(h, w, silu_mul=True)

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 from crossml.kernels.swiglu import silu_mul, silu_mul_packed, silu_mul_reference  # noqa: E402
-from crossml.ops.fused import silu_mul as silu_mul_op  # noqa: E402
+from crossml.ops.fused import silu_mul_op  # noqa: E402
 from tests.kernels._common import DEVICES, assert_close, rand  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -5,7 +5,9 @@ elsewhere it composes the library's Conv, Add and Relu, so results are the same 
 SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton kernels on GPU tensors
 (imported on first use) and composes the torch ops elsewhere; Linear runs the Triton GEMV for
 decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, with or without skip,
-feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere.
+feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere;
+MatMulSkipNorm (a product feeding the residual stream's SkipSimplifiedLayerNormalization) is the GEMV and
+one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
 from crossml.ops.conv import conv
 from crossml.ops.matmul import gemv_eligible
+from crossml.ops.matmul import matmul as matmul_op
 from crossml.ops.registry import OpContext, op
 
 DOMAIN = "com.crossml"
@@ -80,7 +83,7 @@ _SILU_MUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @op("SiluMul", since=1, domain=DOMAIN)
-def silu_mul(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
     """(g · σ(g)) · up: the SiLU-gated product of LLM MLPs (Sigmoid, Mul, Mul) as one kernel on a GPU.
 
     With one input ``gu``, g and up are its two halves along the last axis (``g = gu[..., :N]``,
@@ -144,3 +147,31 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
         normed, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, epsilon=epsilon, ctx=sub)
     y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits)
     return y, s
+
+
+@op("MatMulSkipNorm", since=1, domain=DOMAIN, ctx=True)
+def matmul_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                     gamma: torch.Tensor, *, epsilon: float = 1e-12, silu_mul: int = 0,
+                     ctx: OpContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SkipSimplifiedLayerNormalization(residual, a @ w (+ bias), gamma) → (normed, sum): a product feeding the
+    residual stream's RMSNorm (graph rule MatMulSkipNorm); with ``silu_mul=1`` the product's input is
+    SiluMul(a), a holding [g | up] (graph rule SiluMulSkipNorm: an MLP's down projection). At decode sizes on a GPU
+    (``crossml.ops.matmul.gemv_eligible``, the residual of the product's shape and dtype) the Triton GEMV, which
+    gates the activations as it loads them, and one kernel that adds the residual and normalizes
+    (``crossml.kernels.gemv.gemv_skip_norm``), with the results of the separate ops; elsewhere the SiluMul,
+    MatMul (or Linear) and SkipSimplifiedLayerNormalization ops."""
+    want_sum = len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
+    K, N = (w.shape[0], w.shape[-1]) if w.dim() == 2 else (None, None)
+    gated_ok = not silu_mul or (a.dim() > 0 and a.shape[-1] == 2 * K)
+    if gated_ok and gemv_eligible(a[..., :K] if silu_mul else a, w, bias) and residual.device == a.device \
+            and residual.shape == (*a.shape[:-1], N) and residual.dtype == a.dtype and gamma.numel() == N \
+            and gamma.device == a.device and gamma.is_floating_point():
+        return load("gemv").gemv_skip_norm(a, w, bias, residual, gamma, epsilon, want_sum=want_sum,
+                                           const_w=ctx.constant(1), silu_mul=bool(silu_mul))
+    if silu_mul:
+        a = silu_mul_op(a)
+    y = matmul_op(a, w, ctx=ctx) if bias is None else linear(a, w, bias, ctx=ctx)
+    sub = OpContext(ctx.node_name, "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4,
+                    (True, False, False, want_sum), ctx.device)
+    normed, _, _, s = skip_simplified_layer_normalization(residual, y, gamma, epsilon=epsilon, ctx=sub)
+    return normed, s

@@ -1,0 +1,104 @@
+"""MatMul(h, W) → y (or com.crossml Linear(h, W, b) → y), SkipSimplifiedLayerNormalization(r, y, gamma) →
+(normed, -, -, sum)  =>  com.crossml MatMulSkipNorm(h, W, b, r, gamma) → (normed, sum).
+
+In a builder-made LLM every attention output projection and every MLP down projection feeds the
+residual stream's next RMSNorm this way (the product is the norm's ``skip`` input). At decode sizes on a
+GPU the fused node runs the Triton GEMV and then one kernel that adds its split-K partial sums, the
+residual and normalizes (``crossml.kernels.gemv.gemv_skip_norm``): one launch fewer per norm, two per
+transformer layer, and the product is never stored. Elsewhere it runs the two ops. SILU_MUL_NORM then
+folds the MLP's SiluMul into the down projection's fused node (the GEMV gates the activations as it
+loads them).
+
+The rule needs the product's output read by this norm alone, the norm's statistics outputs unused, no
+bias on the norm, W a 2-D constant and gamma a 1-D constant of W's N values. It runs on GPU sessions
+only (not with disable_metacommands, whose products take crossml's own kernels at every size).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
+
+DOMAIN = "com.crossml"
+MS_DOMAIN = "com.microsoft"
+#: the products the rule takes: (domain, op type)
+PRODUCTS = {("", "MatMul"), ("ai.onnx", "MatMul"), (DOMAIN, "Linear")}
+
+
+def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if node.op_type != "SkipSimplifiedLayerNormalization" or node.domain != MS_DOMAIN or len(node.input) < 3:
+        return None
+    product = view.producer.get(node.input[1])
+    if product is None or (product.domain, product.op_type) not in PRODUCTS:
+        return None
+    # the norm last: apply_rules puts the replacement where the last node was
+    return Match([product, node], {})
+
+
+def check(view: GraphView, m: Match) -> str | None:
+    product, norm = m.nodes
+    y = product.output[0]
+    if len(view.consumers.get(y, [])) != 1 or y in view.outputs or y in subgraph_reads(view.graph):
+        return f"the product's output ('{y}') of '{product.name}' is used elsewhere"
+    for name in norm.output[1:3]:
+        if name and (view.consumers.get(name) or name in view.outputs):
+            return f"'{norm.name}' output '{name}' (a statistic) is used"
+    if len(norm.input) > 3 and norm.input[3]:
+        return f"'{norm.name}' has a bias input"
+    if not norm.output or not norm.output[0]:
+        return f"'{norm.name}' has no normalized output"
+    w = view.initializers.get(product.input[1])
+    if w is None or len(w.dims) != 2:
+        return f"the weight ('{product.input[1]}') of '{product.name}' is not a 2-D constant"
+    gamma = view.initializers.get(norm.input[2])
+    if gamma is None or list(gamma.dims) != [w.dims[1]]:
+        return f"gamma ('{norm.input[2]}') of '{norm.name}' is not a constant of N={w.dims[1]} values"
+    return None
+
+
+def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    product, norm = m.nodes
+    bias = product.input[2] if product.op_type == "Linear" and len(product.input) > 2 else ""
+    outputs = [norm.output[0], norm.output[3] if len(norm.output) > 3 else ""]
+    if not outputs[-1]:
+        outputs.pop()
+    eps = node_attrs(norm).get("epsilon", 1e-12)
+    return [helper.make_node("MatMulSkipNorm", [product.input[0], product.input[1], bias, norm.input[0],
+                                                norm.input[2]], outputs,
+                             name=f"{product.name}_{norm.name}_fused", domain=DOMAIN, epsilon=float(eps))]
+
+
+MATMUL_NORM = Rule("MatMulSkipNorm", match, check, rewrite, domains=((DOMAIN, 1),))
+
+
+def match_gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN or node_attrs(node).get("silu_mul", 0):
+        return None
+    gate = view.producer.get(node.input[0])
+    if gate is None or gate.op_type != "SiluMul" or gate.domain != DOMAIN or len(gate.input) != 1:
+        return None
+    return Match([gate, node], {})
+
+
+def check_gated(view: GraphView, m: Match) -> str | None:
+    gate, _ = m.nodes
+    h = gate.output[0]
+    if len(view.consumers.get(h, [])) != 1 or h in view.outputs or h in subgraph_reads(view.graph):
+        return f"the gated activations ('{h}') of '{gate.name}' are used elsewhere"
+    return None
+
+
+def rewrite_gated(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    gate, fused = m.nodes
+    attrs = node_attrs(fused)
+    attrs["silu_mul"] = 1
+    return [helper.make_node("MatMulSkipNorm", [gate.input[0], *fused.input[1:]], list(fused.output),
+                             name=f"{gate.name}_{fused.name}", domain=DOMAIN, **attrs)]
+
+
+#: com.crossml SiluMul(gu) → h, MatMulSkipNorm(h, W, ...)  =>  MatMulSkipNorm(gu, W, ..., silu_mul=1): the MLP's
+#: gate (one-input SiluMul of the merged gate/up product, graph/passes/gate_up.py) computed as the down projection
+#: loads its activations, one launch fewer per layer. Runs after MATMUL_NORM.
+SILU_MUL_NORM = Rule("SiluMulSkipNorm", match_gated, check_gated, rewrite_gated, domains=((DOMAIN, 1),))
