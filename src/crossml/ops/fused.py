@@ -19,7 +19,7 @@ import torch
 
 from crossml.device.vendor import fused_conv_add_relu
 from crossml.kernels import TRITON_DEVICES, load
-from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, matmul_nbits
+from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
 from crossml.ops.conv import conv
@@ -136,7 +136,7 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                               norm=(skip, gamma, epsilon), sum_out=s,
-                                              const_w=ctx.constant(3, 4) and (zero_points is None or ctx.constant(5)))
+                                              const_w=constant_weight(ctx, 3, zero_points))
         return y, s
     if skip is None:
         normed, _ = simplified_layer_normalization(x, gamma, epsilon=epsilon)

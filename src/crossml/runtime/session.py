@@ -480,9 +480,8 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     With disable_metacommands only fusions that call no vendor library remain. Off the CPU the gate
     and up products of SwiGLU MLPs are merged into one (GATE_UP), then RMSNorms feeding a 4-bit
     product are fused into it (NORM_MATMUL), and products feeding the residual stream's RMSNorm into
-it (MATMUL_NORM, then SILU_MUL_NORM folds the MLP's gate into the down projection; not with
-disable_metacommands); the CPU keeps the model's ops (its results stay
-    bit-close to onnxruntime's)."""
+    it (MATMUL_NORM, then SILU_MUL_NORM folds the MLP's gate into the down projection; not with
+    disable_metacommands); the CPU keeps the model's ops (its results stay bit-close to onnxruntime's)."""
     merge = [GATE_UP, NORM_MATMUL] if device.type != "cpu" else []
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]

@@ -148,3 +148,25 @@ def test_gather_block_quantized_int4(signed, gather_axis, quantize_axis, with_zp
     ins = {"data": None, "idx": idx, "scales": None, "zp": None}
     check("GatherBlockQuantized", ins, [("y", TP.FLOAT)], inits, atol=1e-6, bits=4, block_size=block_size,
           gather_axis=gather_axis, quantize_axis=quantize_axis)
+
+
+def test_constant_weight_needs_b_scales_and_zero_points_constant() -> None:
+    """The rule MatMulNBits (weight inputs 1-3) and NormMatMulNBits (3-5) share: B and scales constants of the
+    model, zero points absent or constant; no context (a direct call) is not constant."""
+    import torch
+
+    from crossml.ops.contrib.matmul_nbits import constant_weight
+    from crossml.ops.registry import OpContext
+
+    def ctx(*consts: bool) -> OpContext:
+        return OpContext("n", "MatMulNBits", 1, 1, (None,), (True,), const_inputs=consts)
+
+    zp = torch.zeros(1, dtype=torch.uint8)
+    assert constant_weight(ctx(False, True, True), 1, None)
+    assert not constant_weight(ctx(False, True, False), 1, None)
+    assert constant_weight(ctx(False, True, True, True), 1, zp)
+    assert not constant_weight(ctx(False, True, True, False), 1, zp)
+    assert not constant_weight(ctx(False, True, True), 1, zp)  # zero points' input not marked
+    assert constant_weight(ctx(False, False, False, True, True, True), 3, zp)
+    assert not constant_weight(ctx(False, False, False, True, False, True), 3, zp)
+    assert not constant_weight(None, 1, None)

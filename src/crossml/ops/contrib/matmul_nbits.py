@@ -126,6 +126,13 @@ def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     return load("matmul_nbits") is not None  # imported on the first eligible call only
 
 
+def constant_weight(ctx: OpContext | None, first: int, zero_points: torch.Tensor | None) -> bool:
+    """Whether a 4-bit weight whose B, scales and zero points are inputs ``first``, ``first + 1`` and ``first + 2``
+    is a model constant (B and scales constant, zero points absent or constant): its kernels may then read it
+    before the previous kernel has finished (``OpContext.constant``)."""
+    return ctx is not None and ctx.constant(first, first + 1) and (zero_points is None or ctx.constant(first + 2))
+
+
 @op("MatMulNBits", domain=MS_DOMAIN, ctx=True)
 def matmul_nbits(
     A: torch.Tensor,
@@ -152,9 +159,8 @@ def matmul_nbits(
     kernels = _use_kernel(A, B, scales, zero_points, g_idx, bias, bits)
     if kernels and math.prod(A.shape[:-1]) <= KERNEL_MAX_M:
         a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
-        const_w = ctx is not None and ctx.constant(1, 2) and (zero_points is None or ctx.constant(3))
         return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
-                                                 const_w=const_w)
+                                                 const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
     if kernels:
         w = load("matmul_nbits").dequantize(B, scales, zero_points, K=K, N=N, block_size=block_size, dtype=compute)
