@@ -13,7 +13,12 @@ weight, together larger than the L2 cache (a decode step reads every weight once
 with programmatic dependent launch between the calls as in a decode step. The tile rules come from these
 results. Writes results/gemv_tiles.{json,md} (the JSON holds every sweep point).
 
-    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick]
+``--fused`` instead times the fp16 products with the neighbours the GenAI graph rules fuse into them
+(``MatMulSkipNorm``, ``SiluMulSkipNorm``), at the rule's tiles, the same way: the GEMV alone, the GEMV then the
+RMSNorm kernel against ``gemv_skip_norm``, and the SiluMul kernel, GEMV and RMSNorm kernel against
+``gemv_skip_norm(silu_mul=True)``. Writes results/gemv_fused.{json,md}.
+
+    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick | --fused]
 """
 
 from __future__ import annotations
@@ -121,6 +126,46 @@ def measure_fp16(N: int, K: int, dev: torch.device, quick: bool) -> dict:
             "cublas_us": in_graph_us([lambda w=w: torch.matmul(a, w) for w in ws]), "mb": N * K * 2 / 1e6}
 
 
+def measure_fused(N: int, K: int, dev: torch.device) -> dict:
+    from crossml.kernels.rmsnorm import skip_rms_norm
+    from crossml.kernels.swiglu import silu_mul_packed
+
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
+    gu = torch.randn(1, 2 * K, device=dev, dtype=torch.float16, generator=g)
+    res = torch.randn(1, N, device=dev, dtype=torch.float16, generator=g)
+    gamma = torch.rand(N, device=dev, dtype=torch.float16, generator=g)
+    ws = [torch.randn(K, N, device=dev, dtype=torch.float16, generator=g) * 0.02 for _ in range(copies(N * K * 2))]
+    gemv, fused = fp16_gemv.gemv, fp16_gemv.gemv_skip_norm
+
+    def norm(y: torch.Tensor) -> object:
+        return skip_rms_norm(res, y, gamma, None, 1e-5, store_inv=False)
+
+    return {
+        "gemv_us": in_graph_us([lambda w=w: gemv(a, w, const_w=True) for w in ws]),
+        "gemv_then_norm_us": in_graph_us([lambda w=w: norm(gemv(a, w, const_w=True)) for w in ws]),
+        "skip_norm_us": in_graph_us([lambda w=w: fused(a, w, None, res, gamma, 1e-5, const_w=True) for w in ws]),
+        "silu_gemv_norm_us": in_graph_us([lambda w=w: norm(gemv(silu_mul_packed(gu), w, const_w=True)) for w in ws]),
+        "silu_skip_norm_us": in_graph_us([lambda w=w: fused(gu, w, None, res, gamma, 1e-5, const_w=True,
+                                                            silu_mul=True) for w in ws]),
+        "copies": len(ws)}
+
+
+def fused_markdown(payload: dict) -> str:
+    lines = ["# Decode products with their fused neighbours (in-graph µs per call, one fp16 row, weights not in L2)",
+             "", f"GPU: {payload['machine'].get('gpu')}; torch {payload['machine'].get('torch')}. Norm: the "
+             "residual's SkipSimplifiedLayerNormalization after the product; gate: the MLP's SiluMul of [g | up] "
+             "before it.", "",
+             "| model | layer | N | K | GEMV | GEMV, norm kernel | gemv_skip_norm | gate, GEMV, norm kernels | "
+             "gemv_skip_norm(silu_mul) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in payload["rows"]:
+        f = r["fused"]
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {f['gemv_us']:.2f} | "
+                     f"{f['gemv_then_norm_us']:.2f} | {f['skip_norm_us']:.2f} | {f['silu_gemv_norm_us']:.2f} | "
+                     f"{f['silu_skip_norm_us']:.2f} |")
+    return "\n".join([*lines, "", "Produced by benchmarks/gemv_tiles.py --fused.", ""])
+
+
 def markdown(payload: dict) -> str:
     def best(r: dict) -> str:
         return "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in r["sweep"][:2]) or "-"
@@ -150,10 +195,26 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--quick", action="store_true", help="the rule's tiles and cuBLAS only, no sweeps")
+    ap.add_argument("--fused", action="store_true", help="the fp16 products with their fused norm and gate instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gemv_tiles: needs a GPU")
     dev = torch.device("cuda")
+    if args.fused:
+        rows = []
+        for model, layer, N, K in SHAPES:
+            if layer == "lm_head":  # a vocabulary-sized product stays on cuBLAS
+                continue
+            rows.append({"model": model, "layer": layer, "N": N, "K": K, "fused": measure_fused(N, K, dev)})
+            print(model, layer, {k: round(v, 2) for k, v in rows[-1]["fused"].items()}, flush=True)
+            torch.cuda.empty_cache()
+        payload = {"machine": machine(), "rows": rows}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemv_fused.json"), "w") as f:
+            json.dump(payload, f, indent=1)
+        with open(os.path.join(args.out, "gemv_fused.md"), "w") as f:
+            f.write(fused_markdown(payload))
+        return
     rows = []
     for model, layer, N, K in SHAPES:
         r = {"model": model, "layer": layer, "N": N, "K": K, "int4": measure_4bit(N, K, dev, args.quick),

@@ -23,10 +23,12 @@ its own. With ``silu_mul`` the GEMV computes the SiLU-gated activations of an ML
 loads them, so the gate costs no launch either. On an H200 the captured decode step of the GenAI benchmark's
 Llama-3.2-1B fp16 model went from 0.976 to 0.934 ms and Qwen2.5-0.5B's from 0.741 to 0.678 ms with both
 (back-to-back replays; the session's graph rules MatMulSkipNorm and SiluMulSkipNorm removed or kept, one
-process). In CUDA graphs of 20 calls on distinct weights, product + norm took 5.8 against 6.2 us (gemv, then the
-RMSNorm kernel) at K x N 2048x2048, 12.7 against 13.3 at 8192x2048, 2.8 against 3.6 at 896x896 and 6.1 against
-6.6 at 4864x896. (A first version walked the row in chunks in its single program: 8.9, 16.5, 4.2 and 11.8 us,
-slower than the two kernels; the row's partial sums are now one tile.)
+process). Per call, in CUDA graphs of calls on distinct weights (``benchmarks/gemv_tiles.py --fused``,
+results/gemv_fused.md), product + norm took 5.7 against 6.3 us (GEMV, then the RMSNorm kernel) at Llama's o
+projection and 12.7 against 13.7 at its down projection, 13.6 against 14.4 with the gate. Where K is not split
+(wide N, which no residual-norm product has in these models) the forced workspace makes it slightly slower.
+(A first version walked the row in chunks in its single program, slower than the two kernels: 8.9 against 6.2 us
+at 2048x2048; the row's partial sums are now one tile.)
 
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
