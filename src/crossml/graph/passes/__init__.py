@@ -52,6 +52,11 @@ class GraphView:
         users = self.consumers.get(name, [])
         return users[0] if len(users) == 1 and name not in self.outputs else None
 
+    def read_once(self, name: str) -> bool:
+        """Whether ``name`` is read by one node only: not a graph output, not read inside an If / Loop / Scan
+        body (which ``consumers`` does not see); a rule may then fold it into that node."""
+        return self.only_consumer(name) is not None and name not in subgraph_reads(self.graph)
+
     def shape(self, name: str) -> list[Any] | None:
         tp = self.types.get(name)
         if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):

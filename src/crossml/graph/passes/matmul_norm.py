@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -40,7 +40,7 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
 def check(view: GraphView, m: Match) -> str | None:
     product, norm = m.nodes
     y = product.output[0]
-    if len(view.consumers.get(y, [])) != 1 or y in view.outputs or y in subgraph_reads(view.graph):
+    if not view.read_once(y):
         return f"the product's output ('{y}') of '{product.name}' is used elsewhere"
     for name in norm.output[1:3]:
         if name and (view.consumers.get(name) or name in view.outputs):
@@ -85,7 +85,7 @@ def match_gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
 def check_gated(view: GraphView, m: Match) -> str | None:
     gate, _ = m.nodes
     h = gate.output[0]
-    if len(view.consumers.get(h, [])) != 1 or h in view.outputs or h in subgraph_reads(view.graph):
+    if not view.read_once(h):
         return f"the gated activations ('{h}') of '{gate.name}' are used elsewhere"
     return None
 

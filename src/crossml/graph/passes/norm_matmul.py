@@ -19,7 +19,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -42,7 +42,7 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
 def check(view: GraphView, m: Match) -> str | None:
     norm, product = m.nodes
     h = norm.output[0]
-    if len(view.consumers.get(h, [])) != 1 or h in view.outputs or h in subgraph_reads(view.graph):
+    if not view.read_once(h):
         return f"the normalized output ('{h}') of '{norm.name}' is used elsewhere"
     stats = norm.output[1:3] if m.info["skip"] else norm.output[1:2]
     for name in stats:
