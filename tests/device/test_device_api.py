@@ -51,6 +51,19 @@ def test_upload_readback_sync_and_async(dev):
         dev.queue.upload(t, x.astype(np.float64))
 
 
+def test_host_visible_buffer_is_written_by_device_work(dev):
+    """host_visible: the tensor kernels write (page-locked on a GPU) and a numpy view of the same bytes, valid on
+    the host once a fence after the writing work completes."""
+    buf, view = dev.queue.host_visible((3,), torch.int64)
+    assert buf.device.type == "cpu" and buf.is_pinned() == (dev.queue.stream is not None)
+    assert view.tolist() == [0, 0, 0]
+    src = torch.tensor([4, 5, 6], device=dev.torch_device)
+    with dev.queue.active():
+        buf.copy_(src, non_blocking=True)
+    dev.queue.signal().wait()
+    assert view.tolist() == [4, 5, 6]  # the view shares the tensor's memory
+
+
 def test_operator_compile_initialize_dispatch(dev):
     x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
     w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)

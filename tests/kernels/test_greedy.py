@@ -55,11 +55,19 @@ def test_greedy_step_matches_reference(device: str, case: str) -> None:
         logits[1, vocab // 2] = float("nan")  # counts as the largest
     logits = logits.to(device)
     got, want = (_state(device, rows, length, col, mask_dtype, ids_dtype, done_rows) for _ in range(2))
+    for st in (got, want):  # the float32 copy of the logits and the host buffer (page-locked where there is a GPU)
+        st["copy"] = torch.full((rows, vocab), -3.0, device=device)
+        st["host"] = torch.full((2 * rows,), -7, dtype=torch.long, pin_memory=device != "cpu")
     for fn, st in ((greedy_step, got), (greedy_step_reference, want)):
         fn(logits, seq=st["seq"], mask=st["mask"], done=st["done"], eos=eos.to(device), pad=PAD, col=col,
-           ban_eos=ban, out=st["out"], ids=st["ids"] if stage else None, pos=st["pos"] if stage else None)
+           ban_eos=ban, out=st["out"], ids=st["ids"] if stage else None, pos=st["pos"] if stage else None,
+           copy=st["copy"], host=st["host"])
+    if device != "cpu":
+        torch.cuda.synchronize()  # the host buffer is written by the kernel, with no copy to wait for
     for key in got:
-        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=f"{case}: {key}")
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, equal_nan=True, msg=f"{case}: {key}")
+    torch.testing.assert_close(got["copy"], logits.float(), rtol=0, atol=0, equal_nan=True)
+    assert got["host"].tolist() == got["out"].tolist()
     tokens = got["out"][:rows].tolist()
     if rows > 1:
         assert tokens[0] == (PAD if 0 in done_rows else 17)
@@ -78,10 +86,12 @@ def test_greedy_step_float16_logits_and_all_banned(device: str) -> None:
     logits[0, 5] = 1.0
     st = [_state(device, 1, 4, 1, torch.int64, torch.int64, ()) for _ in range(2)]
     eos = torch.tensor([5], dtype=torch.long, device=device)
-    for fn, s in zip((greedy_step, greedy_step_reference), st):
+    copies = [torch.zeros(1, 40, device=device) for _ in st]
+    for fn, s, c in zip((greedy_step, greedy_step_reference), st, copies):
         fn(logits.to(device), seq=s["seq"], mask=s["mask"], done=s["done"], eos=eos, pad=PAD, col=1, ban_eos=True,
-           out=s["out"], ids=s["ids"], pos=s["pos"])
+           out=s["out"], ids=s["ids"], pos=s["pos"], copy=c)
     assert st[0]["out"].tolist() == st[1]["out"].tolist() == [0, 0]
+    assert torch.equal(copies[0], copies[1]) and torch.equal(copies[0].cpu(), logits.float())  # the ban not in it
 
 
 def test_greedy_step_rejects_bad_buffers() -> None:
@@ -94,3 +104,7 @@ def test_greedy_step_rejects_bad_buffers() -> None:
         greedy_step(logits, eos=torch.arange(MAX_EOS + 1), col=1, **common)
     with pytest.raises(ValueError, match="contiguous rows"):
         greedy_step(logits.t(), eos=torch.tensor([1]), col=1, **common)
+    with pytest.raises(ValueError, match="copy must be a contiguous float32"):
+        greedy_step(logits, eos=torch.tensor([1]), col=1, copy=torch.zeros(2, 10, dtype=torch.float16), **common)
+    with pytest.raises(ValueError, match="host must be 4 contiguous int64"):
+        greedy_step(logits, eos=torch.tensor([1]), col=1, host=torch.zeros(3, dtype=torch.long), **common)

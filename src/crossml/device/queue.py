@@ -104,6 +104,14 @@ class Queue:
             fence.wait()
         return fence
 
+    def host_visible(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, np.ndarray]:
+        """Page-locked host memory that kernels on this queue's device may write directly (unified addressing
+        maps it into the device's address space), as a tensor to hand to a kernel and a numpy view of the same
+        bytes. Its contents are valid on the host once a fence signalled after the writing kernel completes; on
+        the CPU it is ordinary memory."""
+        buf = torch.zeros(shape, dtype=dtype, pin_memory=self.stream is not None)
+        return buf, dtypes.to_numpy(buf)
+
     def readback(self, src: DeviceTensor, blocking: bool = True) -> Any:
         """Copy ``src`` to host memory. Blocking: returns the numpy array. Otherwise returns
         ``(fence, array)``: the array's contents are valid once the fence completes."""

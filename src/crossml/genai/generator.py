@@ -68,11 +68,18 @@ def _greedy_kernels(device: torch.device, eos_ids: int) -> ModuleType | None:
 @dataclasses.dataclass
 class _Shown:
     """A one-token step's "logits" output kept as the float32 copy of its values (the recorded graph's buffer
-    is overwritten by the step that runs ahead)."""
+    is overwritten by the step that runs ahead). Until the greedy kernel makes that copy as it reads the logits,
+    ``logits`` is the graph's buffer itself (``live``)."""
 
     logits: torch.Tensor
     dtype: torch.dtype
     shape: tuple[int, ...]
+    live: bool = False
+
+    def keep(self) -> None:
+        """Copy a live buffer before a replay overwrites it."""
+        if self.live:
+            self.logits, self.live = self.logits.to(torch.float32, copy=True), False
 
 
 class GeneratorParams:
@@ -183,6 +190,11 @@ class Generator:
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
         self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
         self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
+        # ... which the greedy kernel also writes straight into host memory (two slots, used in turn), so the
+        # host waits for an event instead of a copy launched behind the kernel
+        self._host_slots: list[tuple[torch.Tensor, np.ndarray]] = []  # made by the first greedy step
+        self._slot = 0
+        self._live = False  # self._logits is the recorded graph's logits buffer itself (greedy run-ahead steps)
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
@@ -253,6 +265,9 @@ class Generator:
         start, end = self._kv_len, self._len
         bufs = self._bufs
         names = self._names
+        for shown in (self._outputs.get(names[0]), (self._ahead_outputs or {}).get(names[0])):
+            if isinstance(shown, _Shown):
+                shown.keep()  # a live logits buffer this run may overwrite
         width = end  # columns fed (a recorded prompt is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None: the bucket's first prompt, run eagerly)
         if bufs is not None and start == 0 and self._model._prompt_graphs:
@@ -289,12 +304,19 @@ class Generator:
             last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last.clamp(max=end - 1)]
         else:
             last = logits[:, -1]
-        # a copy: the logits may be a recorded graph's output buffer, which the next replay overwrites
-        self._logits = last.float() if last.dtype != torch.float32 else last.clone()
-        if self._ahead and end - start == 1 and logits.numel() == last.numel():
+        shown = self._ahead and end - start == 1 and logits.numel() == last.numel()
+        self._live = shown and ahead and self._greedy is not None
+        if self._live:
+            # the greedy kernel of the next step copies these logits to float32 as it reads them, before the step
+            # after it overwrites the buffer (see _greedy_step)
+            self._logits = last
+        else:
+            # a copy: the logits may be a recorded graph's output buffer, which the next replay overwrites
+            self._logits = last.float() if last.dtype != torch.float32 else last.clone()
+        if shown:
             # so is the shown "logits" output when the next step runs ahead: keep it as this copy (exact: float32
             # holds every float16 / bfloat16 value)
-            outputs[names[0]] = _Shown(self._logits, logits.dtype, tuple(logits.shape))
+            outputs[names[0]] = _Shown(self._logits, logits.dtype, tuple(logits.shape), live=self._live)
         if ahead:
             self._ahead_outputs = outputs
         else:
@@ -365,15 +387,30 @@ class Generator:
         col = self._len
         stage = col + 1 < self._s.max_length
         bufs = self._bufs
-        self._greedy.greedy_step(self._logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
+        logits = self._logits
+        copy = None
+        if self._live:  # the graph's buffer: keep its float32 copy, made as the kernel reads it
+            copy = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+            shown = self._outputs.get(self._names[0])
+            if isinstance(shown, _Shown) and shown.live and shown.logits is logits:
+                shown.logits, shown.live = copy, False
+            self._logits, self._live = copy, False
+        if not self._host_slots:
+            self._host_slots = [Queue(self._dev).host_visible((2 * self._rows,), torch.long) for _ in range(2)]
+        host, host_np = self._host_slots[self._slot]
+        self._slot ^= 1
+        self._greedy.greedy_step(logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
                                  pad=self._pad, col=col, ban_eos=col < self._s.min_length, out=self._step_out,
-                                 ids=bufs.ids if stage else None, pos=bufs.pos if stage else None)
+                                 ids=bufs.ids if stage else None, pos=bufs.pos if stage else None, copy=copy,
+                                 host=host)
         if stage:
             self._staged = col
-        self._advance(self._step_out[:self._rows], self._step_out)
+        self._advance(self._step_out[:self._rows], self._step_out, (Queue(self._dev).signal(), host_np))
 
-    def _advance(self, token: torch.Tensor, both: torch.Tensor | None = None) -> None:
-        """The sequence grew by ``token`` (already written); ``both``: [tokens, done flags] if already made."""
+    def _advance(self, token: torch.Tensor, both: torch.Tensor | None = None,
+                 pending: tuple[Fence, np.ndarray] | None = None) -> None:
+        """The sequence grew by ``token`` (already written); ``both``: [tokens, done flags] if already made;
+        ``pending``: their host copy, valid once the fence completes, if already on its way."""
         self._len += 1
         self._next = token
         self._logits = None
@@ -381,9 +418,11 @@ class Generator:
         self._finished_step = False
         if self._ahead and self._len < self._s.max_length:
             # the host copy first, then the step this token feeds: the host waits only for the copy
-            if both is None:
-                both = self._tokens_and_flags()
-            self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
+            if pending is None:
+                if both is None:
+                    both = self._tokens_and_flags()
+                pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
+            self._pending = pending
             self._forward(ahead=True)
 
     def _tokens_and_flags(self) -> torch.Tensor:
@@ -460,7 +499,7 @@ class Generator:
             raise GeneratorStateError("get_logits: call append_tokens first")
         self._settle()
         self._ready()
-        return self._logits[:, None, :].cpu().numpy()
+        return self._logits[:, None, :].float().cpu().numpy()
 
     def set_logits(self, logits: Any) -> None:
         """Replace the logits the next generate_next_token chooses from ([rows, vocab] or [rows, 1, vocab])."""
@@ -472,7 +511,7 @@ class Generator:
             raise ValueError(f"set_logits: expected {self._rows} x {vocab} values, got shape {arr.shape}")
         self._settle()
         self._ready()
-        self._logits = torch.as_tensor(arr.reshape(self._rows, vocab), device=self._dev)
+        self._logits, self._live = torch.as_tensor(arr.reshape(self._rows, vocab), device=self._dev), False
 
     def get_output(self, name: str) -> np.ndarray:
         """A decoder output of the last run (e.g. "logits", "present.0.key")."""

@@ -7,13 +7,18 @@ column in the sequence and the attention mask, and the next step's input id and 
 those cost 55-75 us a token, against 0.8-1.1 ms for the decoder. Here they are two kernels:
 
 1. ``_argmax_chunks_kernel``: one program per (row, chunk of CHUNK logits) writes the chunk's maximum
-   and its first index (end-of-sequence ids at -inf when ``ban_eos``);
+   and its first index (end-of-sequence ids at -inf when ``ban_eos``); with ``copy`` it also stores the
+   chunk's logits as float32 there (the generator keeps that copy of a recorded graph's logits, which the
+   next replay overwrites, so the copy costs no launch of its own);
 2. ``_finish_kernel``: one program per row takes the first index of the largest chunk maximum (so the
    first index of the row's maximum, as ``torch.argmax``), puts pad for a row already finished, sets
    its finished flag when the token is an end-of-sequence id, writes the token into the sequence and a
    1 into the mask at column ``col``, and, with ``stage``, the next step's input id and position (the
    mask's count of ones up to ``col``, minus one). It also writes ``[tokens, finished flags]`` (int64)
-   into ``out``, the buffer the host copies.
+   into ``out``, and with ``host`` into that page-locked host buffer too: the device writes it directly
+   (unified addressing), so the host needs no copy launched behind the kernel, only an event after it. (On an
+   H200 a device-to-host copy after the kernel and the next decode graph after the copy left 8 and 10 us
+   gaps; the host buffer and the float32 copy removed two launches and most of those gaps.)
 
 The outputs are the torch path's bit for bit (``greedy_step_reference`` is that path; tests compare the
 two). One difference: a NaN counts as +inf, so in a row holding both, the first of them wins where
@@ -33,20 +38,22 @@ from crossml.kernels._launch import cdiv, use_interpreter
 
 __all__ = ["greedy_step", "greedy_step_reference"]
 
-#: logits one program of the first kernel reduces
-CHUNK = 4096
+#: logits one program of the first kernel reduces (a Llama-3 vocabulary is 126 programs)
+CHUNK = 1024
 #: most end-of-sequence ids
 MAX_EOS = 16
 
 
 @triton.jit
-def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, V, s_x, E, CHUNKS,
-                          BAN_EOS: tl.constexpr, BLOCK: tl.constexpr):
+def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, copy_ptr, V, s_x, E, CHUNKS,
+                          BAN_EOS: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0)
     r = tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
     ok = offs < V
     v = tl.load(x_ptr + r.to(tl.int64) * s_x + offs, mask=ok, other=float("-inf")).to(tl.float32)
+    if COPY:
+        tl.store(copy_ptr + r.to(tl.int64) * V + offs, v, mask=ok)
     v = tl.where(v != v, float("inf"), v)
     if BAN_EOS:
         for e in range(E):
@@ -59,8 +66,9 @@ def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, V, s_x, E, CHUNKS,
 
 @triton.jit
 def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr, s_seq, mask_ptr, s_mask,
-                   ids_ptr, pos_ptr, out_ptr, ROWS, col,
-                   STAGE: tl.constexpr, HAS_POS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_L: tl.constexpr):
+                   ids_ptr, pos_ptr, out_ptr, host_ptr, ROWS, col,
+                   STAGE: tl.constexpr, HAS_POS: tl.constexpr, HOST: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_L: tl.constexpr):
     r = tl.program_id(0)
     cs = tl.arange(0, BLOCK_C)
     vals = tl.load(val_ptr + r * CHUNKS + cs, mask=cs < CHUNKS, other=float("-inf"))
@@ -79,6 +87,9 @@ def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr,
     tl.store(mask_ptr + mask_row + col, tl.full((), 1, mask_ptr.dtype.element_ty))
     tl.store(out_ptr + r, token)
     tl.store(out_ptr + ROWS + r, done.to(tl.int64))
+    if HOST:
+        tl.store(host_ptr + r, token)
+        tl.store(host_ptr + ROWS + r, done.to(tl.int64))
     if STAGE:
         tl.store(ids_ptr + r, token.to(ids_ptr.dtype.element_ty))
         if HAS_POS:
@@ -94,7 +105,7 @@ def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr,
 
 
 def _check(logits: torch.Tensor, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor, eos: torch.Tensor,
-           out: torch.Tensor, col: int) -> None:
+           out: torch.Tensor, col: int, copy: torch.Tensor | None, host: torch.Tensor | None) -> None:
     rows = logits.shape[0]
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"greedy step: logits must be [rows, vocab] with contiguous rows, got shape "
@@ -108,17 +119,28 @@ def _check(logits: torch.Tensor, seq: torch.Tensor, mask: torch.Tensor, done: to
         raise ValueError("greedy step: the sequence and out must be int64, out of 2 * rows values, done of rows")
     if not 1 <= eos.numel() <= MAX_EOS or eos.dtype != torch.int64:
         raise ValueError(f"greedy step: 1 to {MAX_EOS} int64 end-of-sequence ids, got {eos.numel()} {eos.dtype}")
+    if copy is not None and (copy.dtype != torch.float32 or tuple(copy.shape) != tuple(logits.shape)
+                             or not copy.is_contiguous() or copy.device != logits.device):
+        raise ValueError(f"greedy step: copy must be a contiguous float32 tensor of the logits' shape "
+                         f"{tuple(logits.shape)} on {logits.device}, got {copy.dtype} {tuple(copy.shape)} on "
+                         f"{copy.device}")
+    if host is not None and (host.dtype != torch.int64 or host.numel() != 2 * rows or not host.is_contiguous()):
+        raise ValueError(f"greedy step: host must be {2 * rows} contiguous int64 values, got {host.dtype} "
+                         f"{tuple(host.shape)}")
 
 
 def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor,
                 eos: torch.Tensor, pad: int, col: int, ban_eos: bool, out: torch.Tensor,
-                ids: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> None:
+                ids: torch.Tensor | None = None, pos: torch.Tensor | None = None, copy: torch.Tensor | None = None,
+                host: torch.Tensor | None = None) -> None:
     """Choose each row's next token from ``logits`` [rows, vocab] and record it in place (module docstring).
 
     ``seq`` [rows, L] int64 and ``mask`` [rows, L] get the token / a 1 at column ``col``; ``done`` [rows] (bool)
     is updated; ``out`` [2 * rows] int64 gets the tokens then the finished flags; ``ids`` [rows, 1] (and
-    ``pos`` [rows, 1], if given) get the next step's inputs when ``ids`` is given."""
-    _check(logits, seq, mask, done, eos, out, col)
+    ``pos`` [rows, 1], if given) get the next step's inputs when ``ids`` is given. ``copy`` (float32, the logits'
+    shape) gets ``logits.float()``; ``host`` (2 * rows int64, page-locked host memory the device can address, or
+    on the interpreter's CPU any tensor) gets what ``out`` gets."""
+    _check(logits, seq, mask, done, eos, out, col, copy, host)
     rows, vocab = logits.shape
     interpret = use_interpreter(logits, "greedy step")
     chunks = cdiv(vocab, CHUNK)
@@ -127,17 +149,21 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
     launch = contextlib.nullcontext() if interpret or logits.device.type != "cuda" else torch.cuda.device(logits.device)
     stage = ids is not None
     with launch:
-        _argmax_chunks_kernel[(chunks, rows)](logits, eos, vals, idx, vocab, logits.stride(0), eos.numel(), chunks,
-                                              BAN_EOS=ban_eos, BLOCK=CHUNK, **({} if interpret else {"num_warps": 4}))
+        _argmax_chunks_kernel[(chunks, rows)](logits, eos, vals, idx, vals if copy is None else copy, vocab,
+                                              logits.stride(0), eos.numel(), chunks, BAN_EOS=ban_eos,
+                                              COPY=copy is not None, BLOCK=CHUNK,
+                                              **({} if interpret else {"num_warps": 4}))
         _finish_kernel[(rows,)](vals, idx, chunks, done, eos, eos.numel(), pad, seq, seq.stride(0), mask,
-                                mask.stride(0), ids if stage else out, pos if pos is not None else out, out, rows, col,
-                                STAGE=stage, HAS_POS=pos is not None, BLOCK_C=max(2, triton.next_power_of_2(chunks)),
+                                mask.stride(0), ids if stage else out, pos if pos is not None else out, out,
+                                out if host is None else host, rows, col, STAGE=stage, HAS_POS=pos is not None,
+                                HOST=host is not None, BLOCK_C=max(2, triton.next_power_of_2(chunks)),
                                 BLOCK_L=1024, **({} if interpret else {"num_warps": 4}))
 
 
 def greedy_step_reference(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor,
                           eos: torch.Tensor, pad: int, col: int, ban_eos: bool, out: torch.Tensor,
-                          ids: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> None:
+                          ids: torch.Tensor | None = None, pos: torch.Tensor | None = None,
+                          copy: torch.Tensor | None = None, host: torch.Tensor | None = None) -> None:
     """``greedy_step`` in torch operations: what the generator's general path does for a plain greedy step, with
     the same functions (``crossml.genai.search``)."""
     from crossml.genai import search
@@ -147,6 +173,10 @@ def greedy_step_reference(logits: torch.Tensor, *, seq: torch.Tensor, mask: torc
     seq[:, col] = token
     mask[:, col] = 1
     out.copy_(torch.cat([token, done.long()]))
+    if copy is not None:
+        copy.copy_(logits)
+    if host is not None:
+        host.copy_(out)
     if ids is not None:
         ids.copy_(token[:, None].to(ids.dtype))
         if pos is not None:
