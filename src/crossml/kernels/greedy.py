@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, use_interpreter
+from crossml.kernels._launch import cdiv, pdl, pdl_wait, use_interpreter
 
 __all__ = ["greedy_step", "greedy_step_reference"]
 
@@ -46,7 +46,8 @@ MAX_EOS = 16
 
 @triton.jit
 def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, copy_ptr, V, s_x, E, CHUNKS,
-                          BAN_EOS: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr):
+                          BAN_EOS: tl.constexpr, COPY: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     c = tl.program_id(0)
     r = tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
@@ -68,7 +69,8 @@ def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, copy_ptr, V, s_x, E,
 def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr, s_seq, mask_ptr, s_mask,
                    ids_ptr, pos_ptr, out_ptr, host_ptr, ROWS, col,
                    STAGE: tl.constexpr, HAS_POS: tl.constexpr, HOST: tl.constexpr, BLOCK_C: tl.constexpr,
-                   BLOCK_L: tl.constexpr):
+                   BLOCK_L: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_wait(PDL)
     r = tl.program_id(0)
     cs = tl.arange(0, BLOCK_C)
     vals = tl.load(val_ptr + r * CHUNKS + cs, mask=cs < CHUNKS, other=float("-inf"))
@@ -152,12 +154,12 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
         _argmax_chunks_kernel[(chunks, rows)](logits, eos, vals, idx, vals if copy is None else copy, vocab,
                                               logits.stride(0), eos.numel(), chunks, BAN_EOS=ban_eos,
                                               COPY=copy is not None, BLOCK=CHUNK,
-                                              **({} if interpret else {"num_warps": 4}))
+                                              **({} if interpret else {"num_warps": 4, **pdl(logits)}))
         _finish_kernel[(rows,)](vals, idx, chunks, done, eos, eos.numel(), pad, seq, seq.stride(0), mask,
                                 mask.stride(0), ids if stage else out, pos if pos is not None else out, out,
                                 out if host is None else host, rows, col, STAGE=stage, HAS_POS=pos is not None,
                                 HOST=host is not None, BLOCK_C=max(2, triton.next_power_of_2(chunks)),
-                                BLOCK_L=1024, **({} if interpret else {"num_warps": 4}))
+                                BLOCK_L=1024, **({} if interpret else {"num_warps": 4, **pdl(logits)}))
 
 
 def greedy_step_reference(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor,

@@ -7,7 +7,8 @@ SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton ker
 decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, with or without skip,
 feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere;
 MatMulSkipNorm (a product feeding the residual stream's SkipSimplifiedLayerNormalization) is the GEMV and
-one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere.
+one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere. SumCast (an integer row sum,
+offset and cast: the GenAI builder's attention-mask lengths) is one Triton launch on GPUs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import math
 
 import torch
 
+from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
@@ -76,6 +78,22 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, ctx: OpContext 
 
         return gemv(x, w, b, const_w=ctx is not None and ctx.constant(1))
     return torch.nn.functional.linear(x, w.t(), b)
+
+
+@op("SumCast", since=1, domain=DOMAIN)
+def sum_cast(x: torch.Tensor, *, offset: int = 0, to: int = dtypes.TP.INT64, keepdims: int = 1) -> torch.Tensor:
+    """Cast(ReduceSum(x, axes=[-1], keepdims) + offset, to) of an int32 / int64 ``x``, summed in x's type as
+    ReduceSum sums (graph rule MaskLengths: the GenAI builder's ``seqlens_k`` = mask lengths - 1). One Triton
+    launch on GPUs (``crossml.kernels.sum_cast``), the torch ops elsewhere."""
+    out_dtype = dtypes.torch_dtype(int(to))
+    if x.dtype not in (torch.int32, torch.int64) or out_dtype not in (torch.int32, torch.int64) or x.dim() == 0:
+        raise ValueError(f"SumCast takes an int32/int64 tensor of rank >= 1 and casts to int32/int64, got {x.dtype} "
+                         f"of shape {tuple(x.shape)} and to={to}")
+    if x.device.type in TRITON_DEVICES:
+        kernel = load("sum_cast")
+        if kernel is not None:
+            return kernel.sum_cast(x, int(offset), out_dtype, bool(keepdims))
+    return (x.sum(-1, keepdim=bool(keepdims), dtype=x.dtype) + int(offset)).to(out_dtype)
 
 
 #: dtypes the Triton SiluMul kernel takes

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import norm_axis, scalar
 from crossml.ops.registry import op
 from crossml.ops.tensor import arith, is_strings, movement, ordered
@@ -33,6 +34,12 @@ def _wrap(indices: torch.Tensor, size: int | torch.Tensor) -> torch.Tensor:
 @movement
 def gather(data: torch.Tensor, indices: torch.Tensor, *, axis: int = 0) -> torch.Tensor:
     axis = norm_axis(axis, data.dim())
+    if data.device.type in TRITON_DEVICES and indices.device == data.device:
+        # one launch instead of four (crossml.kernels.gather); out-of-range indices give zeros there, as in
+        # onnxruntime's CUDA Gather
+        kernel = load("gather")
+        if kernel is not None and kernel.supported(data, indices, axis):
+            return kernel.gather(data, indices, axis)
     idx = _wrap(indices, data.shape[axis]).to(data.device)
     out = data.index_select(axis, idx.reshape(-1))
     return out.reshape(data.shape[:axis] + idx.shape + data.shape[axis + 1:])
