@@ -385,7 +385,6 @@ class Generator:
     def _greedy_step(self) -> None:
         """``_select`` + ``_append`` for plain greedy search, in one Triton step (same results)."""
         col = self._len
-        stage = col + 1 < self._s.max_length
         bufs = self._bufs
         logits = self._logits
         copy = None
@@ -401,10 +400,10 @@ class Generator:
         self._slot ^= 1
         self._greedy.greedy_step(logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
                                  pad=self._pad, col=col, ban_eos=col < self._s.min_length, out=self._step_out,
-                                 ids=bufs.ids if stage else None, pos=bufs.pos if stage else None, copy=copy,
-                                 host=host)
-        if stage:
-            self._staged = col
+                                 ids=bufs.ids, pos=bufs.pos, copy=copy, host=host)
+        # staged even for the last column, whose step never runs: one compiled variant of the kernel for every step
+        # (a variant first compiled at the last token cost a benchmark's first run 4-11 ms on an H200)
+        self._staged = col
         self._advance(self._step_out[:self._rows], self._step_out, (Queue(self._dev).signal(), host_np))
 
     def _advance(self, token: torch.Tensor, both: torch.Tensor | None = None,
@@ -416,13 +415,14 @@ class Generator:
         self._logits = None
         self._host = None
         self._finished_step = False
+        if pending is not None:
+            self._pending = pending
         if self._ahead and self._len < self._s.max_length:
             # the host copy first, then the step this token feeds: the host waits only for the copy
             if pending is None:
                 if both is None:
                     both = self._tokens_and_flags()
-                pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
-            self._pending = pending
+                self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
             self._forward(ahead=True)
 
     def _tokens_and_flags(self) -> torch.Tensor:
