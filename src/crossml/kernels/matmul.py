@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from crossml.kernels._launch import batch_grid, cdiv, check_float, grouped_tile, prune_tiles, use_interpreter, want_tf32
+from crossml.ops._util import broadcast_shapes
 
 __all__ = ["gemm", "gemm_reference", "matmul", "matmul_reference"]
 
@@ -152,7 +153,7 @@ def _product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: fl
     """alpha * a @ b + beta * c for a (..., M, K), b (..., K, N) with broadcast batch dims; c broadcasts."""
     M, K = a.shape[-2:]
     N = b.shape[-1]
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     y = torch.empty((*batch, M, N), dtype=a.dtype, device=a.device)
     if y.numel() == 0:
         return y
@@ -215,7 +216,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None, *, alp
         if c.device != a.device:
             raise ValueError(f"Gemm input C is on {c.device}, A and B on {a.device}")
         try:
-            torch.broadcast_shapes(c.shape, (a.shape[0], b.shape[1]))
+            broadcast_shapes(c.shape, (a.shape[0], b.shape[1]))
         except RuntimeError:
             raise ValueError(f"Gemm C of shape {tuple(c.shape)} does not broadcast to the output "
                              f"{(a.shape[0], b.shape[1])}") from None

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from crossml.kernels._launch import pdl, pdl_wait, use_interpreter
+from crossml.ops._util import broadcast_shapes
 
 __all__ = ["DTYPES", "rms_norm", "skip_rms_norm"]
 
@@ -175,7 +176,7 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bia
     w = _vector("SkipRMSNorm", "weight", weight, H)
     b = _vector("SkipRMSNorm", "bias", bias, H) if bias is not None else None
     try:
-        grows = skip.dim() > x.dim() or torch.broadcast_shapes(skip.shape, x.shape) != x.shape
+        grows = skip.dim() > x.dim() or broadcast_shapes(skip.shape, x.shape) != x.shape
     except RuntimeError:
         grows = True
     if grows:

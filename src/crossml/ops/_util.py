@@ -34,6 +34,24 @@ def scalar(t: Any) -> Any:
     return t
 
 
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """``torch.broadcast_shapes`` (same result, RuntimeError on shapes that do not broadcast) in plain Python:
+    torch's first call imports its symbolic-shape machinery and sympy, which took 3.5 s of a GenAI model's first
+    prompt on the GPU machine."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, d in enumerate(shape, ndim - len(shape)):
+            d = int(d)
+            if d == 1 or d == out[i]:
+                continue
+            if out[i] != 1:
+                raise RuntimeError(f"Shape mismatch: objects cannot be broadcast to a single shape: "
+                                   f"{[tuple(s) for s in shapes]}")
+            out[i] = d
+    return torch.Size(out)
+
+
 def norm_axis(axis: int, rank: int) -> int:
     if not -rank <= axis < max(rank, 1):
         raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from crossml.ops._util import norm_axis
+from crossml.ops._util import broadcast_shapes, norm_axis
 from crossml.ops.registry import op
 
 Tensor = torch.Tensor
@@ -76,7 +76,7 @@ def prelu(x: Tensor, slope: Tensor) -> Tensor:
         raise TypeError(f"PRelu expects slope of the input's type {x.dtype}, got {slope.dtype}")
     if _unsigned(x):
         return x
-    if torch.broadcast_shapes(x.shape, slope.shape) != x.shape:
+    if broadcast_shapes(x.shape, slope.shape) != x.shape:
         raise ValueError(f"PRelu slope of shape {tuple(slope.shape)} does not broadcast to input shape "
                          f"{tuple(x.shape)}")
     return torch.where(x < 0, x * slope, x)

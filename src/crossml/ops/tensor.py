@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from crossml import dtypes
-from crossml.ops._util import ints, norm_axes, norm_axis, scalar
+from crossml.ops._util import broadcast_shapes, ints, norm_axes, norm_axis, scalar
 from crossml.ops.registry import OpContext, op
 
 #: dtypes with few torch kernels -> a same-width integer dtype with all of them.
@@ -429,7 +429,7 @@ def center_crop_pad(x: torch.Tensor, shape: Any, *, axes: list[int] | None = Non
 def expand(x: torch.Tensor, shape: Any) -> torch.Tensor:
     dims = ints(shape)
     try:
-        out = torch.broadcast_shapes(tuple(x.shape), tuple(dims))
+        out = broadcast_shapes(tuple(x.shape), tuple(dims))
     except RuntimeError as exc:
         raise ValueError(f"shape {dims} does not broadcast with the input shape {tuple(x.shape)}") from exc
     return x.expand(out).contiguous()

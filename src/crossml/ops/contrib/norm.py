@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 
 from crossml.kernels import TRITON_DEVICES, load_compiled
-from crossml.ops._util import norm_axis
+from crossml.ops._util import broadcast_shapes, norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -48,7 +48,7 @@ def _kernel_vector(t: torch.Tensor | None, x: torch.Tensor) -> bool:
 def _broadcasts_to(t: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether ``t`` broadcasts to x's shape without growing it (else torch's error stands)."""
     try:
-        return torch.broadcast_shapes(t.shape, x.shape) == x.shape
+        return broadcast_shapes(t.shape, x.shape) == x.shape
     except RuntimeError:
         return False
 
