@@ -8,8 +8,9 @@ The loop is three small functions, as in gpt-fast:
   beam search), all on the device;
 * ``generate_next_token`` = ``_forward`` if needed, then ``_select``, then append.
 
-The host learns the new tokens and the finished flags with one copy per step; nothing in a greedy
-or sampled decode step waits on the device. On a GPU with the static KV cache every decode step has
+The host learns the new tokens and the finished flags with one copy per step (plain greedy steps on a GPU:
+the greedy kernel writes them into page-locked host memory itself); nothing in a greedy or sampled decode
+step waits on the device. On a GPU with the static KV cache every decode step has
 the same input shapes (the attention mask spans max_length), so the session replays one recorded
 graph per step, whose inputs (the new token's id and position) are staged as soon as the token is
 chosen; a first prompt replays the graph of its bucket width once the bucket has come twice (see
