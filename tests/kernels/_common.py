@@ -50,6 +50,21 @@ def assert_close(y: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, tol: tu
     return float((got - ref).abs().max()) if got.numel() else 0.0
 
 
+def record_calls(monkeypatch: pytest.MonkeyPatch, module: Any, *names: str) -> list[str]:
+    """Wrap the functions ``names`` of ``module`` so that each call still runs and appends its name to the list
+    returned (the tests that an op routes its inputs to a kernel read it)."""
+    calls: list[str] = []
+    for name in names:
+        real = getattr(module, name)
+
+        def spy(*args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 def run_own_kernels(run: Callable[[], Any], own: str, vendor: tuple[str, ...]) -> Any:
     """``run()`` on the GPU, traced after one untraced call (autotuning): at least one launched kernel is named
     with ``own`` and none of the others with a ``vendor`` library marker (lower case). Returns the traced result."""

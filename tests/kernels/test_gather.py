@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 from crossml.kernels.gather import gather, supported  # noqa: E402
-from tests.kernels._common import DEVICES  # noqa: E402
+from tests.kernels._common import DEVICES, record_calls  # noqa: E402
 
 
 def _expected(data: np.ndarray, idx: np.ndarray, axis: int) -> np.ndarray:
@@ -94,9 +94,7 @@ def test_gather_op_routes_gpu_tensors_to_the_kernel(monkeypatch: pytest.MonkeyPa
     from crossml.kernels import gather as kernel
     from crossml.ops.indexing import gather as gather_op
 
-    calls = []
-    original = kernel.gather
-    monkeypatch.setattr(kernel, "gather", lambda *a: calls.append(a) or original(*a))
+    calls = record_calls(monkeypatch, kernel, "gather")
     data = torch.randn(30, 16, dtype=torch.float16)
     idx = torch.tensor([[3, -1], [29, 0]])
     got = gather_op(data.cuda(), idx.cuda(), axis=0)

@@ -22,7 +22,7 @@ from crossml.kernels import rmsnorm  # noqa: E402
 from crossml.kernels.rmsnorm import rms_norm, skip_rms_norm  # noqa: E402
 from crossml.ops.contrib import norm  # noqa: E402
 from crossml.ops.registry import OpContext  # noqa: E402
-from tests.kernels._common import DEVICES, rand  # noqa: E402
+from tests.kernels._common import DEVICES, rand, record_calls  # noqa: E402
 
 HALF_FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 EPS = 1e-6
@@ -198,10 +198,7 @@ def cpu_routes_to_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _both_paths(monkeypatch: pytest.MonkeyPatch, fn, *args: torch.Tensor | None, **kw) -> tuple[tuple, tuple, int]:
     """(op outputs on the device, op outputs on CPU copies, how many kernel calls the device run made)."""
-    calls = []
-    for name in ("rms_norm", "skip_rms_norm"):
-        real = getattr(rmsnorm, name)
-        monkeypatch.setattr(rmsnorm, name, lambda *a, _real=real, **k: calls.append(1) or _real(*a, **k))
+    calls = record_calls(monkeypatch, rmsnorm, "rms_norm", "skip_rms_norm")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     got = fn(*(None if a is None else a.to(dev) for a in args), **kw)
     n = len(calls)

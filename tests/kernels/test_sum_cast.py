@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 from crossml.kernels.sum_cast import sum_cast  # noqa: E402
-from tests.kernels._common import DEVICES  # noqa: E402
+from tests.kernels._common import DEVICES, record_calls  # noqa: E402
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -48,9 +48,7 @@ def test_sum_cast_op_routes_gpu_tensors_to_the_kernel(monkeypatch: pytest.Monkey
     from crossml.kernels import sum_cast as kernel
     from crossml.ops.fused import sum_cast as op
 
-    calls = []
-    original = kernel.sum_cast
-    monkeypatch.setattr(kernel, "sum_cast", lambda *a: calls.append(a) or original(*a))
+    calls = record_calls(monkeypatch, kernel, "sum_cast")
     mask = torch.ones(2, 600, dtype=torch.int64)
     mask[1, 400:] = 0
     got = op(mask.cuda(), offset=-1, to=TensorProto.INT32, keepdims=0)
