@@ -9,20 +9,25 @@ from onnx import numpy_helper
 from crossml.graph.passes import GraphView
 
 
+def constant(view: GraphView, name: str) -> onnx.TensorProto | None:
+    """The tensor of ``name`` when it is an initializer or the ``value`` of a Constant node, else None."""
+    t = view.initializers.get(name)
+    if t is not None:
+        return t
+    node = view.producer.get(name)
+    if node is None or node.op_type != "Constant":
+        return None
+    return next((a.t for a in node.attribute if a.name == "value"), None)
+
+
 def scalar(view: GraphView, name: str) -> float | None:
     """The value of a one-element constant ``name``, else None."""
-    t = view.initializers.get(name)
+    t = constant(view, name)
     if t is None:
         node = view.producer.get(name)
         if node is None or node.op_type != "Constant":
             return None
-        for a in node.attribute:
-            if a.name == "value":
-                t = a.t
-            elif a.name == "value_float":
-                return float(a.f)
-        if t is None:
-            return None
+        return next((float(a.f) for a in node.attribute if a.name == "value_float"), None)
     arr = numpy_helper.to_array(t)
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
 

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs
-from crossml.graph.passes._consts import scalar
+from crossml.graph.passes._consts import constant, scalar
 
 DOMAIN = "com.crossml"
 _INTS = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
@@ -26,25 +26,10 @@ _INTS = (onnx.TensorProto.INT32, onnx.TensorProto.INT64)
 def _axes(view: GraphView, node: onnx.NodeProto) -> list[int] | None:
     """ReduceSum's axes: the constant second input (opset 13+) or the attribute; None if not constant."""
     if len(node.input) > 1 and node.input[1]:
-        t = view.initializers.get(node.input[1])
-        if t is None:
-            producer = view.producer.get(node.input[1])
-            if producer is None or producer.op_type != "Constant":
-                return None
-            t = node_attrs(producer).get("value")
-            if not isinstance(t, onnx.TensorProto):
-                return None
-        return [int(a) for a in numpy_helper.to_array(t).reshape(-1)]
+        t = constant(view, node.input[1])
+        return None if t is None else [int(a) for a in numpy_helper.to_array(t).reshape(-1)]
     axes = node_attrs(node).get("axes")
     return None if axes is None else [int(a) for a in axes]
-
-
-def _const_shape(view: GraphView, name: str) -> list[int] | None:
-    t = view.initializers.get(name)
-    if t is None:
-        producer = view.producer.get(name)
-        t = node_attrs(producer).get("value") if producer is not None and producer.op_type == "Constant" else None
-    return list(t.dims) if isinstance(t, onnx.TensorProto) else None
 
 
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
@@ -73,7 +58,8 @@ def check(view: GraphView, m: Match) -> str | None:
     c = scalar(view, arith.input[1])
     if c is None or c != int(c):
         return f"'{arith.name}' does not take a one-value integer constant as its second input"
-    c_shape = _const_shape(view, arith.input[1])
+    c_tensor = constant(view, arith.input[1])
+    c_shape = None if c_tensor is None else list(c_tensor.dims)
     if c_shape is None or len(c_shape) > (len(shape) if node_attrs(reduce).get("keepdims", 1) else len(shape) - 1):
         return f"the constant '{arith.input[1]}' of '{arith.name}' (shape {c_shape}) would add dimensions to the sums"
     if node_attrs(cast).get("to") not in _INTS:
