@@ -60,15 +60,8 @@ def supported(data: torch.Tensor, indices: torch.Tensor, axis: int) -> bool:
     and chunk count within the grid's 65535 limit."""
     if data.dtype not in DTYPES or indices.dtype not in (torch.int32, torch.int64) or indices.device != data.device:
         return False
-    if _view3(data, axis) is None:
-        return False
-    outer = 1
-    for s in data.shape[:axis]:
-        outer *= s
-    inner = 1
-    for s in data.shape[axis + 1:]:
-        inner *= s
-    return outer <= GRID_YZ_MAX and cdiv(max(inner, 1), _BLOCK) <= GRID_YZ_MAX
+    x = _view3(data, axis)
+    return x is not None and x.shape[0] <= GRID_YZ_MAX and cdiv(max(x.shape[2], 1), _BLOCK) <= GRID_YZ_MAX
 
 
 def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor:
@@ -79,14 +72,12 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor
                          f"{indices.dtype} indices on {indices.device} is not supported; use the registered op")
     shape = (*data.shape[:axis], *indices.shape, *data.shape[axis + 1:])
     out = torch.empty(shape, dtype=data.dtype, device=data.device)
-    size = data.shape[axis]
-    outer = data.shape[:axis].numel()
-    inner = data.shape[axis + 1:].numel()
+    x = _view3(data, axis)
+    outer, size, inner = x.shape
     m = indices.numel()
     if out.numel() == 0:
         return out
     interpret = use_interpreter(data, "Gather")
-    x = _view3(data, axis)
     idx = indices.reshape(-1).contiguous()
     if size == 0:  # every index is out of range
         return out.zero_()
