@@ -25,6 +25,9 @@ CASES = {
     "depthwise_multiplier2_stride2": ((2, 8, 9, 8), (16, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1],
                                                                     "strides": [2, 2]}, False),
     "depthwise_channels_last": ((2, 8, 9, 8), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, True),
+    "depthwise_relu6": ((2, 8, 9, 8), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1], "relu": True,
+                                                     "clip_max": 0.5}, True),
+    "3x3_relu6": ((2, 3, 9, 11), (5, 3, 3, 3), {"pads": [1, 1, 1, 1], "relu": True, "clip_max": 0.5}, False),
     "1x1_channels_last": ((2, 40, 7, 6), (17, 40, 1, 1), {}, True),
 }
 

@@ -20,6 +20,7 @@ from crossml import dtypes
 from crossml.device.queue import Queue
 from crossml.device.tensor import DeviceTensor, TensorDesc
 from crossml.ops import OpContext, load_all, lookup
+from crossml.ops.conv import CHANNELS_LAST_OPS
 from crossml.ops.registry import canonical_domain
 from crossml.runtime.errors import InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -89,7 +90,7 @@ class CompiledOperator:
         self.op = op
         self.persistent = persistent
         self._persistent_values: dict[int, torch.Tensor] = {}
-        self.channels_last = (op.device.type != "cpu" and op.op_type == "Conv" and 1 in persistent
+        self.channels_last = (op.device.type != "cpu" and op.op_type in CHANNELS_LAST_OPS and 1 in persistent
                               and len(op.input_descs[1].sizes) == 4)
         self.bound_inputs = [i for i, d in enumerate(op.input_descs)
                              if d is not None and i not in persistent and i not in op.constants]

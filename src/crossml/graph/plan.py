@@ -23,6 +23,7 @@ from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_va
 from crossml.graph.expand import expand_function_node
 from crossml.graph.order import topological
 from crossml.ops import OpContext, OpSpec, load_all, lookup
+from crossml.ops.conv import CHANNELS_LAST_OPS
 from crossml.ops.registry import canonical_domain, known_versions
 from crossml.runtime.errors import Fail, InvalidGraph, OrtError
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -270,7 +271,7 @@ class _Builder:
                 in_slots.append(-1)
             elif spec.host_output:
                 in_slots.append(self.slot_of(name, self.value_device.get(name, device)))
-            elif i == 1 and node.op_type == "Conv" and self._channels_last_weight(name, device):
+            elif i == 1 and node.op_type in CHANNELS_LAST_OPS and self._channels_last_weight(name, device):
                 in_slots.append(self._channels_last_slot(name, device))
             else:
                 in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs))

@@ -6,8 +6,8 @@ straight from ``x`` (no im2col buffer), zero padding is a load mask. The kernel 
 2-D convolutions are views of it with unit axes. Every tensor is read through its strides, so
 NCHW and NHWC (channels-last) inputs and weights both work without copies; the output keeps the
 input's memory format. Any stride, dilation and (asymmetric) padding; groups of any size, with
-a direct kernel for depthwise-style groups of one input channel; bias and ReLU fused into the
-epilogue; fp16 / bf16 / fp32 accumulating in fp32 (fp64 in fp64), TF32 for fp32 when allowed.
+a direct kernel for depthwise-style groups of one input channel; bias, ReLU and a clamp (ReLU6)
+fused into the epilogue; fp16 / bf16 / fp32 accumulating in fp32 (fp64 in fp64), TF32 for fp32 when allowed.
 """
 
 from __future__ import annotations
@@ -30,21 +30,25 @@ _CHANNEL_LOOP_MIN = 32
 
 
 @triton.jit
-def _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw, mask,
-                  HAS_BIAS: tl.constexpr, RELU: tl.constexpr, ACC_DTYPE: tl.constexpr):
-    """Both kernels' epilogue: + bias[oc], ReLU, store the [rows, channels] tile at output rows (n, od, oh, ow)."""
+def _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw, mask, top,
+                  HAS_BIAS: tl.constexpr, RELU: tl.constexpr, CLIP: tl.constexpr, ACC_DTYPE: tl.constexpr):
+    """Both kernels' epilogue: + bias[oc], ReLU, min(., top) (CLIP), store the [rows, channels] tile at output
+    rows (n, od, oh, ow)."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + oc).to(ACC_DTYPE)[None, :]
     if RELU:
         acc = tl.maximum(acc, 0.0)
+    if CLIP:
+        acc = tl.minimum(acc, top)
     y_rows = y_ptr + n.to(tl.int64) * s_yn + od * s_yd + oh * s_yh + ow * s_yw
     tl.store(y_rows[:, None] + oc.to(tl.int64)[None, :] * s_yc, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, KD, KH, KW, K_TOTAL,
                  sd, sh, sw, pd, ph, pw, dd, dh, dw,
-                 s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wc, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw,
-                 HAS_BIAS: tl.constexpr, RELU: tl.constexpr, CHANNEL_LOOP: tl.constexpr, PRECISION: tl.constexpr,
+                 s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wc, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw, top,
+                 HAS_BIAS: tl.constexpr, RELU: tl.constexpr, CLIP: tl.constexpr, CHANNEL_LOOP: tl.constexpr,
+                 PRECISION: tl.constexpr,
                  DOT_IN_FP32: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """One (BLOCK_M positions, BLOCK_N output channels) tile of group ``program_id(1)``."""
@@ -107,13 +111,14 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, 
             acc = tl.dot(a, b, acc, input_precision=PRECISION, out_dtype=ACC_DTYPE)
 
     _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw,
-                  (offs_m[:, None] < M) & (offs_n[None, :] < OC_G), HAS_BIAS, RELU, ACC_DTYPE)
+                  (offs_m[:, None] < M) & (offs_n[None, :] < OC_G), top, HAS_BIAS, RELU, CLIP, ACC_DTYPE)
 
 
 def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, OW, KD, KH, KW,
                       sd, sh, sw, pd, ph, pw, dd, dh, dw,
-                      s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw,
-                      HAS_BIAS: tl.constexpr, RELU: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                      s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw, top,
+                      HAS_BIAS: tl.constexpr, RELU: tl.constexpr, CLIP: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                      BLOCK_M: tl.constexpr,
                       BLOCK_C: tl.constexpr):
     """Groups of one input channel (output channel ``oc`` reads input channel ``oc // MULT``):
     no reduction over channels, so a direct multiply-accumulate over the taps."""
@@ -142,7 +147,7 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, 
         wv = tl.load(w_cols + kd * s_wd + kh * s_wh + kw * s_ww)
         acc += a.to(ACC_DTYPE) * wv.to(ACC_DTYPE)[None, :]
     _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw,
-                  m_ok[:, None] & c_ok[None, :], HAS_BIAS, RELU, ACC_DTYPE)
+                  m_ok[:, None] & c_ok[None, :], top, HAS_BIAS, RELU, CLIP, ACC_DTYPE)
 
 
 def _conv_configs() -> list[triton.Config]:
@@ -182,9 +187,10 @@ def _triple(v: Sequence[int], fill: int) -> list[int]:
 
 def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, strides: Sequence[int] | None = None,
          pads: Sequence[int] | None = None, dilations: Sequence[int] | None = None, group: int = 1,
-         auto_pad: str = "NOTSET", relu: bool = False, layout: str = "NCHW",
+         auto_pad: str = "NOTSET", relu: bool = False, clip_max: float | None = None, layout: str = "NCHW",
          allow_tf32: bool | None = None) -> torch.Tensor:
-    """ONNX Conv (1 to 3 spatial axes) with the Triton kernels; ``relu`` fuses a ReLU.
+    """ONNX Conv (1 to 3 spatial axes) with the Triton kernels; ``relu`` fuses a ReLU, ``clip_max`` a clamp
+    to that bound after it (ReLU6: ``relu=True, clip_max=6``).
 
     ``layout="NHWC"`` takes and returns channels-last tensors ``(N, *spatial, C)``; the weight is
     ONNX's ``(OC, C / group, *kernel)`` either way (any strides). With the default NCHW layout a
@@ -196,7 +202,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, str
         raise ValueError(f"Conv layout must be 'NCHW' or 'NHWC', got {layout!r}")
     if layout == "NHWC":
         y = conv(x.movedim(-1, 1), w, b, strides=strides, pads=pads, dilations=dilations, group=group,
-                 auto_pad=auto_pad, relu=relu, allow_tf32=allow_tf32)
+                 auto_pad=auto_pad, relu=relu, clip_max=clip_max, allow_tf32=allow_tf32)
         return y.movedim(1, -1)
     n = x.dim() - 2
     if n not in (1, 2, 3):
@@ -234,12 +240,13 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, str
     m = y5.shape[0] * y5.shape[2] * y5.shape[3] * y5.shape[4]
     acc = tl.float64 if x.dtype == torch.float64 else tl.float32
     bias = b if b is not None else y
+    top = 0.0 if clip_max is None else float(clip_max)
     interp = use_interpreter(x, "Conv")
     device_ctx = torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext()
     if c_g == 1:
         args = (x5, w5, bias, y5, m, oc, oc // c, *x5.shape[2:], *y5.shape[2:], kd, kh, kw, *geometry,
-                *x5.stride(), w5.stride(0), *w5.stride()[2:], *y5.stride())
-        flags = {"HAS_BIAS": b is not None, "RELU": relu, "ACC_DTYPE": acc}
+                *x5.stride(), w5.stride(0), *w5.stride()[2:], *y5.stride(), top)
+        flags = {"HAS_BIAS": b is not None, "RELU": relu, "CLIP": clip_max is not None, "ACC_DTYPE": acc}
         if interp:
             t = _INTERP_DW_TILE
             _depthwise_jit[(cdiv(m, t["BLOCK_M"]), cdiv(oc, t["BLOCK_C"]))](*args, **flags, **t)
@@ -250,9 +257,10 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, str
 
     oc_g = oc // group
     args = (x5, w5, bias, y5, m, c_g, *x5.shape[2:], oc_g, *y5.shape[2:], kd, kh, kw, c_g * kd * kh * kw,
-            *geometry, *x5.stride(), *w5.stride(), *y5.stride())
+            *geometry, *x5.stride(), *w5.stride(), *y5.stride(), top)
     tf32 = want_tf32(x, allow_tf32, torch.backends.cudnn.allow_tf32)
-    flags = {"HAS_BIAS": b is not None, "RELU": relu, "CHANNEL_LOOP": c_g >= _CHANNEL_LOOP_MIN,
+    flags = {"HAS_BIAS": b is not None, "RELU": relu, "CLIP": clip_max is not None,
+             "CHANNEL_LOOP": c_g >= _CHANNEL_LOOP_MIN,
              "PRECISION": "tf32" if tf32 else "ieee", "ACC_DTYPE": acc}
     if interp:
         # numpy has no bfloat16 matmul: the interpreter multiplies bf16 tiles in fp32 (exact products)
@@ -269,7 +277,7 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, str
 def conv_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *,
                    strides: Sequence[int] | None = None, pads: Sequence[int] | None = None,
                    dilations: Sequence[int] | None = None, group: int = 1, auto_pad: str = "NOTSET",
-                   relu: bool = False, layout: str = "NCHW") -> torch.Tensor:
+                   relu: bool = False, clip_max: float | None = None, layout: str = "NCHW") -> torch.Tensor:
     """What ``conv`` computes, in torch: fp64 on the CPU, explicit padding, ``F.conv{1,2,3}d``."""
     if layout == "NHWC":
         x = x.movedim(-1, 1)
@@ -284,4 +292,6 @@ def conv_reference(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = No
     y = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[n](x, w, b, stride=strides, dilation=dilations, groups=group)
     if relu:
         y = y.relu()
+    if clip_max is not None:
+        y = y.clamp_max(clip_max)
     return y.movedim(1, -1) if layout == "NHWC" else y

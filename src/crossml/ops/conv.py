@@ -13,9 +13,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.ops._util import ints
 from crossml.ops.registry import op
 
+#: ops whose input 1 (a 4-D constant weight) is pre-packed channels-last when the session prefers NHWC:
+#: cuDNN then runs them on channels-last activations without transposing (graph/plan.py, device/operator.py)
+CHANNELS_LAST_OPS = ("Conv", "FusedConv")
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 #: dtypes the CPU convolution kernels do not cover well; computed in float32 and cast back.
@@ -83,8 +87,72 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, aut
     if begin != end:
         xc = F.pad(xc, torch_pad_arg(begin, end))
         begin = [0] * n
+    if pointwise(wc, strides, begin, dilations, group):
+        y = pointwise_gemm(xc, wc, bc)
+        if y is not None:
+            return y.to(x.dtype)
+    y = depthwise(xc, wc, bc, strides, begin, dilations, group)
+    if y is not None:
+        return y.to(x.dtype)
     y = _CONV[n](xc, wc, bc, stride=strides, padding=begin, dilation=dilations, groups=group)
     return y.to(x.dtype)
+
+
+#: run 1x1 convolutions of channels-last GPU activations as one GEMM (see pointwise_gemm)
+POINTWISE_GEMM = True
+
+
+def pointwise(w: torch.Tensor, strides: Sequence[int], pads: Sequence[int], dilations: Sequence[int],
+              group: int) -> bool:
+    """Whether a 2-D convolution is pointwise: 1x1 kernel, stride 1, no padding, one group."""
+    return (w.dim() == 4 and w.shape[2] == 1 and w.shape[3] == 1 and group == 1 and all(s == 1 for s in strides)
+            and not any(pads) and all(d == 1 for d in dilations))
+
+
+#: run depthwise convolutions of channels-last GPU activations with crossml's Triton kernel (see depthwise)
+DEPTHWISE_TRITON = True
+
+
+def depthwise(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, strides: Sequence[int],
+              pads: Sequence[int], dilations: Sequence[int], group: int, relu: bool = False,
+              clip_max: float | None = None) -> torch.Tensor | None:
+    """A depthwise 2-D convolution (one input channel per group) of a channels-last GPU tensor with crossml's
+    Triton kernel, bias, ReLU and a clamp to ``clip_max`` (ReLU6) in its epilogue: one launch where cuDNN
+    takes two (its plain convolution adds the bias in a second kernel, and its fused conv+bias+ReLU runs
+    grouped convolutions with a slow direct kernel). ``pads``: the begin pads (symmetric). None where it does
+    not apply (then cuDNN runs it)."""
+    if not (DEPTHWISE_TRITON and x.device.type in TRITON_DEVICES and x.dim() == 4 and w.dim() == 4
+            and w.shape[1] == 1 and group == x.shape[1] > 1 and x.dtype == w.dtype
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and (b is None or b.dtype == x.dtype)
+            and x.is_contiguous(memory_format=torch.channels_last)):
+        return None
+    kernels = load_compiled("conv")
+    if kernels is None:
+        return None
+    return kernels.conv(x, w, b, strides=strides, pads=list(pads) * 2, dilations=dilations, group=group,
+                        relu=relu, clip_max=clip_max)
+
+
+def pointwise_gemm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, relu: bool = False) -> torch.Tensor | None:
+    """A pointwise convolution (see ``pointwise``) of a channels-last GPU tensor as one GEMM: [N·H·W, C] x
+    [C, K], with the bias (and the ReLU) in the BLAS library's epilogue. cuDNN runs a separate kernel for
+    the bias of a plain convolution. The result is channels-last. None where it does not apply."""
+    if not (POINTWISE_GEMM and x.device.type != "cpu" and x.dim() == 4 and x.dtype == w.dtype
+            and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and x.is_contiguous(memory_format=torch.channels_last) and (b is None or b.dtype == x.dtype)):
+        return None
+    n, c, h, wd = x.shape
+    k = w.shape[0]
+    a = x.permute(0, 2, 3, 1).reshape(n * h * wd, c)
+    wt = w.reshape(k, c).t()
+    if b is None:
+        y = a @ wt
+        y = torch.relu_(y) if relu else y
+    elif relu:
+        y = torch._addmm_activation(b, a, wt)
+    else:
+        y = torch.addmm(b, a, wt)
+    return y.view(n, h, wd, k).permute(0, 3, 1, 2)
 
 
 def _transpose_pads(in_sizes: list[int], kernel: list[int], strides: list[int], dilations: list[int],

@@ -24,7 +24,7 @@ from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
-from crossml.ops.conv import conv
+from crossml.ops.conv import conv, depthwise, pointwise, pointwise_gemm
 from crossml.ops.matmul import gemv_eligible
 from crossml.ops.matmul import matmul as matmul_op
 from crossml.ops.registry import OpContext, op
@@ -35,21 +35,39 @@ log = logging.getLogger("crossml")
 
 @op("FusedConv", since=1, domain=DOMAIN)
 def fused_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, z: torch.Tensor | None = None, *,
-               activation: str = "Relu", dilations: list[int] | None = None, group: int = 1,
-               kernel_shape: list[int] | None = None, pads: list[int] | None = None,
-               strides: list[int] | None = None) -> torch.Tensor:
-    """relu(conv(x, w, b) + z), z optional."""
-    if activation != "Relu":
-        raise ValueError(f"FusedConv supports activation 'Relu', got '{activation}'")
+               activation: str = "Relu", activation_params: list[float] | None = None,
+               dilations: list[int] | None = None, group: int = 1, kernel_shape: list[int] | None = None,
+               pads: list[int] | None = None, strides: list[int] | None = None) -> torch.Tensor:
+    """act(conv(x, w, b) + z), z optional; act is Relu, or Clip with activation_params [0, max] (ReLU6)."""
+    hi = _clip_max(activation, activation_params)
+    strides, dilations = strides or [1, 1], dilations or [1, 1]
+    if z is None and x.dim() == 4:
+        if pointwise(w, strides, pads or [0] * 4, dilations, group):
+            y = pointwise_gemm(x, w, b, relu=True)
+            if y is not None:
+                return y if hi is None else y.clamp_max_(hi)
+        if pads is None or pads[:2] == pads[2:]:
+            y = depthwise(x, w, b, strides, pads[:2] if pads else [0, 0], dilations, group, relu=True, clip_max=hi)
+            if y is not None:
+                return y
     if x.dim() == 4:
-        fused = fused_conv_add_relu(x, w, b, z, strides or [1, 1], pads[:2] if pads else [0, 0],
-                                    dilations or [1, 1], group)
+        fused = fused_conv_add_relu(x, w, b, z, strides, pads[:2] if pads else [0, 0], dilations, group)
         if fused is not None:
-            return fused
+            return fused if hi is None else fused.clamp_max_(hi)
     y = conv(x, w, b, dilations=dilations, group=group, kernel_shape=kernel_shape, pads=pads, strides=strides)
     if z is not None:
         y = y + z
-    return torch.relu(y)
+    return torch.relu_(y) if hi is None else y.clamp_(0, hi)
+
+
+def _clip_max(activation: str, params: list[float] | None) -> float | None:
+    """None for Relu; the upper bound for Clip [0, max]."""
+    if activation == "Relu" and not params:
+        return None
+    if activation == "Clip" and params is not None and len(params) == 2 and params[0] == 0 and params[1] >= 0:
+        return float(params[1])
+    raise ValueError(f"FusedConv supports activation 'Relu', or 'Clip' with activation_params [0, max >= 0]; got "
+                     f"'{activation}' with activation_params {params}")
 
 
 @op("ScaledDotProductAttention", since=1, domain=DOMAIN)

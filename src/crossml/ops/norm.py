@@ -2,7 +2,8 @@
 GroupNormalization, RMSNormalization, LRN, LpNormalization, MeanVarianceNormalization.
 
 Inference forms go to the fused ``torch.nn.functional`` kernels. ``stash_type`` = 1 (float32
-statistics) is honoured by computing half-precision inputs in float32 and casting back.
+statistics) is honoured by computing half-precision inputs in float32 and casting back; on CUDA/ROCm
+LayerNormalization hands half inputs to torch's kernel as they are (it computes in float32 itself).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ def _stash(x: torch.Tensor, stash_type: int = 1) -> torch.dtype:
 def _cpu_half(x: torch.Tensor) -> torch.dtype:
     """float32 for float16 on the CPU (few fused CPU kernels take it), else the input's dtype."""
     return torch.float32 if x.dtype == torch.float16 and x.device.type == "cpu" else x.dtype
+
+
+def _native_half(x: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """Half inputs on CUDA/ROCm with weights of their type: torch's fused kernels accumulate in float32."""
+    return x.is_cuda and x.dtype in _HALF and scale.dtype == x.dtype and (b is None or b.dtype == x.dtype)
 
 
 def _channel_shape(x: torch.Tensor) -> list[int]:
@@ -81,6 +87,10 @@ def layer_normalization(x: torch.Tensor, scale: torch.Tensor, b: torch.Tensor | 
     shape = list(x.shape[ax:])
     dt = _stash(x, stash_type)
     dt = _cpu_half(x) if dt == x.dtype else dt
+    if ctx.num_outputs == 1 and _native_half(x, scale, b):
+        # CUDA/ROCm's kernel keeps half inputs' statistics and arithmetic in float32 and rounds once
+        # (stash_type 1): the same values as the upcast below, without three casts in and one out
+        return F.layer_norm(x, shape, scale.expand(shape), None if b is None else b.expand(shape), epsilon)
     w = scale.to(dt).expand(shape)
     bias = None if b is None else b.to(dt).expand(shape)
     if ctx.num_outputs == 1:
