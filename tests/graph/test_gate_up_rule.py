@@ -22,6 +22,7 @@ from crossml.graph.passes.gate_up import GATE_UP
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL
+from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
@@ -83,8 +84,8 @@ def test_registered_after_swiglu_off_the_cpu_only():
     for gpu in (None, SimpleNamespace(disable_metacommands=False)):
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
-    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [GELU, SWIGLU, GATE_UP,
-                                                                                           NORM_MATMUL, MASK_LENGTHS]
+    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
+        GELU, SWIGLU, GATE_UP, NORM_MATMUL, MASK_LENGTHS, SKIP_LAYER_NORM]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [GELU, SWIGLU]
 
 

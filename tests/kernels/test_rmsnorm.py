@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 from crossml.kernels import rmsnorm  # noqa: E402
-from crossml.kernels.rmsnorm import rms_norm, skip_rms_norm  # noqa: E402
+from crossml.kernels.rmsnorm import rms_norm, skip_layer_norm, skip_rms_norm  # noqa: E402
 from crossml.ops.contrib import norm  # noqa: E402
 from crossml.ops.registry import OpContext  # noqa: E402
 from tests.kernels._common import DEVICES, rand, record_calls  # noqa: E402
@@ -302,3 +302,45 @@ def test_gpu_ops_capture_into_a_graph() -> None:
     assert torch.equal(out, eager_out) and torch.equal(s, eager_s)
     rs = norm.skip_simplified_layer_normalization(x.cpu(), skip.cpu(), w.cpu(), epsilon=EPS, ctx=_ctx())[3]
     assert torch.equal(s.cpu(), rs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "hidden", "rows", "bias"), SKIP_CASES[::2])
+def test_skip_layer_norm_matches_op(device: str, dtype: torch.dtype, hidden: int, rows: int, bias: bool) -> None:
+    """LayerNorm of the float32 sum (centered, times gamma, plus beta) against SkipLayerNormalization's torch
+    op; the sum is bit-identical, the outputs within an ulp or two of the output type."""
+    x = rand(1, rows, hidden, dtype=dtype, device=device, seed=1) * 2 + 1
+    skip = rand(rows, hidden, dtype=dtype, device=device, seed=2)
+    gamma, beta = rand(hidden, dtype=dtype, device=device, seed=3), rand(hidden, dtype=dtype, device=device, seed=4)
+    b = rand(hidden, dtype=dtype, device=device, seed=5) if bias else None
+    y, inv, s = skip_layer_norm(x, skip, gamma, beta, b, EPS)
+    ry, _, rinv, rs = norm.skip_layer_normalization(x.cpu(), skip.cpu(), gamma.cpu(), beta.cpu(), _cpu(b),
+                                                    epsilon=EPS, ctx=_ctx((True, False, True, True)))
+    tol = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+    torch.testing.assert_close(y.cpu(), ry, rtol=tol, atol=tol)
+    torch.testing.assert_close(inv.cpu(), rinv.reshape(inv.shape).float(), rtol=1e-5, atol=0)
+    assert torch.equal(s.cpu(), rs)
+    y2, inv2, s2 = skip_layer_norm(x, skip, gamma, None, None, EPS, store_inv=False, store_sum=False)
+    assert inv2 is None and s2 is None
+    ry2 = norm.skip_layer_normalization(x.cpu(), skip.cpu(), gamma.cpu(), None, None, epsilon=EPS,
+                                        ctx=_ctx((True, False, False, False)))[0]
+    torch.testing.assert_close(y2.cpu(), ry2, rtol=tol, atol=tol)
+
+
+def test_skip_layer_norm_refuses_long_rows() -> None:
+    x = torch.zeros(1, rmsnorm.LAYER_NORM_MAX + 1)
+    with pytest.raises(ValueError, match="rows of at most"):
+        skip_layer_norm(x, x, x[0], None, None, EPS)
+
+
+@pytest.mark.gpu
+def test_skip_layer_norm_op_routes_gpu_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = record_calls(monkeypatch, rmsnorm, "skip_layer_norm")
+    x, skip = rand(2, 4, 64, device="cuda", seed=1), rand(2, 4, 64, device="cuda", seed=2)
+    gamma, beta = rand(64, device="cuda", seed=3), rand(64, device="cuda", seed=4)
+    y = norm.skip_layer_normalization(x, skip, gamma, beta, epsilon=EPS, ctx=_ctx((True, False, False, False)))[0]
+    assert calls == ["skip_layer_norm"]
+    ref = torch.nn.functional.layer_norm(x + skip, (64,), gamma, beta, EPS)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    norm.skip_layer_normalization(x, skip, gamma, beta, epsilon=EPS, ctx=_ctx())  # the mean is wanted: torch
+    assert calls == ["skip_layer_norm"]

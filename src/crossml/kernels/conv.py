@@ -160,7 +160,9 @@ def _conv_configs() -> list[triton.Config]:
 
 
 def _depthwise_configs() -> list[triton.Config]:
-    shapes = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8), (256, 16, 4)]  # (BLOCK_M, BLOCK_C, warps)
+    # (BLOCK_M, BLOCK_C, warps); the small tiles give batch-1 layers (e.g. 7x7x960) enough programs to fill a GPU
+    shapes = [(64, 64, 4), (128, 32, 4), (32, 128, 4), (128, 64, 8), (256, 16, 4),
+              (32, 32, 2), (16, 64, 2), (32, 64, 2), (16, 32, 1)]
     return [triton.Config({"BLOCK_M": m, "BLOCK_C": c}, num_warps=w) for m, c, w in shapes]
 
 

@@ -1,5 +1,6 @@
 """Triton RMSNorm: ``SimplifiedLayerNormalization`` and ``SkipSimplifiedLayerNormalization`` in one
-kernel launch each, beside their torch definitions in ``crossml.ops.contrib.norm``.
+kernel launch each, beside their torch definitions in ``crossml.ops.contrib.norm``; the same kernel
+centers the sum and adds beta for ``SkipLayerNormalization`` (``skip_layer_norm``).
 
 One program per row of the ``[rows, hidden]`` view. The arithmetic follows the torch ops step by
 step, in float32 whatever the storage types (fp16 / bf16 / fp32): ``s = x (+ skip) (+ bias)``,
@@ -25,7 +26,7 @@ import triton.language as tl
 from crossml.kernels._launch import pdl, pdl_wait, use_interpreter
 from crossml.ops._util import broadcast_shapes
 
-__all__ = ["DTYPES", "rms_norm", "skip_rms_norm"]
+__all__ = ["DTYPES", "LAYER_NORM_MAX", "rms_norm", "skip_layer_norm", "skip_rms_norm"]
 
 #: storage types the kernels take (statistics are float32 for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,13 +58,15 @@ def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIA
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
+def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, sum_ptr, H, S, s_skip_b, s_skip_s,
                      inv_n, eps, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr,
                      STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
-                     SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False):
+                     SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False, CENTER: tl.constexpr = False,
+                     HAS_BETA: tl.constexpr = False):
     """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x (+ skip) (+ bias) in float32, then
     y = (s * rsqrt(mean(s * s) + eps)) * w. ``skip`` is read through (batch, sequence) strides, so a
-    broadcast skip (stride 0) needs no copy."""
+    broadcast skip (stride 0) needs no copy. CENTER (LayerNorm; whole rows only, SINGLE): s - mean(s) in
+    place of s, then + beta (HAS_BETA)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * H
@@ -76,9 +79,14 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, y_ptr, inv_ptr, sum_ptr, H, 
         s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS)
         if STORE_SUM:
             tl.store(sum_row + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
+        if CENTER:
+            s = tl.where(mask, s - tl.sum(s, axis=0) * inv_n, 0.0)
         inv = tl.math.rsqrt(tl.sum(s * s, axis=0) * inv_n + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
+        y = s * inv * w
+        if HAS_BETA:
+            y += tl.load(beta_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, _cast(y, y_ptr, Y_RTNE), mask=mask)
     else:
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(0, H, BLOCK):
@@ -156,7 +164,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
     inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     rows = xc.numel() // H
     if rows:  # the skip kernel with no skip, no bias and no sum output (their pointers are never read)
-        args = (xc, xc, w, w, y, inv, y, H, 1, 0, 0, 1.0 / H, float(eps))
+        args = (xc, xc, w, w, w, y, inv, y, H, 1, 0, 0, 1.0 / H, float(eps))
         flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": False}
         _launch(_rms_norm_kernel, xc, rows, H, args, flags, "RMSNorm", y, None)
     return y, inv
@@ -172,16 +180,38 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bia
     float32 inverse standard deviation (shape ``x.shape[:-1] + (1,)``) and the residual sum cast to
     x's dtype; ``store_inv`` / ``store_sum`` False leave those out (None), writing nothing for them.
     """
-    H = _check("SkipRMSNorm", x, skip, weight, bias)
-    w = _vector("SkipRMSNorm", "weight", weight, H)
-    b = _vector("SkipRMSNorm", "bias", bias, H) if bias is not None else None
+    return _skip_norm("SkipRMSNorm", x, skip, weight, None, bias, eps, store_inv, store_sum)
+
+
+def skip_layer_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None,
+                    bias: torch.Tensor | None, eps: float, *, store_inv: bool = True,
+                    store_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """LayerNorm of ``x + skip (+ bias)`` over the last axis, times ``gamma`` plus ``beta``
+    (``SkipLayerNormalization``; rows of at most ``LAYER_NORM_MAX`` elements). Inputs and results as
+    ``skip_rms_norm``'s; the statistics are float32 (the mean is not returned)."""
+    if x.dim() and x.shape[-1] > LAYER_NORM_MAX:
+        raise ValueError(f"SkipLayerNorm: the kernel normalizes rows of at most {LAYER_NORM_MAX} elements, got "
+                         f"{x.shape[-1]}; use the registered op")
+    return _skip_norm("SkipLayerNorm", x, skip, gamma, beta, bias, eps, store_inv, store_sum, center=True)
+
+
+#: longest row skip_layer_norm takes (whole rows in registers)
+LAYER_NORM_MAX = _SINGLE_MAX
+
+
+def _skip_norm(what: str, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, beta: torch.Tensor | None,
+               bias: torch.Tensor | None, eps: float, store_inv: bool, store_sum: bool,
+               center: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    H = _check(what, x, skip, weight, beta, bias)
+    w = _vector(what, "weight", weight, H)
+    b = _vector(what, "bias", bias, H) if bias is not None else None
+    bt = _vector(what, "beta", beta, H) if beta is not None else None
     try:
         grows = skip.dim() > x.dim() or broadcast_shapes(skip.shape, x.shape) != x.shape
     except RuntimeError:
         grows = True
     if grows:
-        raise ValueError(f"SkipRMSNorm: skip of shape {tuple(skip.shape)} does not broadcast to input "
-                         f"{tuple(x.shape)}")
+        raise ValueError(f"{what}: skip of shape {tuple(skip.shape)} does not broadcast to input {tuple(x.shape)}")
     xc = x.contiguous()
     # skip viewed as [B, S, H] with x's shape: broadcast dims get stride 0, nothing is copied
     sk = skip.expand(x.shape)
@@ -199,8 +229,9 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bia
     s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if store_sum else None
     rows = xc.numel() // H
     if rows:
-        args = (xc, sk, w, b if b is not None else w, y, inv if inv is not None else y, s if s is not None else y,
-                H, S, s_b, s_s, 1.0 / H, float(eps))
-        flags = {"HAS_SKIP": True, "HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum}
-        _launch(_rms_norm_kernel, xc, rows, H, args, flags, "SkipRMSNorm", y, s)
+        args = (xc, sk, w, b if b is not None else w, bt if bt is not None else w, y,
+                inv if inv is not None else y, s if s is not None else y, H, S, s_b, s_s, 1.0 / H, float(eps))
+        flags = {"HAS_SKIP": True, "HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum,
+                 "CENTER": center, "HAS_BETA": bt is not None}
+        _launch(_rms_norm_kernel, xc, rows, H, args, flags, what, y, s)
     return y, inv, s

@@ -156,6 +156,14 @@ def skip_layer_normalization(
     epsilon: float = 1e-12,
     ctx: OpContext,
 ) -> tuple:
+    _check_skip(x, skip)
+    want = _wanted(ctx)
+    if (not want[1] and _use_kernel(x, skip, gamma, beta, bias) and _kernel_vector(gamma, x)
+            and _kernel_vector(beta, x) and _kernel_vector(bias, x) and _broadcasts_to(skip, x)
+            and x.shape[-1] <= _rmsnorm_kernels().LAYER_NORM_MAX):
+        y, inv, s = _rmsnorm_kernels().skip_layer_norm(x, skip, gamma, beta, bias, epsilon, store_inv=want[2],
+                                                       store_sum=want[3])
+        return y, None, inv, s
     s = _skip_sum(x, skip, bias)
     y, mean, inv = _normalize(s, -1, epsilon, False)
     y = y * _stash(gamma, 1)
