@@ -1,7 +1,9 @@
 """Fused ops made by crossml's graph rewrites (domain com.crossml), e.g. Conv+Add+Relu.
 
-Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv is one library call;
-elsewhere it composes the library's Conv, Add and Relu, so results are the same on every provider.
+Where the device layer offers a vendor-fused kernel (cuDNN / MIOpen), FusedConv is one library call (then a
+clamp for Clip, ReLU6); on GPUs its pointwise form is one GEMM with bias and ReLU in the epilogue and its
+depthwise form one Triton launch; elsewhere it composes the library's Conv, Add and Relu/Clip, so results
+are the same on every provider.
 SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton kernels on GPU tensors
 (imported on first use) and composes the torch ops elsewhere; Linear runs the Triton GEMV for
 decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, with or without skip,
