@@ -33,6 +33,8 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: longest row kept in registers whole (a power of two); longer rows loop over _LOOP_BLOCK chunks
 _SINGLE_MAX = 16384
 _LOOP_BLOCK = 4096
+#: longest row skip_layer_norm takes (whole rows in registers)
+LAYER_NORM_MAX = _SINGLE_MAX
 
 
 @triton.jit
@@ -193,10 +195,6 @@ def skip_layer_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, be
         raise ValueError(f"SkipLayerNorm: the kernel normalizes rows of at most {LAYER_NORM_MAX} elements, got "
                          f"{x.shape[-1]}; use the registered op")
     return _skip_norm("SkipLayerNorm", x, skip, gamma, beta, bias, eps, store_inv, store_sum, center=True)
-
-
-#: longest row skip_layer_norm takes (whole rows in registers)
-LAYER_NORM_MAX = _SINGLE_MAX
 
 
 def _skip_norm(what: str, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, beta: torch.Tensor | None,

@@ -87,15 +87,25 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, aut
     if begin != end:
         xc = F.pad(xc, torch_pad_arg(begin, end))
         begin = [0] * n
-    if pointwise(wc, strides, begin, dilations, group):
-        y = pointwise_gemm(xc, wc, bc)
-        if y is not None:
-            return y.to(x.dtype)
-    y = depthwise(xc, wc, bc, strides, begin, dilations, group)
+    y = gpu_conv2d(xc, wc, bc, strides, begin, dilations, group)
     if y is not None:
         return y.to(x.dtype)
     y = _CONV[n](xc, wc, bc, stride=strides, padding=begin, dilation=dilations, groups=group)
     return y.to(x.dtype)
+
+
+def gpu_conv2d(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, strides: Sequence[int],
+               pads: Sequence[int], dilations: Sequence[int], group: int, relu: bool = False,
+               clip_max: float | None = None) -> torch.Tensor | None:
+    """crossml's own forms of a 2-D convolution of a channels-last GPU tensor, then ReLU and a clamp to
+    ``clip_max`` when asked: a pointwise one as one GEMM (``pointwise_gemm``, then the clamp), a depthwise one
+    as one Triton launch (``depthwise``). ``pads``: the begin pads (symmetric). None where neither applies
+    (then cuDNN runs it)."""
+    if pointwise(w, strides, pads, dilations, group):
+        y = pointwise_gemm(x, w, b, relu=relu)
+        if y is not None:
+            return y if clip_max is None else y.clamp_max_(clip_max)
+    return depthwise(x, w, b, strides, pads, dilations, group, relu=relu, clip_max=clip_max)
 
 
 #: run 1x1 convolutions of channels-last GPU activations as one GEMM (see pointwise_gemm)

@@ -26,7 +26,7 @@ from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
-from crossml.ops.conv import conv, depthwise, pointwise, pointwise_gemm
+from crossml.ops.conv import conv, gpu_conv2d
 from crossml.ops.matmul import gemv_eligible
 from crossml.ops.matmul import matmul as matmul_op
 from crossml.ops.registry import OpContext, op
@@ -43,15 +43,10 @@ def fused_conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, 
     """act(conv(x, w, b) + z), z optional; act is Relu, or Clip with activation_params [0, max] (ReLU6)."""
     hi = _clip_max(activation, activation_params)
     strides, dilations = strides or [1, 1], dilations or [1, 1]
-    if z is None and x.dim() == 4:
-        if pointwise(w, strides, pads or [0] * 4, dilations, group):
-            y = pointwise_gemm(x, w, b, relu=True)
-            if y is not None:
-                return y if hi is None else y.clamp_max_(hi)
-        if pads is None or pads[:2] == pads[2:]:
-            y = depthwise(x, w, b, strides, pads[:2] if pads else [0, 0], dilations, group, relu=True, clip_max=hi)
-            if y is not None:
-                return y
+    if z is None and x.dim() == 4 and (pads is None or pads[:2] == pads[2:]):
+        y = gpu_conv2d(x, w, b, strides, pads[:2] if pads else [0, 0], dilations, group, relu=True, clip_max=hi)
+        if y is not None:
+            return y
     if x.dim() == 4:
         fused = fused_conv_add_relu(x, w, b, z, strides, pads[:2] if pads else [0, 0], dilations, group)
         if fused is not None:

@@ -27,8 +27,9 @@ def _activation(view: GraphView, node: onnx.NodeProto | None) -> dict | None:
         return None
     attrs = node_attrs(node)
     if len(node.input) > 1 or not attrs:  # opset 11+: optional bound inputs
-        bounds = [scalar(view, node.input[i]) if len(node.input) > i and node.input[i] else None for i in (1, 2)]
-        if any(len(node.input) > i and node.input[i] and bounds[i - 1] is None for i in (1, 2)):
+        names = [node.input[i] if len(node.input) > i else "" for i in (1, 2)]
+        bounds = [scalar(view, name) if name else None for name in names]
+        if any(name and v is None for name, v in zip(names, bounds)):
             return {"activation": "Clip", "refuse": "the Clip bounds are not constants"}
     else:
         bounds = [attrs.get("min"), attrs.get("max")]
