@@ -53,7 +53,9 @@ def test_conv2d_matches_reference(device: str, dtype: torch.dtype, case: str) ->
 @pytest.mark.parametrize(("xs", "ws", "kw"), [
     ((2, 5, 13), (4, 5, 3), {"pads": [2, 1], "strides": [2]}),  # 1-D
     ((1, 4, 5, 6, 7), (3, 4, 2, 3, 3), {"pads": [1, 0, 1, 0, 1, 1]}),  # 3-D
-], ids=["conv1d", "conv3d"])
+    ((2, 6, 70), (6, 1, 61), {"group": 6, "pads": [30, 30]}),  # depthwise, 61 taps: the tap loop is not unrolled
+    ((1, 4, 5, 6, 7), (4, 1, 3, 3, 3), {"group": 4, "pads": [1, 1, 1, 1, 1, 1], "strides": [1, 2, 1]}),  # 27 taps
+], ids=["conv1d", "conv3d", "depthwise1d_loop", "depthwise3d_unrolled"])
 def test_conv_1d_3d(device: str, xs: tuple[int, ...], ws: tuple[int, ...], kw: dict) -> None:
     x, w = rand(*xs, device=device, seed=1), rand(*ws, device=device, seed=2)
     # strict fp32 (None would follow torch.backends.cudnn.allow_tf32, True by default)

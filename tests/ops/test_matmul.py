@@ -132,3 +132,24 @@ def test_matmul_rank0_is_an_error() -> None:
     feed = {"a": np.array(1.0, dtype=np.float32), "b": np.ones(3, dtype=np.float32)}
     with pytest.raises(Exception, match="rank >= 1"):
         _crossml(_model("MatMul", feed, T.FLOAT), feed)
+
+
+def test_column_major_weight_rule(monkeypatch):
+    """Which constant weights a GPU plan stores column-major: float32 2-D weights of MatMul / Linear / Gemm
+    without transB, where the device layer says its BLAS prefers it (CUDA builds; never the CPU)."""
+    import crossml.device.vendor as vendor
+    from crossml.ops.matmul import column_major_weight
+
+    w = torch.zeros(8, 4)
+    cuda = torch.device("cuda")
+    assert not column_major_weight("", "MatMul", w, torch.device("cpu"), {})
+    monkeypatch.setattr(vendor, "column_major_fp32_weights", lambda device: device.type == "cuda")
+    assert column_major_weight("", "MatMul", w, cuda, {})
+    assert column_major_weight("com.crossml", "Linear", w, cuda, {})
+    assert column_major_weight("", "Gemm", w, cuda, {"transB": 0})
+    assert not column_major_weight("", "Gemm", w, cuda, {"transB": 1})  # already Wᵀ row-major
+    assert not column_major_weight("", "MatMul", w.half(), cuda, {})  # half products run the same either way
+    assert not column_major_weight("", "MatMul", torch.zeros(2, 8, 4), cuda, {})
+    assert not column_major_weight("", "MatMul", torch.zeros(8, 1), cuda, {})
+    assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {})
+    assert not column_major_weight("", "MatMul", np.zeros((8, 4), np.float32), cuda, {})

@@ -21,6 +21,7 @@ from crossml.device.queue import Queue
 from crossml.device.tensor import DeviceTensor, TensorDesc
 from crossml.ops import OpContext, load_all, lookup
 from crossml.ops.conv import CHANNELS_LAST_OPS
+from crossml.ops.matmul import column_major_weight
 from crossml.ops.registry import canonical_domain
 from crossml.runtime.errors import InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -115,6 +116,9 @@ class CompiledOperator:
             t = t.to(self.op.device)
             if i == 1 and self.channels_last:
                 t = t.contiguous(memory_format=torch.channels_last)
+            elif i == 1 and column_major_weight(self.op.domain, self.op.op_type, t, self.op.device,
+                                                self.op.attributes):
+                t = t.t().contiguous().t()  # same values, the layout the GPU's BLAS multiplies fastest
             self._persistent_values[i] = t
 
     def dispatch(self, queue: Queue, inputs: Sequence[Any], outputs: Sequence[DeviceTensor] | None = None) -> list[DeviceTensor]:

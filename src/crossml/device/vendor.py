@@ -23,3 +23,11 @@ def fused_conv_add_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
     if z is None:
         return torch.cudnn_convolution_relu(x, w, b, list(strides), list(pads), list(dilations), group)
     return torch.cudnn_convolution_add_relu(x, w, z, 1.0, b, list(strides), list(pads), list(dilations), group)
+
+
+def column_major_fp32_weights(device: torch.device) -> bool:
+    """Whether float32 matrix products on ``device`` run faster with the constant [K, N] weight stored
+    column-major (its transpose contiguous: the layout of ``nn.Linear``). cuBLAS picks much slower kernels
+    for a row-major float32 weight at encoder sizes: 128 x 768 x 768 with TF32 takes 9.7 µs against 6.2 on an
+    H200 (half precision runs the same either way). Measured on NVIDIA only, so only CUDA builds say yes."""
+    return device.type == "cuda" and torch.version.hip is None

@@ -24,6 +24,7 @@ from crossml.graph.expand import expand_function_node
 from crossml.graph.order import topological
 from crossml.ops import OpContext, OpSpec, load_all, lookup
 from crossml.ops.conv import CHANNELS_LAST_OPS
+from crossml.ops.matmul import column_major_weight
 from crossml.ops.registry import canonical_domain, known_versions
 from crossml.runtime.errors import Fail, InvalidGraph, OrtError
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -271,8 +272,8 @@ class _Builder:
                 in_slots.append(-1)
             elif spec.host_output:
                 in_slots.append(self.slot_of(name, self.value_device.get(name, device)))
-            elif i == 1 and node.op_type in CHANNELS_LAST_OPS and self._channels_last_weight(name, device):
-                in_slots.append(self._channels_last_slot(name, device))
+            elif i == 1 and (layout := self._weight_layout(node, domain, attrs, name, device)) is not None:
+                in_slots.append(self._packed_slot(name, device, layout))
             else:
                 in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs))
         if spec.host_output:
@@ -302,18 +303,28 @@ class _Builder:
         self.step_reads.append(reads)
         self.kept_nodes.append(node)
 
-    def _channels_last_weight(self, name: str, device: torch.device) -> bool:
+    def _weight_layout(self, node: onnx.NodeProto, domain: str, attrs: dict[str, Any], name: str,
+                       device: torch.device) -> str | None:
+        """How a constant weight (input 1) is pre-packed on a GPU plan: "nhwc" (channels-last convolution
+        weights), "colmajor" (float32 matrix weights, ``ops.matmul.column_major_weight``), or None (as given)."""
         v = self.constants.get(name)
-        return (self.opt.channels_last and isinstance(v, torch.Tensor)
-                and v.dim() == 4 and v.dtype.is_floating_point)
+        if device.type == "cpu" or not isinstance(v, torch.Tensor):
+            return None
+        if node.op_type in CHANNELS_LAST_OPS:
+            return "nhwc" if self.opt.channels_last and v.dim() == 4 and v.dtype.is_floating_point else None
+        if not self.opt.disable_metacommands and column_major_weight(domain, node.op_type, v, device, attrs):
+            return "colmajor"  # (crossml's Triton GEMM reads row-major weights faster)
+        return None
 
-    def _channels_last_slot(self, name: str, device: torch.device) -> int:
-        key = (name, _dev_key(device) + ":nhwc")
+    def _packed_slot(self, name: str, device: torch.device, layout: str) -> int:
+        key = (name, f"{_dev_key(device)}:{layout}")
         if key not in self.slots:
             slot = self._new_slot()
             cache = self.cache if self.cache is not None else {}
             if key not in cache:
-                cache[key] = _to(self.constants[name], device).contiguous(memory_format=torch.channels_last)
+                t = _to(self.constants[name], device)
+                cache[key] = (t.contiguous(memory_format=torch.channels_last) if layout == "nhwc"
+                              else t.t().contiguous().t())
             self.const_slots.append((slot, cache[key]))
             self.slots[key] = slot
         return self.slots[key]

@@ -114,14 +114,25 @@ def _conv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, C_G, D, H, W, OC_G, OD, OH, OW, 
                   (offs_m[:, None] < M) & (offs_n[None, :] < OC_G), top, HAS_BIAS, RELU, CLIP, ACC_DTYPE)
 
 
+@triton.jit
+def _depthwise_tap(tap, x_rows, x_cols, w_cols, c_ok, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W,
+                   s_xd, s_xh, s_xw, s_wd, s_wh, s_ww, ACC_DTYPE: tl.constexpr):
+    """One kernel tap's products: inputs ``[BLOCK_M, BLOCK_C]`` times the tap's weight per channel."""
+    kd, kh, kw, di, hi, wi, inside = conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W)
+    a_rows = x_rows + di * s_xd + hi * s_xh + wi * s_xw
+    a = tl.load(a_rows[:, None] + x_cols[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
+    wv = tl.load(w_cols + kd * s_wd + kh * s_wh + kw * s_ww)
+    return a.to(ACC_DTYPE) * wv.to(ACC_DTYPE)[None, :]
+
+
 def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, OW, KD, KH, KW,
                       sd, sh, sw, pd, ph, pw, dd, dh, dw,
                       s_xn, s_xc, s_xd, s_xh, s_xw, s_wo, s_wd, s_wh, s_ww, s_yn, s_yc, s_yd, s_yh, s_yw, top,
                       HAS_BIAS: tl.constexpr, RELU: tl.constexpr, CLIP: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                      BLOCK_M: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
+                      UNROLL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
     """Groups of one input channel (output channel ``oc`` reads input channel ``oc // MULT``):
-    no reduction over channels, so a direct multiply-accumulate over the taps."""
+    no reduction over channels, so a direct multiply-accumulate over the taps (``UNROLL`` of them unrolled,
+    or 0: a loop)."""
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m_ok = offs_m < M
@@ -140,12 +151,14 @@ def _depthwise_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, OC, MULT, D, H, W, OD, OH, 
     x_cols = ic.to(tl.int64) * s_xc
     w_cols = w_ptr + oc.to(tl.int64) * s_wo
     acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=ACC_DTYPE)
-    for tap in range(0, KD * KH * KW):
-        kd, kh, kw, di, hi, wi, inside = conv_tap(tap, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W)
-        a_rows = x_rows + di * s_xd + hi * s_xh + wi * s_xw
-        a = tl.load(a_rows[:, None] + x_cols[None, :], mask=inside[:, None] & c_ok[None, :], other=0.0)
-        wv = tl.load(w_cols + kd * s_wd + kh * s_wh + kw * s_ww)
-        acc += a.to(ACC_DTYPE) * wv.to(ACC_DTYPE)[None, :]
+    if UNROLL > 0:  # every tap's load in flight at once, not one memory latency per tap
+        for tap in tl.static_range(UNROLL):
+            acc += _depthwise_tap(tap, x_rows, x_cols, w_cols, c_ok, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W,
+                                  s_xd, s_xh, s_xw, s_wd, s_wh, s_ww, ACC_DTYPE)
+    else:
+        for tap in range(0, KD * KH * KW):
+            acc += _depthwise_tap(tap, x_rows, x_cols, w_cols, c_ok, KH, KW, d0, h0, w0, dd, dh, dw, D, H, W,
+                                  s_xd, s_xh, s_xw, s_wd, s_wh, s_ww, ACC_DTYPE)
     _store_output(acc, b_ptr, y_ptr, oc, n, od, oh, ow, s_yn, s_yc, s_yd, s_yh, s_yw,
                   m_ok[:, None] & c_ok[None, :], top, HAS_BIAS, RELU, CLIP, ACC_DTYPE)
 
@@ -169,6 +182,8 @@ def _depthwise_configs() -> list[triton.Config]:
 _conv_jit = triton.jit(_conv_kernel)
 _conv_tuned = triton.autotune(configs=_conv_configs(), key=["M", "OC_G", "K_TOTAL", "CHANNEL_LOOP", "PRECISION"],
                               prune_configs_by={"early_config_prune": prune_tiles("M", "OC_G")})(_conv_jit)
+#: depthwise kernels of at most this many taps (7x7) run with their tap loop unrolled
+DEPTHWISE_UNROLL_MAX = 49
 _depthwise_jit = triton.jit(_depthwise_kernel)
 _depthwise_tuned = triton.autotune(configs=_depthwise_configs(), key=["M", "OC", "KD", "KH", "KW"])(_depthwise_jit)
 #: the interpreter's tiles
@@ -248,7 +263,9 @@ def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, str
     if c_g == 1:
         args = (x5, w5, bias, y5, m, oc, oc // c, *x5.shape[2:], *y5.shape[2:], kd, kh, kw, *geometry,
                 *x5.stride(), w5.stride(0), *w5.stride()[2:], *y5.stride(), top)
-        flags = {"HAS_BIAS": b is not None, "RELU": relu, "CLIP": clip_max is not None, "ACC_DTYPE": acc}
+        taps = kd * kh * kw
+        flags = {"HAS_BIAS": b is not None, "RELU": relu, "CLIP": clip_max is not None, "ACC_DTYPE": acc,
+                 "UNROLL": taps if taps <= DEPTHWISE_UNROLL_MAX else 0}
         if interp:
             t = _INTERP_DW_TILE
             _depthwise_jit[(cdiv(m, t["BLOCK_M"]), cdiv(oc, t["BLOCK_C"]))](*args, **flags, **t)

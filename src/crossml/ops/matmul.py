@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 
@@ -72,6 +73,23 @@ GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_M = 4
 GEMV_MIN_KN = 256
 GEMV_MAX_WEIGHT = 1 << 26
+
+
+#: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
+COLUMN_MAJOR_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("", "Gemm")}
+
+
+def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any]) -> bool:
+    """Whether a plan stores constant input 1 of this node column-major on ``device`` (same values and shape,
+    transposed strides): float32 2-D weights of MatMul, Linear and Gemm (without transB) where the device layer
+    says its BLAS prefers it (``device.vendor.column_major_fp32_weights``)."""
+    if (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
+        return False
+    if w.dtype != torch.float32 or w.dim() != 2 or min(w.shape) < 2 or attrs.get("transB"):
+        return False
+    from crossml.device.vendor import column_major_fp32_weights
+
+    return column_major_fp32_weights(device)
 
 
 def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
