@@ -71,13 +71,13 @@ def _clip_max(activation: str, params: list[float] | None) -> float | None:
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
                                  *, scale: float = 1.0, k_transposed: int = 0) -> torch.Tensor:
     """softmax(q @ kᵀ · scale + mask) @ v, k given as [.., S, D] (or [.., D, S] with k_transposed=1). float32 on
-    GPUs runs crossml's Triton attention (TF32 products unless use_tf32=0), other types torch's SDPA kernels."""
+    GPUs with TF32 allowed (use_tf32, default 1) runs crossml's Triton attention, the rest torch's SDPA kernels."""
     if k_transposed:
         k = k.transpose(-1, -2)
     if q.dtype == torch.float32 and q.device.type in TRITON_DEVICES:
         # torch's fp32 attention is strict-fp32 CUTLASS; crossml's kernel runs TF32 products where allowed
         kernel = load("attention")
-        if kernel is not None and kernel.supported(q, k, v, mask):
+        if kernel is not None and kernel.tf32_products(q) and kernel.supported(q, k, v, mask):
             return kernel.attention(q, k, v, mask, scale=scale)
     if mask is not None and mask.dtype != q.dtype and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
