@@ -40,7 +40,7 @@ def products(elem: int):
 def test_fp32_weights_are_column_major_on_the_gpu(elem):
     model, inits = products(elem)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["GPUExecutionProvider"])
-    consts = [t for _, t in sess._plan.const_slots if isinstance(t, torch.Tensor) and t.dim() == 2]
+    consts = [t for _, t in sess._plan.constants if isinstance(t, torch.Tensor) and t.dim() == 2]
     packed = {n: [t for t in consts if tuple(t.shape) == inits[n].shape] for n in ("w1", "w2", "w3", "w4")}
     assert all(len(v) == 1 for v in packed.values()), {n: len(v) for n, v in packed.items()}
     for name in ("w1", "w2", "w3"):
