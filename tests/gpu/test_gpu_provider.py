@@ -101,6 +101,49 @@ def test_iobinding_on_device(affine_model):
     np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], y_ref, rtol=2e-3, atol=2e-3)
 
 
+def test_stable_iobinding_reads_inputs_in_place():
+    """An IOBinding run again with the same bindings gets a recording that reads the bound tensor in place
+    (no input copy): new values written into it between runs are seen; outputs are fresh per run (or copied
+    into bound buffers); rebinding new tensors every run, or host inputs, never record again."""
+    from crossml.device.recording import Recording
+
+    m = conv_model(2)
+    s = ort.InferenceSession(m, providers=GPU)
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    b = s.io_binding()
+    b.bind_ortvalue_input("x", ort.OrtValue.from_dlpack(x))
+    b.bind_output("y", "cuda")
+    results = []
+    for step in range(4):
+        x.copy_(torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(step)).cuda())
+        s.run_with_iobinding(b)
+        results.append((b.get_outputs()[0], x.cpu().numpy()))
+    for y, xv in results:  # each run's output survives the later runs
+        np.testing.assert_allclose(y.numpy(), cpu_reference(m, {"x": xv})[0], rtol=2e-3, atol=2e-3)
+    in_place = [r for k, r in s._runners.items() if "in place" in k]
+    assert len(in_place) == 1 and isinstance(in_place[0], Recording) and in_place[0].inputs[0] is x
+    assert len(s._runners) == 2  # the shapes' copying recording (first run) and the in-place one
+
+    out = torch.empty(2, 8, device="cuda")  # a bound output buffer is written directly
+    b.bind_output("y", "cuda", 0, np.float32, [2, 8], out.data_ptr())
+    s.run_with_iobinding(b)
+    assert b.get_outputs()[0].data_ptr() == out.data_ptr()
+    np.testing.assert_allclose(out.cpu().numpy(), cpu_reference(m, {"x": x.cpu().numpy()})[0], rtol=2e-3, atol=2e-3)
+
+    for _ in range(3):  # new tensors every run: the copying recording serves them
+        xn = torch.randn(2, 3, 16, 16, device="cuda")
+        b.bind_ortvalue_input("x", ort.OrtValue.from_dlpack(xn))
+        s.run_with_iobinding(b)
+        np.testing.assert_allclose(out.cpu().numpy(), cpu_reference(m, {"x": xn.cpu().numpy()})[0], rtol=2e-3,
+                                   atol=2e-3)
+    xh = np.random.default_rng(3).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    b.bind_cpu_input("x", xh)
+    for _ in range(3):  # host inputs are copied to the device each run: never in place
+        s.run_with_iobinding(b)
+    np.testing.assert_allclose(out.cpu().numpy(), cpu_reference(m, {"x": xh})[0], rtol=2e-3, atol=2e-3)
+    assert len(s._runners) == 2
+
+
 def test_eight_threads_mixed_shapes():
     m = conv_model()
     s = ort.InferenceSession(m, providers=GPU)

@@ -38,14 +38,15 @@ class Recording:
     holds. ``bind_inputs=True``: the graph reads the example tensors where they are (no input copies;
     a run given other tensors copies them into those addresses) and ``run`` returns the recorded
     output buffers themselves, valid until the next replay — onnxruntime's CUDA-graph contract of
-    inputs and outputs bound at fixed addresses.
+    inputs and outputs bound at fixed addresses. ``bind_outputs`` (default: as ``bind_inputs``) can
+    keep the output copies of a recording that reads its inputs in place (IOBinding's stable bindings).
     """
 
     def __init__(self, fn: Callable[[list[Any]], list[Any]], example: Sequence[torch.Tensor],
-                 device: torch.device, *, bind_inputs: bool = False) -> None:
+                 device: torch.device, *, bind_inputs: bool = False, bind_outputs: bool | None = None) -> None:
         self.device = device
         self.fn = fn  # what the graph reads (plan constants, weights) must outlive every replay
-        self.bound = bind_inputs
+        self.bound = bind_inputs if bind_outputs is None else bind_outputs
         self.inputs = list(example) if bind_inputs else [torch.empty_like(x, device=device).copy_(x) for x in example]
         self.lock = threading.Lock()
         self.done: torch.cuda.Event | None = None
@@ -66,10 +67,13 @@ class Recording:
         new values into them); returns the recorded output buffers."""
         return self._replay(None)
 
-    def run(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
-        return self._replay(inputs)
+    def run(self, inputs: Sequence[torch.Tensor], into: Sequence[torch.Tensor | None] | None = None) -> list[Any]:
+        """One replay on ``inputs``; ``into`` (optional, per output): buffers the outputs are copied into (each
+        returned in its output's place) instead of fresh copies, where the shapes agree."""
+        return self._replay(inputs, into)
 
-    def _replay(self, inputs: Sequence[torch.Tensor] | None) -> list[Any]:
+    def _replay(self, inputs: Sequence[torch.Tensor] | None,
+                into: Sequence[torch.Tensor | None] | None = None) -> list[Any]:
         """One replay, serialised with the previous one of this recording on the current stream: copies
         ``inputs`` (if given) into the recorded buffers first; returns the outputs (copies unless bound)."""
         stream = torch.cuda.current_stream(self.device)
@@ -80,13 +84,23 @@ class Recording:
                 if x is not buf and not _same_view(x, buf):
                     buf.copy_(x, non_blocking=True)
             self.graph.replay()
-            if self.bound:
+            if self.bound and not into:
                 outs = list(self.outputs)
             else:
-                outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+                outs = [_output(o, t, self.bound) for o, t in zip(self.outputs, into or [None] * len(self.outputs))]
             self.done = torch.cuda.Event()
             self.done.record(stream)
         return outs
+
+
+def _output(recorded: Any, target: torch.Tensor | None, bound: bool) -> Any:
+    """A replay's output: copied into ``target`` when given with the same shape (before the next replay can
+    overwrite it), else the recorded buffer itself (``bound``) or a copy."""
+    if not isinstance(recorded, torch.Tensor):
+        return recorded
+    if target is not None and target.shape == recorded.shape:
+        return target.copy_(recorded)
+    return recorded if bound else recorded.clone()
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -16,10 +16,16 @@ from crossml.runtime.ortvalue import OrtValue, _elem_type, torch_device
 
 class IOBinding:
     """onnxruntime.IOBinding. Outputs bound to a device stay there; outputs bound to a buffer are
-    written into that buffer."""
+    written into that buffer.
+
+    On a GPU session with graph capture, the first run of a set of input bindings replays the shapes'
+    recording (which copies the inputs in); from the second run on with the same bindings, a recording of
+    its own reads the bound device tensors in place. Rebinding an input starts over, so bindings that change
+    every run never record again. Outputs bound to buffers are copied straight into them."""
 
     def __init__(self, session: Any) -> None:
         self._session = session
+        self._runs_since_bind = 0  # runs since an input binding last changed
         self._inputs: dict[str, Any] = {}
         self._outputs: dict[str, tuple[torch.device | None, OrtValue | None]] = {}
         self._results: list[OrtValue] = []
@@ -28,6 +34,7 @@ class IOBinding:
     def bind_cpu_input(self, name: str, arr_on_cpu: np.ndarray) -> None:
         self._check_input(name)
         self._inputs[name] = OrtValue.ortvalue_from_numpy(np.asarray(arr_on_cpu))
+        self._runs_since_bind = 0
 
     def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
                    shape: Sequence[int], buffer_ptr: int) -> None:
@@ -36,13 +43,16 @@ class IOBinding:
         dev = torch_device(device_type, device_id)
         t = tensor_from_pointer(buffer_ptr, shape, dtypes.torch_dtype(et), dev)
         self._inputs[name] = OrtValue(t, et)
+        self._runs_since_bind = 0
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
         self._check_input(name)
         self._inputs[name] = ortvalue
+        self._runs_since_bind = 0
 
     def clear_binding_inputs(self) -> None:
         self._inputs.clear()
+        self._runs_since_bind = 0
 
     def synchronize_inputs(self) -> None:
         _sync_all(v._value for v in self._inputs.values())
@@ -86,7 +96,13 @@ class IOBinding:
             raise InvalidArgument("IOBinding has no outputs bound; call bind_output for each output to fetch")
         names = list(self._outputs)
         idx = session._output_indices(names)
-        outs = session._run(self._inputs, run_options)
+        into: list[torch.Tensor | None] = [None] * len(session._outputs)
+        for name, i in zip(names, idx):
+            bound = self._outputs[name][1]
+            if bound is not None and isinstance(bound._value, torch.Tensor):
+                into[i] = bound._value
+        outs = session._run(self._inputs, run_options, stable=self._runs_since_bind > 0, into=into)
+        self._runs_since_bind += 1
         results = []
         for name, i in zip(names, idx):
             value = outs[i]
@@ -99,7 +115,8 @@ class IOBinding:
                         f"output '{name}' has shape {tuple(getattr(value, 'shape', ()))} but the bound buffer "
                         f"has shape {tuple(target.shape)}"
                     )
-                target.copy_(value)
+                if value is not target:  # (a recording copies into the bound buffer itself)
+                    target.copy_(value)
                 results.append(bound)
             else:
                 if isinstance(value, torch.Tensor) and dev is not None and value.device != dev:

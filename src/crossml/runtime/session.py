@@ -299,13 +299,18 @@ class InferenceSession:
             idx.append(self._output_index[n])
         return idx
 
-    def _run(self, feed: Mapping[str, Any], run_options: RunOptions | None) -> list[Any]:
+    def _run(self, feed: Mapping[str, Any], run_options: RunOptions | None, *, stable: bool = False,
+             into: Sequence[torch.Tensor | None] | None = None) -> list[Any]:
+        """One run. ``stable`` (IOBinding): the feed's tensors are the ones of the caller's previous run, bound
+        and kept alive by the caller, so a recording may read them in place. ``into`` (per output, optional):
+        buffers a recording copies the outputs into (returned in their place), instead of fresh copies."""
         if self._user_stream is not None:
             with torch.cuda.stream(self._user_stream):
-                return self._run_now(feed, run_options)
-        return self._run_now(feed, run_options)
+                return self._run_now(feed, run_options, stable, into)
+        return self._run_now(feed, run_options, stable, into)
 
-    def _run_now(self, feed: Mapping[str, Any], run_options: RunOptions | None) -> list[Any]:
+    def _run_now(self, feed: Mapping[str, Any], run_options: RunOptions | None, stable: bool = False,
+                 into: Sequence[torch.Tensor | None] | None = None) -> list[Any]:
         if run_options is not None and run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
         if not isinstance(feed, Mapping):
@@ -321,7 +326,9 @@ class InferenceSession:
                                       f"{', '.join(a.name for a in self._inputs)}")
             converted[name] = self._convert_input(arg, value)
         if self._capture and len(converted) == len(self._inputs) and not _eager_requested(run_options):
-            outs = self._run_specialized(converted)
+            # in place only where every input is the caller's own device tensor (not a copy made here)
+            stable = stable and all(isinstance(v, OrtValue) and converted[n] is v._value for n, v in feed.items())
+            outs = self._run_specialized(converted, stable, into)
             if outs is not None:
                 return outs
         plan = self._plan
@@ -335,30 +342,34 @@ class InferenceSession:
         return outs
 
     # -- per-signature plans and command lists (GPU) ------------------------------------------
-    def _run_specialized(self, feed: dict[str, Any]) -> list[Any] | None:
-        """Run the plan specialised for these input shapes, replaying its captured command list."""
+    def _run_specialized(self, feed: dict[str, Any], stable: bool = False,
+                         into: Sequence[torch.Tensor | None] | None = None) -> list[Any] | None:
+        """Run the plan specialised for these input shapes, replaying its captured command list. ``stable``
+        inputs (an IOBinding's, unchanged since its last run) get a recording of their own that reads them in
+        place — no input copies — keyed by their addresses, while outputs are still copied out."""
         tensors = [feed[a.name] for a in self._inputs]
         if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
             return None
-        key = self._signature(tensors)
+        in_place = stable and not self._bind_io
+        key = self._signature(tensors, addresses=in_place) + (("in place",) if in_place else ())
         runner = self._runners.get(key)
         if runner is None:
             with self._lock:
                 runner = self._runners.get(key)
                 if runner is None:
-                    runner = self._make_runner(key, tensors)
+                    runner = self._make_runner(key, tensors, in_place)
                     self._runners[key] = runner
                     while len(self._runners) > MAX_SIGNATURES:
                         self._runners.popitem(last=False)
         if isinstance(runner, Recording):
-            return runner.run(tensors)
+            return runner.run(tensors, into)
         return runner(tensors)
 
-    def _signature(self, tensors: Sequence[torch.Tensor]) -> tuple:
+    def _signature(self, tensors: Sequence[torch.Tensor], addresses: bool = False) -> tuple:
         """The key of the inputs' plan and recording: shapes and dtypes, and with bound I/O (a recording reads
         its inputs in place) their addresses and strides too."""
         key = tuple((tuple(t.shape), t.dtype) for t in tensors)
-        if self._bind_io:
+        if self._bind_io or addresses:
             key += tuple((t.data_ptr(), t.stride()) for t in tensors)
         return key
 
@@ -386,8 +397,20 @@ class InferenceSession:
 
         return replay
 
-    def _make_runner(self, key: tuple, example: list[torch.Tensor]) -> Any:
+    def _make_runner(self, key: tuple, example: list[torch.Tensor], in_place: bool = False) -> Any:
         shapes = {a.name: shape for a, (shape, _) in zip(self._inputs, key)}
+        if in_place:
+            # the first run of these bindings recorded the shapes' plan (the IOBinding's first run is not in
+            # place): record the same plan again, reading the bound tensors where they are
+            base = self._runners.get(self._signature(example))
+            if base is not None and not isinstance(base, Recording):
+                return base  # not recordable: runs eagerly, nothing to gain
+            if base is not None:
+                try:
+                    return Recording(base.fn, example, self._device, bind_inputs=True, bind_outputs=False)
+                except Exception as exc:  # noqa: BLE001 - keep the copying recording
+                    log.info("input shapes %s: no in-place recording: %s", shapes, exc)
+                    return base
         plan = build_plan(self._model, self._plan_options(), self._specialized_types(shapes))
         self._apply_overrides(plan)
         slots = [plan.input_slots[a.name] for a in self._inputs]
@@ -404,7 +427,8 @@ class InferenceSession:
             log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
             return run_plan
         try:
-            return Recording(run_plan, example, self._device, bind_inputs=self._bind_io)
+            return Recording(run_plan, example, self._device, bind_inputs=self._bind_io or in_place,
+                             bind_outputs=self._bind_io)
         except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
             return run_plan
