@@ -6,7 +6,8 @@
 Rows: model x precision x batch (BERT: sequence 128). Columns: crossml (graph capture on; fp32
 rows also with use_tf32=0), onnxruntime CUDA without and with its CUDA graph (when
 onnxruntime-gpu is importable), torch eager (the same torch module). Inputs and outputs stay on
-the device (IOBinding for both runtimes). Writes gpu_vs_onnxruntime.{json,md,png} to --out
+the device (IOBinding for both runtimes: inputs and outputs bound to fixed device buffers, as onnxruntime's
+CUDA graph requires). Writes gpu_vs_onnxruntime.{json,md,png} to --out
 (default benchmarks/results). Also times ResNet-50 session creation (cold: first session in the
 process, and warm).
 """
@@ -58,8 +59,12 @@ def crossml_runner(path: str, feeds: dict[str, torch.Tensor], options: dict[str,
     b = sess.io_binding()
     for k, t in feeds.items():
         b.bind_ortvalue_input(k, crossml.OrtValue.from_dlpack(t))
+    # fixed output buffers, as onnxruntime's runner binds them, shapes from a first run
     for o in sess.get_outputs():
         b.bind_output(o.name, "cuda")
+    sess.run_with_iobinding(b)
+    for o, v in zip(sess.get_outputs(), b.get_outputs()):
+        b.bind_ortvalue_output(o.name, crossml.OrtValue.from_dlpack(torch.empty_like(torch.from_dlpack(v))))
     return lambda: sess.run_with_iobinding(b)
 
 
