@@ -144,6 +144,23 @@ def test_stable_iobinding_reads_inputs_in_place():
     assert len(s._runners) == 2
 
 
+def test_failed_capture_leaves_torch_random_usable():
+    """A function that syncs with the host cannot be recorded: the Recording raises (the session then runs
+    eagerly), and CUDA random numbers still work afterwards, with the generator's seed and offset kept."""
+    from crossml.device.recording import Recording
+
+    def syncs(inputs):
+        y = inputs[0] * 2
+        return [y + float(y.sum().item())]
+
+    torch.cuda.manual_seed(7)
+    want = torch.randint(0, 1000, (8,), device="cuda").cpu()
+    torch.cuda.manual_seed(7)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error torch raises for the invalidated capture
+        Recording(syncs, [torch.ones(3, device="cuda")], torch.device("cuda"))
+    assert torch.equal(torch.randint(0, 1000, (8,), device="cuda").cpu(), want)
+
+
 def test_eight_threads_mixed_shapes():
     m = conv_model()
     s = ort.InferenceSession(m, providers=GPU)

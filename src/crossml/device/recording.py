@@ -59,8 +59,22 @@ class Recording:
             self.graph = torch.cuda.CUDAGraph()
             # thread-local: other threads keep launching (and syncing) while this one records;
             # a host sync inside fn makes the capture fail here, and the caller runs eagerly
-            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                self.outputs = fn(list(self.inputs))
+            try:
+                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                    self.outputs = fn(list(self.inputs))
+            except BaseException:
+                _reset_random_state(device)
+                raise
+
+
+def _reset_random_state(device: torch.device) -> None:
+    """After a failed capture: torch's CUDA graph raises out of ``capture_end`` before it takes the default
+    random generator out of capture mode, and every later random op on the device (``torch.randn`` in the
+    user's own code included) would then fail with "Offset increment outside graph capture encountered
+    unexpectedly". A clone of the generator's state (same seed and offset) is not in capture mode."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gen = torch.cuda.default_generators[index]
+    gen.graphsafe_set_state(gen.clone_state())
 
     def replay(self) -> list[Any]:
         """Replay a ``bind_inputs`` recording on the tensors it was recorded with (the caller has written the
