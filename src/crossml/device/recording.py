@@ -66,16 +66,6 @@ class Recording:
                 _reset_random_state(device)
                 raise
 
-
-def _reset_random_state(device: torch.device) -> None:
-    """After a failed capture: torch's CUDA graph raises out of ``capture_end`` before it takes the default
-    random generator out of capture mode, and every later random op on the device (``torch.randn`` in the
-    user's own code included) would then fail with "Offset increment outside graph capture encountered
-    unexpectedly". A clone of the generator's state (same seed and offset) is not in capture mode."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    gen = torch.cuda.default_generators[index]
-    gen.graphsafe_set_state(gen.clone_state())
-
     def replay(self) -> list[Any]:
         """Replay a ``bind_inputs`` recording on the tensors it was recorded with (the caller has written the
         new values into them); returns the recorded output buffers."""
@@ -121,3 +111,13 @@ def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` are the same elements of the same memory (copying would be a no-op)."""
     return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride())
+
+
+def _reset_random_state(device: torch.device) -> None:
+    """After a failed capture: torch's CUDA graph raises out of ``capture_end`` before it takes the default
+    random generator out of capture mode, and every later random op on the device (``torch.randn`` in the
+    user's own code included) would then fail with "Offset increment outside graph capture encountered
+    unexpectedly". A clone of the generator's state (same seed and offset) is not in capture mode."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gen = torch.cuda.default_generators[index]
+    gen.graphsafe_set_state(gen.clone_state())
