@@ -57,6 +57,26 @@ def test_fp32_weights_are_column_major_on_the_gpu(elem):
     np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol, atol=tol)
 
 
+def test_strict_fp32_keeps_row_major_weights_and_adds_the_bias_apart(monkeypatch):
+    import crossml.ops.fused as fused
+
+    model, inits = products(T.FLOAT)
+    try:
+        sess = ort.InferenceSession(model.SerializeToString(), providers=[("GPUExecutionProvider", {"use_tf32": "0"})])
+        w1 = [t for _, t in sess._plan.constants if isinstance(t, torch.Tensor) and tuple(t.shape) == (64, 96)]
+        assert len(w1) == 1 and w1[0].is_contiguous()  # strict fp32: row-major is as fast or faster
+        linear_calls = []
+        real = torch.nn.functional.linear
+        monkeypatch.setattr(fused.torch.nn.functional, "linear", lambda *a, **k: linear_calls.append(1) or real(*a, **k))
+        x = np.random.default_rng(1).standard_normal((128, 64)).astype(np.float32)
+        got = sess.run(None, {"x": x})[0]
+        assert not linear_calls  # the Linear node ran as a product and a bias add
+        cpu = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(got, cpu.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the session default
+
+
 def test_device_api_matmul_packs_its_weight_column_major():
     from crossml.device import Operator, TensorDesc
 

@@ -109,6 +109,8 @@ class PlanOptions:
     #: DirectML's disable_metacommands: matrix products and convolutions run crossml's own Triton
     #: kernels (crossml.kernels) instead of the vendor libraries torch calls.
     disable_metacommands: bool = False
+    #: the GPU provider's use_tf32: fp32 matrix products may use TF32 tensor cores (weights are laid out for them)
+    tf32: bool = True
 
 
 class _Builder:
@@ -312,8 +314,11 @@ class _Builder:
             return None
         if node.op_type in CHANNELS_LAST_OPS:
             return "nhwc" if self.opt.channels_last and v.dim() == 4 and v.dtype.is_floating_point else None
-        if not self.opt.disable_metacommands and column_major_weight(domain, node.op_type, v, device, attrs):
-            return "colmajor"  # (crossml's Triton GEMM reads row-major weights faster)
+        if (self.opt.tf32 and not self.opt.disable_metacommands
+                and column_major_weight(domain, node.op_type, v, device, attrs)):
+            # TF32 only: strict fp32 products run as fast or faster row-major, and crossml's Triton GEMM
+            # (disable_metacommands) reads row-major weights faster
+            return "colmajor"
         return None
 
     def _packed_slot(self, name: str, device: torch.device, layout: str) -> int:

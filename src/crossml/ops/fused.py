@@ -21,7 +21,7 @@ import math
 import torch
 
 from crossml import dtypes
-from crossml.device.vendor import fused_conv_add_relu
+from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
@@ -93,11 +93,15 @@ def gelu_erf(x: torch.Tensor) -> torch.Tensor:
 @op("Linear", since=1, domain=DOMAIN, ctx=True)
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, *, ctx: OpContext | None = None) -> torch.Tensor:
     """x @ w + b (w: [K, N]) as one call with the bias in the epilogue: the Triton GEMV for
-    decode-sized products on GPUs (``crossml.ops.matmul.gemv_eligible``), else torch's linear."""
+    decode-sized products on GPUs (``crossml.ops.matmul.gemv_eligible``), else torch's linear; strict-fp32
+    products on NVIDIA GPUs add the bias apart (``device.vendor.strict_fp32_bias_apart``)."""
     if gemv_eligible(x, w, b):
         from crossml.kernels.gemv import gemv
 
         return gemv(x, w, b, const_w=ctx is not None and ctx.constant(1))
+    if strict_fp32_bias_apart(x, w):
+        y = torch.matmul(x, w)
+        return y.add_(b) if b.dim() <= 1 else y + b
     return torch.nn.functional.linear(x, w.t(), b)
 
 

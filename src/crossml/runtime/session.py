@@ -165,7 +165,8 @@ class InferenceSession:
         extra = {"kv_inplace": cfg.get(KV_INPLACE, "0") == "1"}
         return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
                            channels_last=gpu.prefer_nhwc if gpu is not None else True, op_extra=extra,
-                           disable_metacommands=gpu is not None and gpu.disable_metacommands)
+                           disable_metacommands=gpu is not None and gpu.disable_metacommands,
+                           tf32=gpu is None or gpu.use_tf32)
 
     def _capture_enabled(self) -> bool:
         if self._gpu is None or not capture_supported(self._device) or self._profiler is not None:
