@@ -136,20 +136,22 @@ def test_matmul_rank0_is_an_error() -> None:
 
 def test_column_major_weight_rule(monkeypatch):
     """Which constant weights a GPU plan stores column-major: float32 2-D weights of MatMul / Linear / Gemm
-    without transB, where the device layer says its BLAS prefers it (CUDA builds; never the CPU)."""
+    without transB multiplied with TF32, where the device layer says its BLAS prefers it (CUDA builds; never
+    the CPU)."""
     import crossml.device.vendor as vendor
     from crossml.ops.matmul import column_major_weight
 
     w = torch.zeros(8, 4)
     cuda = torch.device("cuda")
-    assert not column_major_weight("", "MatMul", w, torch.device("cpu"), {})
+    assert not column_major_weight("", "MatMul", w, torch.device("cpu"), {}, True)
     monkeypatch.setattr(vendor, "column_major_fp32_weights", lambda device: device.type == "cuda")
-    assert column_major_weight("", "MatMul", w, cuda, {})
-    assert column_major_weight("com.crossml", "Linear", w, cuda, {})
-    assert column_major_weight("", "Gemm", w, cuda, {"transB": 0})
-    assert not column_major_weight("", "Gemm", w, cuda, {"transB": 1})  # already Wᵀ row-major
-    assert not column_major_weight("", "MatMul", w.half(), cuda, {})  # half products run the same either way
-    assert not column_major_weight("", "MatMul", torch.zeros(2, 8, 4), cuda, {})
-    assert not column_major_weight("", "MatMul", torch.zeros(8, 1), cuda, {})
-    assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {})
-    assert not column_major_weight("", "MatMul", np.zeros((8, 4), np.float32), cuda, {})
+    assert column_major_weight("", "MatMul", w, cuda, {}, True)
+    assert column_major_weight("com.crossml", "Linear", w, cuda, {}, True)
+    assert column_major_weight("", "Gemm", w, cuda, {"transB": 0}, True)
+    assert not column_major_weight("", "Gemm", w, cuda, {"transB": 1}, True)  # already Wᵀ row-major
+    assert not column_major_weight("", "MatMul", w.half(), cuda, {}, True)  # half products run the same either way
+    assert not column_major_weight("", "MatMul", torch.zeros(2, 8, 4), cuda, {}, True)
+    assert not column_major_weight("", "MatMul", torch.zeros(8, 1), cuda, {}, True)
+    assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {}, True)
+    assert not column_major_weight("", "MatMul", np.zeros((8, 4), np.float32), cuda, {}, True)
+    assert not column_major_weight("", "MatMul", w, cuda, {}, False)  # strict fp32: row-major is as fast

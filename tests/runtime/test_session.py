@@ -232,3 +232,28 @@ def test_add_initializer_replaces_the_default(affine_model):
     bad.add_initializer("W_missing", np.zeros(1, np.float32))
     with pytest.raises(ort.InvalidArgument, match="'W_missing' is not an overridable initializer"):
         ort.InferenceSession(affine_model, bad, providers=CPU)
+
+
+def test_iobinding_tells_the_session_when_its_input_bindings_are_stable(affine_model, monkeypatch):
+    """The second and later runs of unchanged device bindings are "stable" (a GPU session then reads them in
+    place); binding other memory starts over, rebinding the same memory does not; host inputs never count
+    (the session copies them), which the session checks itself."""
+    sess = ort.InferenceSession(affine_model, providers=["CPUExecutionProvider"])
+    seen = []
+    real = sess._run
+
+    def spy(feed, run_options, *, stable=False, into=None):
+        seen.append(stable)
+        return real(feed, run_options, stable=stable, into=into)
+
+    monkeypatch.setattr(sess, "_run", spy)
+    b = sess.io_binding()
+    x = np.ones((2, 4), np.float32)
+    b.bind_cpu_input("x", x)
+    b.bind_output("y")
+    sess.run_with_iobinding(b)
+    sess.run_with_iobinding(b)
+    b.bind_cpu_input("x", x)  # a new host copy: starts over
+    sess.run_with_iobinding(b)
+    assert seen == [False, True, False]
+    np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], affine_reference(x)[0], rtol=1e-6)

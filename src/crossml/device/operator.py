@@ -117,7 +117,7 @@ class CompiledOperator:
             if i == 1 and self.channels_last:
                 t = t.contiguous(memory_format=torch.channels_last)
             elif i == 1 and column_major_weight(self.op.domain, self.op.op_type, t, self.op.device,
-                                                self.op.attributes):
+                                                self.op.attributes, torch.backends.cuda.matmul.allow_tf32):
                 t = t.t().contiguous().t()  # same values, the layout the GPU's BLAS multiplies fastest
             self._persistent_values[i] = t
 

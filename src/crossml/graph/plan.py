@@ -314,11 +314,9 @@ class _Builder:
             return None
         if node.op_type in CHANNELS_LAST_OPS:
             return "nhwc" if self.opt.channels_last and v.dim() == 4 and v.dtype.is_floating_point else None
-        if (self.opt.tf32 and not self.opt.disable_metacommands
-                and column_major_weight(domain, node.op_type, v, device, attrs)):
-            # TF32 only: strict fp32 products run as fast or faster row-major, and crossml's Triton GEMM
-            # (disable_metacommands) reads row-major weights faster
-            return "colmajor"
+        if not self.opt.disable_metacommands and column_major_weight(domain, node.op_type, v, device, attrs,
+                                                                      self.opt.tf32):
+            return "colmajor"  # (crossml's Triton GEMM, disable_metacommands, reads row-major weights faster)
         return None
 
     def _packed_slot(self, name: str, device: torch.device, layout: str) -> int:

@@ -79,11 +79,13 @@ GEMV_MAX_WEIGHT = 1 << 26
 COLUMN_MAJOR_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("", "Gemm")}
 
 
-def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any]) -> bool:
+def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any],
+                        tf32: bool) -> bool:
     """Whether a plan stores constant input 1 of this node column-major on ``device`` (same values and shape,
-    transposed strides): float32 2-D weights of MatMul, Linear and Gemm (without transB) where the device layer
+    transposed strides): float32 2-D weights of MatMul, Linear and Gemm (without transB) multiplied with TF32
+    (``tf32``: the provider's use_tf32; strict fp32 runs as fast or faster row-major) where the device layer
     says its BLAS prefers it (``device.vendor.column_major_fp32_weights``)."""
-    if (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
+    if not tf32 or (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
         return False
     if w.dtype != torch.float32 or w.dim() != 2 or min(w.shape) < 2 or attrs.get("transB"):
         return False

@@ -20,8 +20,8 @@ class IOBinding:
 
     On a GPU session with graph capture, the first run of a set of input bindings replays the shapes'
     recording (which copies the inputs in); from the second run on with the same bindings, a recording of
-    its own reads the bound device tensors in place. Rebinding an input starts over, so bindings that change
-    every run never record again. Outputs bound to buffers are copied straight into them."""
+    its own reads the bound device tensors in place. Binding other memory to an input starts over, so bindings
+    that change every run never record again (rebinding the same pointer does not count). Outputs bound to buffers are copied straight into them."""
 
     def __init__(self, session: Any) -> None:
         self._session = session
@@ -33,8 +33,7 @@ class IOBinding:
     # -- inputs -------------------------------------------------------------------------
     def bind_cpu_input(self, name: str, arr_on_cpu: np.ndarray) -> None:
         self._check_input(name)
-        self._inputs[name] = OrtValue.ortvalue_from_numpy(np.asarray(arr_on_cpu))
-        self._runs_since_bind = 0
+        self._set_input(name, OrtValue.ortvalue_from_numpy(np.asarray(arr_on_cpu)))
 
     def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
                    shape: Sequence[int], buffer_ptr: int) -> None:
@@ -42,13 +41,19 @@ class IOBinding:
         et = _elem_type(element_type)
         dev = torch_device(device_type, device_id)
         t = tensor_from_pointer(buffer_ptr, shape, dtypes.torch_dtype(et), dev)
-        self._inputs[name] = OrtValue(t, et)
-        self._runs_since_bind = 0
+        self._set_input(name, OrtValue(t, et))
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
         self._check_input(name)
-        self._inputs[name] = ortvalue
-        self._runs_since_bind = 0
+        self._set_input(name, ortvalue)
+
+    def _set_input(self, name: str, value: OrtValue) -> None:
+        """Bind ``value``; binding the same device memory again (the same pointer, shape and strides, as
+        loops that rebind before every run do) keeps the bindings stable."""
+        old = self._inputs.get(name)
+        self._inputs[name] = value
+        if old is None or not _same_memory(old._value, value._value):
+            self._runs_since_bind = 0
 
     def clear_binding_inputs(self) -> None:
         self._inputs.clear()
@@ -136,6 +141,12 @@ class IOBinding:
 def _elem_from(session: Any, i: int) -> int | None:
     tp = session._outputs[i]._tp
     return tp.tensor_type.elem_type if tp is not None and tp.HasField("tensor_type") else None
+
+
+def _same_memory(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device
+            and a.device.type != "cpu" and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+            and a.shape == b.shape and a.stride() == b.stride())
 
 
 def _sync_all(values: Any) -> None:
