@@ -77,8 +77,10 @@ def test_strict_fp32_keeps_row_major_weights_and_adds_the_bias_apart(monkeypatch
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # the session default
 
 
-def test_device_api_matmul_packs_its_weight_column_major():
+def test_device_api_matmul_packs_its_weight_column_major(monkeypatch):
     from crossml.device import Operator, TensorDesc
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # (a strict session may have cleared it)
 
     w = torch.randn(64, 48)
     op = Operator(torch.device("cuda"), "MatMul", [TensorDesc(torch.float32, (16, 64)),

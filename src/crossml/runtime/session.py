@@ -140,9 +140,7 @@ class InferenceSession:
         self._plan: Plan = build_plan(model, self._plan_options())
         self._gpu = self._providers[0].config
         if self._gpu is not None and self._device.type == "cuda":
-            # onnxruntime's CUDA provider allows TF32 for fp32 matmul / convolution unless use_tf32=0
-            torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
-            torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
+            self._set_tf32()
             # onnxruntime's CUDA provider searches convolution algorithms exhaustively by default
             torch.backends.cudnn.benchmark = True
         self._capture = self._capture_enabled()
@@ -158,6 +156,11 @@ class InferenceSession:
         self._lock = threading.Lock()
         if self._profiler is not None:
             self._profiler.event("Session", "model_loading_and_session_initialization", t0, time.perf_counter_ns())
+
+    def _set_tf32(self) -> None:
+        """onnxruntime's CUDA provider allows TF32 for fp32 matmul / convolution unless use_tf32=0."""
+        torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
+        torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
 
     def _plan_options(self) -> PlanOptions:
         gpu = self._providers[0].config
@@ -326,6 +329,11 @@ class InferenceSession:
                 raise InvalidArgument(f"Invalid input name: {name}. Inputs of the model: "
                                       f"{', '.join(a.name for a in self._inputs)}")
             converted[name] = self._convert_input(arg, value)
+        if self._gpu is not None and torch.backends.cuda.matmul.allow_tf32 != self._gpu.use_tf32 \
+                and self._device.type == "cuda":
+            # torch's TF32 switches are process-wide: a session created later with the other use_tf32 setting
+            # changed them, and this session's products (and any recording it makes) follow its own setting
+            self._set_tf32()
         if self._capture and len(converted) == len(self._inputs) and not _eager_requested(run_options):
             # in place only where every input is the caller's own device tensor (not a copy made here)
             stable = stable and all(isinstance(v, OrtValue) and converted[n] is v._value for n, v in feed.items())
