@@ -2,8 +2,9 @@
 
 Any op of crossml's library can be made an operator: its input descriptions, attributes and
 constant inputs (shapes, axes, ...) are fixed at creation; output descriptions are inferred.
-``compile`` picks the layout (channels-last convolution weights on a GPU); ``initialize`` uploads
-persistent inputs (weights) once; ``dispatch`` runs it on a queue for a binding of tensors.
+``compile`` fixes which inputs are persistent; ``initialize`` uploads them (weights) once, pre-packed as
+session plans pack them (``ops.layout``: channels-last convolution weights, column-major fp32 matrix
+weights on a GPU); ``dispatch`` runs it on a queue for a binding of tensors.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from crossml import dtypes
 from crossml.device.queue import Queue
 from crossml.device.tensor import DeviceTensor, TensorDesc
 from crossml.ops import OpContext, load_all, lookup
-from crossml.ops.conv import CHANNELS_LAST_OPS
-from crossml.ops.matmul import column_major_weight
+from crossml.ops.layout import pack_weight, weight_layout
 from crossml.ops.registry import canonical_domain
 from crossml.runtime.errors import InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -91,8 +91,6 @@ class CompiledOperator:
         self.op = op
         self.persistent = persistent
         self._persistent_values: dict[int, torch.Tensor] = {}
-        self.channels_last = (op.device.type != "cpu" and op.op_type in CHANNELS_LAST_OPS and 1 in persistent
-                              and len(op.input_descs[1].sizes) == 4)
         self.bound_inputs = [i for i, d in enumerate(op.input_descs)
                              if d is not None and i not in persistent and i not in op.constants]
 
@@ -114,11 +112,10 @@ class CompiledOperator:
             t = v.torch if isinstance(v, DeviceTensor) else _to_tensor(v)
             self.op.input_descs[i].check(t, f"{self.op.op_type} persistent input {i}")
             t = t.to(self.op.device)
-            if i == 1 and self.channels_last:
-                t = t.contiguous(memory_format=torch.channels_last)
-            elif i == 1 and column_major_weight(self.op.domain, self.op.op_type, t, self.op.device,
-                                                self.op.attributes, torch.backends.cuda.matmul.allow_tf32):
-                t = t.t().contiguous().t()  # same values, the layout the GPU's BLAS multiplies fastest
+            layout = None if i != 1 else weight_layout(self.op.domain, self.op.op_type, t, self.op.device,
+                                                       self.op.attributes, tf32=torch.backends.cuda.matmul.allow_tf32)
+            if layout is not None:
+                t = pack_weight(t, layout)
             self._persistent_values[i] = t
 
     def dispatch(self, queue: Queue, inputs: Sequence[Any], outputs: Sequence[DeviceTensor] | None = None) -> list[DeviceTensor]:

@@ -23,8 +23,7 @@ from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_va
 from crossml.graph.expand import expand_function_node
 from crossml.graph.order import topological
 from crossml.ops import OpContext, OpSpec, load_all, lookup
-from crossml.ops.conv import CHANNELS_LAST_OPS
-from crossml.ops.matmul import column_major_weight
+from crossml.ops.layout import pack_weight, weight_layout
 from crossml.ops.registry import canonical_domain, known_versions
 from crossml.runtime.errors import Fail, InvalidGraph, OrtError
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -307,17 +306,10 @@ class _Builder:
 
     def _weight_layout(self, node: onnx.NodeProto, domain: str, attrs: dict[str, Any], name: str,
                        device: torch.device) -> str | None:
-        """How a constant weight (input 1) is pre-packed on a GPU plan: "nhwc" (channels-last convolution
-        weights), "colmajor" (float32 matrix weights, ``ops.matmul.column_major_weight``), or None (as given)."""
-        v = self.constants.get(name)
-        if device.type == "cpu" or not isinstance(v, torch.Tensor):
-            return None
-        if node.op_type in CHANNELS_LAST_OPS:
-            return "nhwc" if self.opt.channels_last and v.dim() == 4 and v.dtype.is_floating_point else None
-        if not self.opt.disable_metacommands and column_major_weight(domain, node.op_type, v, device, attrs,
-                                                                      self.opt.tf32):
-            return "colmajor"  # (crossml's Triton GEMM, disable_metacommands, reads row-major weights faster)
-        return None
+        """How a constant weight (input 1) is pre-packed on this plan's device (``ops.layout.weight_layout``)."""
+        return weight_layout(domain, node.op_type, self.constants.get(name), device, attrs,
+                             channels_last=self.opt.channels_last, tf32=self.opt.tf32,
+                             own_kernels=self.opt.disable_metacommands)
 
     def _packed_slot(self, name: str, device: torch.device, layout: str) -> int:
         key = (name, f"{_dev_key(device)}:{layout}")
@@ -325,9 +317,7 @@ class _Builder:
             slot = self._new_slot()
             cache = self.cache if self.cache is not None else {}
             if key not in cache:
-                t = _to(self.constants[name], device)
-                cache[key] = (t.contiguous(memory_format=torch.channels_last) if layout == "nhwc"
-                              else t.t().contiguous().t())
+                cache[key] = pack_weight(_to(self.constants[name], device), layout)
             self.const_slots.append((slot, cache[key]))
             self.slots[key] = slot
         return self.slots[key]
