@@ -99,8 +99,8 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     """Drop query / key tiles far larger than the sequences; a 256-wide head keeps the smaller tiles."""
     sq = max(16, triton.next_power_of_2(int(named_args["SQ"])))
     sk = max(16, triton.next_power_of_2(int(named_args["SK"])))
-    big_d = int(kwargs.get("BLOCK_D", named_args.get("BLOCK_D", 64))) > 128
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= max(sq, 16) and c.kwargs["BLOCK_N"] <= max(sk, 32)
+    big_d = int(kwargs["BLOCK_D"]) > 128  # (a launch keyword, not a positional argument)
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= sq and c.kwargs["BLOCK_N"] <= max(sk, 32)
             and not (big_d and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
     return kept or [configs[0]]
 
