@@ -13,12 +13,16 @@ weight, together larger than the L2 cache (a decode step reads every weight once
 with programmatic dependent launch between the calls as in a decode step. The tile rules come from these
 results. Writes results/gemv_tiles.{json,md} (the JSON holds every sweep point).
 
+``--int4`` instead times the 4-bit GEMV's two kernels at fp16 activations: the float32 kernel at its rule's
+tiles, the fp16-pair kernel (``_PAIR_DOT_PTX``) at its rule's tiles and over a sweep, and what ``matmul_nbits``
+picks by itself (``pick_pair_tiles`` says which kernel pays). Writes results/gemv_int4.{json,md}.
+
 ``--fused`` instead times the fp16 products with the neighbours the GenAI graph rules fuse into them
 (``MatMulSkipNorm``, ``SiluMulSkipNorm``), at the rule's tiles, the same way: the GEMV alone, the GEMV then the
 RMSNorm kernel against ``gemv_skip_norm``, and the SiluMul kernel, GEMV and RMSNorm kernel against
 ``gemv_skip_norm(silu_mul=True)``. Writes results/gemv_fused.{json,md}.
 
-    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick | --fused]
+    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick | --fused | --int4]
 """
 
 from __future__ import annotations
@@ -102,6 +106,52 @@ def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
     sweep.sort(key=lambda r: r["us"])
     return {"rule_tiles": list(rule), "rule_us": run(None), "sweep": sweep, "copies": len(ws),
             "packed_mb": N * K / 2 / 1e6}
+
+
+def measure_int4_kernels(N: int, K: int, dev: torch.device) -> dict:
+    """The float32 and fp16-pair 4-bit kernels at their rules' tiles, the automatic choice, and a sweep of the
+    pair kernel's tiles."""
+    nb = K // BLOCK_SIZE
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
+    ws = [(torch.randint(0, 256, (N, nb, BLOCK_SIZE // 2), device=dev, dtype=torch.uint8, generator=g),
+           torch.rand(N, nb, device=dev, dtype=torch.float16, generator=g) * 0.01,
+           torch.randint(0, 256, (N, (nb + 1) // 2), device=dev, dtype=torch.uint8, generator=g))
+          for _ in range(copies(N * K // 2))]
+
+    def run(pairs: bool | None, tiles: tuple[int, int, int, int] | None = None) -> float:
+        return in_graph_us([lambda w=w: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE, tiles=tiles,
+                                                           const_w=True, pairs=pairs) for w in ws])
+
+    sms = processors(a)
+    sweep = []
+    for bn, bk, warps in itertools.product([2, 4, 8, 16, 32], [256, 512, 1024, 2048], [1, 2, 4]):
+        if bk <= max(256, triton.next_power_of_2(K)) and bn * bk // 8 <= 2048 * warps:
+            sweep.append({"us": run(True, (1, bn, bk, warps)), "tiles": [1, bn, bk, warps]})
+    sweep.sort(key=lambda r: r["us"])
+    pair_rule = nbits.pick_pair_tiles(1, N, K, BLOCK_SIZE, sms)
+    return {"fp32_tiles": list(nbits.pick_tiles(1, N, K, BLOCK_SIZE, sms)), "fp32_us": run(False),
+            "pair_tiles": None if pair_rule is None else list(pair_rule), "pair_us": run(True),
+            "auto_us": run(None), "sweep": sweep, "copies": len(ws), "packed_mb": N * K / 2 / 1e6}
+
+
+def int4_markdown(payload: dict) -> str:
+    lines = ["# 4-bit decode GEMV: float32 kernel vs fp16-pair kernel (in-graph µs per call, one fp16 row, "
+             "weights not in L2)", "",
+             f"GPU: {payload['machine'].get('gpu')}; torch {payload['machine'].get('torch')}. Block size 32, packed "
+             "zero points, constant weights. GB/s: packed bytes read / time of the automatic choice. Pair rule "
+             "'-': the rule keeps the float32 kernel (the pair kernel is timed at the tiles it would take if "
+             "asked).", "",
+             "| model | layer | N | K | float32 kernel µs | pair rule tiles | pair kernel µs | automatic µs | GB/s "
+             "| best two of the pair sweep |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    for r in payload["rows"]:
+        q = r["int4"]
+        best = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in q["sweep"][:2])
+        tiles = "-" if q["pair_tiles"] is None else str(tuple(q["pair_tiles"]))
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {q['fp32_us']:.2f} | {tiles} | "
+                     f"{q['pair_us']:.2f} | {q['auto_us']:.2f} | {q['packed_mb'] / q['auto_us'] * 1e3:.0f} | {best} |")
+    return "\n".join([*lines, "", "Produced by benchmarks/gemv_tiles.py --int4.", ""])
 
 
 def measure_fp16(N: int, K: int, dev: torch.device, quick: bool) -> dict:
@@ -196,10 +246,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--quick", action="store_true", help="the rule's tiles and cuBLAS only, no sweeps")
     ap.add_argument("--fused", action="store_true", help="the fp16 products with their fused norm and gate instead")
+    ap.add_argument("--int4", action="store_true", help="the 4-bit GEMV's float32 and fp16-pair kernels instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gemv_tiles: needs a GPU")
     dev = torch.device("cuda")
+    if args.int4:
+        rows = []
+        for model, layer, N, K in SHAPES:
+            rows.append({"model": model, "layer": layer, "N": N, "K": K, "int4": measure_int4_kernels(N, K, dev)})
+            q = rows[-1]["int4"]
+            print(f"{model} {layer}: float32 {q['fp32_us']:.2f} pair {q['pair_us']:.2f} auto {q['auto_us']:.2f} "
+                  f"best {q['sweep'][:2]}", flush=True)
+            torch.cuda.empty_cache()
+        payload = {"machine": machine(), "block_size": BLOCK_SIZE, "rows": rows}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gemv_int4.json"), "w") as f:
+            json.dump(payload, f, indent=1)
+        with open(os.path.join(args.out, "gemv_int4.md"), "w") as f:
+            f.write(int4_markdown(payload))
+        return
     if args.fused:
         rows = []
         for model, layer, N, K in SHAPES:

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.matmul_nbits import dequantize, gather_rows, matmul_nbits, pick_tiles  # noqa: E402
+from crossml.kernels.matmul_nbits import dequantize, gather_rows, matmul_nbits, pick_pair_tiles, pick_tiles  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import dequantize_nbits  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import gather_block_quantized as gather_op  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import matmul_nbits as matmul_nbits_op  # noqa: E402
@@ -403,3 +403,98 @@ def test_rms_norm_fused_rejects_mismatched_inputs() -> None:
     with pytest.raises(ValueError, match="sum_out needs a skip"):
         matmul_nbits(a, B, scales, K=64, N=8, block_size=32, norm=(None, torch.ones(64), 1e-6),
                      sum_out=torch.empty(1, 64))
+
+
+PAIR_CASES = [  # N, K, block_size, zero points, M, norm (0 none, 1 RMSNorm, 2 with skip), activation scale
+    (1152, 896, 32, None, 1, 0, 1.0), (896, 896, 32, "packed", 1, 1, 1.0), (9728, 896, 32, "packed", 1, 2, 1.0),
+    (300, 1000, 16, "float", 3, 0, 1.0),  # K not a multiple of the block or of a word pair; bias
+    (257, 520, 64, "packed", 2, 2, 1.0), (128, 4096, 128, None, 1, 0, 1.0), (100, 96, 32, None, 5, 1, 1.0),
+    (64, 2048, 256, "packed", 16, 0, 1.0),
+    (512, 2048, 32, None, 1, 0, 3000.0),  # activations past fp16 pair sums' range: the K step scales down
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: "N{}_K{}_bs{}_{}_M{}_norm{}_x{}".format(*c))
+def test_gpu_fp16_pair_kernel(case: tuple) -> None:
+    """The fp16-pair kernel (products in fp16 pairs, sums in float32) against the fp64 definition, within fp16
+    rounding: every zero-point form, block sizes 16-256, K tails, several rows, the fused norms and sum_out,
+    and activations whose products would overflow fp16 pair sums unscaled."""
+    N, K, bs, zp_kind, M, norm_kind, scale = case
+    dev, h = "cuda", torch.float16
+    B, scales, zp = _weight(N, K, bs, zp_kind, h, dev)
+    a = (rand(M, K, dtype=torch.float32, device=dev, seed=1) * scale).to(h)
+    if scale > 1000:
+        a[0, 5] = 20000.0
+    bias = rand(N, dtype=h, device=dev, seed=2) if M == 3 else None
+    norm = total = None
+    if norm_kind:
+        skip = rand(M, K, dtype=h, device=dev, seed=6) if norm_kind == 2 else None
+        norm = (skip, (rand(K, dtype=torch.float32, device=dev, seed=7).abs() * 0.5 + 0.5).to(h), 1e-6)
+        total = torch.full_like(a, float("nan")) if skip is not None else None
+    y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, norm=norm, sum_out=total, pairs=True)
+    if norm is None:
+        want = _reference(a, B, scales, zp, bias, K=K, N=N, block_size=bs)
+    else:
+        hn, s = _rms_reference(a, norm[0], norm[1], norm[2])
+        w = dequantize_nbits(B.cpu(), scales.cpu(), None if zp is None else zp.cpu(), None, K=K, N=N, bits=4,
+                             block_size=bs, dtype=h)
+        want = hn.to(h).double() @ w.double().T + (0 if bias is None else bias.cpu().double())
+        if total is not None:
+            torch.testing.assert_close(total.cpu(), s, rtol=0, atol=0)
+    assert torch.isfinite(y).all()
+    # fp16 pair products: errors of a few fp16 roundings of the largest output
+    err = (y.double().cpu() - want).abs().max() / want.abs().max()
+    assert err < 2e-3, f"max error {float(err):.2e} of the largest output"
+    ref32 = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, norm=norm, pairs=False)
+    assert (ref32.double().cpu() - want).abs().max() / want.abs().max() < 2e-3
+
+
+@pytest.mark.gpu
+def test_gpu_fp16_pair_kernel_is_chosen_for_wide_products_and_captures() -> None:
+    """matmul_nbits takes the pair kernel by itself where the rule says it pays (wide N), the float32 kernel
+    for narrow products and other dtypes; a call captures into a CUDA graph and replays a new input."""
+    from crossml.kernels import matmul_nbits as module
+
+    assert module.fp16_pairs(torch.zeros(1, device="cuda", dtype=torch.float16))
+    assert not module.fp16_pairs(torch.zeros(1, device="cuda", dtype=torch.bfloat16))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    N, K, bs = 64 * sms, 512, 32
+    assert module.pick_pair_tiles(1, N, K, bs, sms) is not None
+    assert module.pick_pair_tiles(1, 896, 896, bs, sms) is None
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cuda")
+    a = rand(1, K, dtype=torch.float16, device="cuda", seed=1)
+    auto = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs)
+    assert torch.equal(auto, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, pairs=True))
+    assert not torch.equal(auto, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, pairs=False))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, const_w=True)
+    a.copy_(rand(1, K, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, pairs=True))
+
+
+def test_pair_tiles_rule() -> None:
+    """The fp16-pair kernel's rule on a 132-SM GPU: the float32 kernel for narrow products (None), legal tiles
+    of 8+ rows otherwise; the measured choices for the lm_head, merged gate+up and Llama's square products."""
+    assert pick_pair_tiles(1, 896, 4864, 32, 132) is None and pick_pair_tiles(1, 1152, 896, 32, 132) is None
+    assert pick_pair_tiles(1, 151936, 896, 32, 132) == (1, 32, 256, 1)
+    assert pick_pair_tiles(1, 16384, 2048, 32, 132) == (1, 8, 512, 1)
+    assert pick_pair_tiles(1, 2048, 8192, 32, 132) == (1, 8, 2048, 2)
+    for N, K, bs, M in [(3072, 2048, 16, 1), (16384, 2048, 128, 3), (151936, 64, 256, 17), (2048, 100, 32, 1)]:
+        bm, bn, bk, warps = pick_pair_tiles(M, N, K, bs, 132)
+        assert bm == min(16, triton_next_pow2(M)) and bn >= 8 and bk % bs == 0 and bk & (bk - 1) == 0 and bk >= 16
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def test_fp16_pairs_off_the_gpu() -> None:
+    """The pair kernel's PTX runs on NVIDIA GPUs only: CPU tensors (and the interpreter) keep the float32 path."""
+    from crossml.kernels import matmul_nbits as module
+
+    assert not module.fp16_pairs(torch.zeros(1, dtype=torch.float16))

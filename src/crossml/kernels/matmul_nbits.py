@@ -20,15 +20,26 @@ are picked by a fixed rule (no autotuning, which would time kernels during captu
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, product_output, use_interpreter
+from crossml.kernels._launch import (
+    GRID_YZ_MAX,
+    INTERPRET,
+    cdiv,
+    pdl,
+    pdl_wait,
+    processors,
+    product_output,
+    use_interpreter,
+)
 
-__all__ = ["dequantize", "gather_rows", "matmul_nbits", "pick_tiles"]
+__all__ = ["dequantize", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_pair_tiles", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest M one program handles (rows beyond it are more programs along grid dimension 1)
@@ -140,6 +151,179 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
 
 
+#: PTX: the 16 products of two int32 words of nibbles ($1, $2) with their activations, packed as fp16 pairs
+#: ($3..$6 for $1, $7..$10 for $2; pair j holds the activations of nibbles j and j + 4), summed into one float32
+#: ($0). A lop3 puts two nibbles under the exponent of 1024 in each fp16 half (0x6400 | q), a subtraction or
+#: a multiply-add by 1/16 takes the 1024 (or the 1024 and the x16 of an upper nibble) back out, leaving q
+#: exactly; the products accumulate in fp16 pairs, eight per half, then go to float32. Eight weights cost about
+#: a dozen instructions, against four per weight in the float32 path (the shift, mask, conversion and product
+#: that made the 4-bit GEMV bound by arithmetic rather than by memory).
+_PAIR_DOT_PTX = """
+{
+.reg .b32 m, s, c, x, t0, t1, t2, t3, acc;
+.reg .b16 lo, hi;
+.reg .f32 fl, fh;
+mov.b32 m, 0x64006400;
+mov.b32 s, 0x2C002C00;
+mov.b32 c, 0xD400D400;
+lop3.b32 t0, $1, 0x000F000F, m, 0xEA;
+lop3.b32 t1, $1, 0x00F000F0, m, 0xEA;
+shr.u32 x, $1, 8;
+lop3.b32 t2, x, 0x000F000F, m, 0xEA;
+lop3.b32 t3, x, 0x00F000F0, m, 0xEA;
+sub.f16x2 t0, t0, m;
+fma.rn.f16x2 t1, t1, s, c;
+sub.f16x2 t2, t2, m;
+fma.rn.f16x2 t3, t3, s, c;
+mul.f16x2 acc, t0, $3;
+fma.rn.f16x2 acc, t1, $4, acc;
+fma.rn.f16x2 acc, t2, $5, acc;
+fma.rn.f16x2 acc, t3, $6, acc;
+lop3.b32 t0, $2, 0x000F000F, m, 0xEA;
+lop3.b32 t1, $2, 0x00F000F0, m, 0xEA;
+shr.u32 x, $2, 8;
+lop3.b32 t2, x, 0x000F000F, m, 0xEA;
+lop3.b32 t3, x, 0x00F000F0, m, 0xEA;
+sub.f16x2 t0, t0, m;
+fma.rn.f16x2 t1, t1, s, c;
+sub.f16x2 t2, t2, m;
+fma.rn.f16x2 t3, t3, s, c;
+fma.rn.f16x2 acc, t0, $7, acc;
+fma.rn.f16x2 acc, t1, $8, acc;
+fma.rn.f16x2 acc, t2, $9, acc;
+fma.rn.f16x2 acc, t3, $10, acc;
+mov.b32 {lo, hi}, acc;
+cvt.f32.f16 fl, lo;
+cvt.f32.f16 fh, hi;
+add.f32 $0, fl, fh;
+}
+"""
+_PAIR_DOT_PTX_C = tl.constexpr(_PAIR_DOT_PTX)
+#: activations above this magnitude scale a K step down by a power of two first: a half's sum of eight products
+#: of nibbles (<= 15) stays within fp16 (8 * 15 * 512 = 61,440 < 65,504)
+_F16X2_ACT_MAX = tl.constexpr(512.0)
+
+
+@triton.jit
+def _split4(p):
+    """The four [R] columns of ``p`` [R, 4]."""
+    a, b = tl.split(tl.reshape(p, (p.shape[0], 2, 2)))  # columns {0, 2} and {1, 3}
+    p0, p2 = tl.split(a)
+    p1, p3 = tl.split(b)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, row, m_ok, k0, K, s_am, s_skm, s_sum, rstd, store_sum,
+                       PAIRS: tl.constexpr, NORM: tl.constexpr, STORE_SUM: tl.constexpr):
+    """One row's activations of K step k0 for ``_pair_dot``: float32 [PAIRS, 16] (k = k0 + 16 p + c; normalized
+    and rounded to fp16 as SimplifiedLayerNormalization's output would be, then scaled by ``inv``), the pairs
+    of the even and odd words of each pair p, and the scale ``inv`` (1, or a power of two below it when an
+    activation exceeds _F16X2_ACT_MAX)."""
+    k = k0 + tl.arange(0, PAIRS)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    ok = (k < K) & m_ok
+    av = tl.load(a_ptr + row * s_am + k, mask=ok, other=0.0).to(tl.float32)
+    if NORM == 2:
+        av += tl.load(skip_ptr + row * s_skm + k, mask=ok, other=0.0).to(tl.float32)
+        if STORE_SUM:
+            tl.store(sum_ptr + row * s_sum + k, av.to(sum_ptr.dtype.element_ty), mask=ok & store_sum)
+    if NORM > 0:
+        gam = tl.load(gamma_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        av = av * rstd * gam
+    av = av.to(tl.float16).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(av), axis=1), axis=0)
+    # 2^-e as float bits: e = ceil(log2(amax / max)), at most 126 (inf and NaN keep their own way through)
+    e = tl.minimum(tl.ceil(tl.log2(amax / _F16X2_ACT_MAX)), 126.0)
+    inv = tl.where(amax > _F16X2_ACT_MAX, ((127 - e.to(tl.int32)) << 23).to(tl.float32, bitcast=True), 1.0)
+    av = (av * inv).to(tl.float16).to(tl.float32)
+    bits = av.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    # c = 8 e + 4 h + i: the pair (i, i + 4) of word e is bits[.., e, 0, i] | bits[.., e, 1, i] << 16
+    lo, hi = tl.split(tl.permute(tl.reshape(bits, (PAIRS, 2, 2, 4)), (0, 1, 3, 2)))
+    ev, od = tl.split(tl.permute(lo | (hi << 16), (0, 2, 1)))  # [PAIRS, 4] each
+    return av, ev, od, inv
+
+
+@triton.jit
+def _pair_dot(w_even, w_odd, ev, od):
+    """float32 [R, PAIRS]: per pair of words, the 16 products of their nibbles with the activations (see
+    _PAIR_DOT_PTX); ``ev`` / ``od`` [PAIRS, 4] are the even and odd words' activation pairs."""
+    e0, e1, e2, e3 = _split4(ev)
+    o0, o1, o2, o3 = _split4(od)
+    return tl.inline_asm_elementwise(
+        _PAIR_DOT_PTX_C, "=r,r,r,r,r,r,r,r,r,r,r",
+        [w_even, w_odd, e0[None, :], e1[None, :], e2[None, :], e3[None, :], o0[None, :], o1[None, :],
+         o2[None, :], o3[None, :]], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, gamma_ptr, sum_ptr,
+                               M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
+                               BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
+                               STORE_SUM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``_matmul_nbits_kernel`` for fp16 activations on NVIDIA GPUs, with the products in fp16 pairs
+    (``_PAIR_DOT_PTX``): same arguments, grid and results within fp16 rounding of the products.
+
+    Per quantization block: scale * (sum of q * a - zero_point * sum of a), the sums in float32 from float32
+    pair sums. With NORM the row's statistics come first (a pass over K), so the activations are normalized
+    before they are rounded to fp16, as the unfused ops round them."""
+    G: tl.constexpr = BLOCK_K // BS
+    WORDS: tl.constexpr = BLOCK_K // 8
+    PAIRS: tl.constexpr = BLOCK_K // 16
+    PPB: tl.constexpr = BS // 16  # word pairs per quantization block
+    out_ty = y_ptr.dtype.element_ty
+    pid_n = tl.program_id(0)
+    m0 = tl.program_id(1).to(tl.int64) * BLOCK_M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n2 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None]
+    w_idx = tl.arange(0, WORDS)[None, :]
+    g2 = tl.arange(0, G)[None, :]
+    m_idx = tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+
+    if not CONST_W:
+        pdl_wait(PDL)
+    words = tl.load(w_ptr + n2 * ROW_WORDS + w_idx, mask=w_idx < ROW_WORDS, other=0)
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, g2, g2 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    if CONST_W:
+        pdl_wait(PDL)
+    rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
+    if NORM > 0:  # the rows' statistics first: a pass over K (the activations are few, and cached)
+        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            for mi in tl.static_range(BLOCK_M):
+                ok = (kk < K) & (m0 + mi < M)
+                av = tl.load(a_ptr + (m0 + mi) * s_am + kk, mask=ok, other=0.0).to(tl.float32)
+                if NORM == 2:
+                    av += tl.load(skip_ptr + (m0 + mi) * s_skm + kk, mask=ok, other=0.0).to(tl.float32)
+                squares = tl.where(m_idx == mi, squares + tl.sum(av * av, axis=0), squares)
+        rstd = tl.math.rsqrt(squares * inv_k + eps)
+    for k0 in range(0, K, BLOCK_K):
+        words_k, scale_k, zp_k = words, scale, zp
+        word1 = (k0 + BLOCK_K) // 8
+        words = tl.load(w_ptr + n2 * ROW_WORDS + word1 + w_idx, mask=word1 + w_idx < ROW_WORDS, other=0)
+        blk1 = (k0 + BLOCK_K) // BS + g2
+        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk1, blk1 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+        w_even, w_odd = tl.split(tl.reshape(words_k, (BLOCK_N, PAIRS, 2)))
+        for mi in tl.static_range(BLOCK_M):
+            r = tl.sum(tl.where(m_idx == mi, rstd, 0.0), axis=0)
+            av, ev, od, inv = _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, m0 + mi, m0 + mi < M, k0, K,
+                                                 s_am, s_skm, s_sum, r, pid_n == 0, PAIRS, NORM, STORE_SUM)
+            pair = _pair_dot(w_even, w_odd, ev, od)  # [BLOCK_N, PAIRS]
+            dot = tl.sum(tl.reshape(pair, (BLOCK_N, G, PPB)), axis=2)  # [BLOCK_N, G]
+            a_sum = tl.sum(tl.reshape(tl.sum(av, axis=1), (G, PPB)), axis=1)[None, :]  # [1, G]
+            part = tl.sum(scale_k * (dot - zp_k * a_sum), axis=1) / inv  # [BLOCK_N]
+            acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
+
+    n_ok = offs_n < N
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
+        acc += bias[None, :]
+    rows = m0 + m_idx
+    tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
+
+
 @triton.jit
 def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, idx_ptr, N, K, N_BLOCKS, ROW_BYTES, s_zn, V,
                        BS: tl.constexpr, ZP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -197,6 +381,31 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     return block_m, block_n, max(block_size, block_k), 1
 
 
+def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int] | None:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the fp16-pair kernel for a problem on a GPU of ``processors`` SMs,
+    or None where the float32 kernel is faster.
+
+    From the in-graph sweep at Qwen2.5-0.5B and Llama-3.2-1B decode shapes on an H200
+    (``benchmarks/gemv_tiles.py --int4``, results/gemv_int4.md; fp16 activations, block size 32, weights not in
+    L2): the pair kernel's programs hold 8 or more rows and its
+    activation preparation is paid once per program, so below about 12 output rows per SM (Qwen2-0.5B's qkv,
+    o and down products, N <= 1152) the float32 kernel's one- and two-row programs win by 0.05-0.1 us. Above
+    it: 32 rows by 256 for the lm_head (N of a vocabulary), 8 by 512 for the merged gate+up, 8 rows by all of K
+    (to 2048) at two warps otherwise.
+    """
+    if N < 12 * processors:
+        return None
+    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
+    k2 = triton.next_power_of_2(max(K, 16))
+    if N >= 512 * processors:
+        block_n, block_k, warps = 32, min(256, k2), 1
+    elif N >= 64 * processors:
+        block_n, block_k, warps = 8, min(512, k2), 1
+    else:
+        block_n, block_k, warps = 8, min(2048, k2), 2
+    return block_m, block_n, max(block_size, block_k), warps
+
+
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
                   block_size: int, whole_blocks: bool = True) -> tuple[int, int]:
     """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``whole_blocks``:
@@ -233,7 +442,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                  bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
                  tiles: tuple[int, int, int, int] | None = None,
                  norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
-                 sum_out: torch.Tensor | None = None, const_w: bool = False) -> torch.Tensor:
+                 sum_out: torch.Tensor | None = None, const_w: bool = False,
+                 pairs: bool | None = None) -> torch.Tensor:
     """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
 
     ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
@@ -245,7 +455,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     row would round them. ``sum_out`` (with a skip): receives a + skip in its dtype, as the skip norm's
     fourth output. ``const_w``: ``b``, ``scales`` and ``zero_points`` are constants of the model that no kernel
     writes (initializers), so with programmatic dependent launch the first K step's are read while the
-    previous kernel finishes.
+    previous kernel finishes. ``pairs`` (tests, benchmarks): take the fp16-pair kernel or not, instead of
+    ``fp16_pairs(a)``.
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -285,10 +496,14 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     gamma1 = gamma.reshape(K).contiguous() if gamma is not None else a2
     sum2 = sum_out.view(M, K) if sum_out is not None else a2
     interpret = use_interpreter(a, "MatMulNBits")
+    sms = 1 if interpret or a.device.type == "cpu" else processors(a)
+    pair_tiles = pick_pair_tiles(M, N, K, block_size, sms)
+    fp16_pairs_ = not interpret and (fp16_pairs(a) and pair_tiles is not None if pairs is None else pairs)
     if tiles is None:
-        dev = a.device
-        sms = 1 if interpret or dev.type == "cpu" else processors(a)
-        tiles = pick_tiles(M, N, K, block_size, sms)
+        if fp16_pairs_:  # (a pair kernel asked for where it does not pay: the rule's tiles for narrow products)
+            tiles = pair_tiles or pick_pair_tiles(M, N, K, block_size, max(1, N // 12))
+        else:
+            tiles = pick_tiles(M, N, K, block_size, sms)
     block_m, block_n, block_k, num_warps = tiles
     if block_k % block_size or block_k & (block_k - 1) or block_n & (block_n - 1) or block_m & (block_m - 1):
         raise ValueError(f"tiles {tiles}: BLOCK_K must be a power-of-two multiple of block_size={block_size}, "
@@ -305,9 +520,27 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if interpret:
         _matmul_nbits_kernel[grid](*args, **meta)
         return y
+    kernel = _matmul_nbits_f16x2_kernel if fp16_pairs_ else _matmul_nbits_kernel
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
-        _matmul_nbits_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2, **pdl(a))
+        kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2, **pdl(a))
     return y
+
+
+#: CROSSML_INT4_FP16_PAIRS=0 keeps fp16 activations on the float32 path (for A/B measurements)
+_FP16_PAIRS_ENABLED = os.environ.get("CROSSML_INT4_FP16_PAIRS", "1") != "0"
+
+
+@functools.cache
+def _fp16_pairs_capable(index: int) -> bool:
+    return not torch.version.hip and torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def fp16_pairs(a: torch.Tensor) -> bool:
+    """Whether ``matmul_nbits`` of ``a`` takes the fp16-pair kernel (``_PAIR_DOT_PTX``): fp16 activations on an
+    NVIDIA GPU of compute capability 8.0 or later (its PTX), outside the interpreter."""
+    if not _FP16_PAIRS_ENABLED or a.dtype != torch.float16 or a.device.type != "cuda" or INTERPRET:
+        return False
+    return _fp16_pairs_capable(a.device.index if a.device.index is not None else torch.cuda.current_device())
 
 
 #: dequantization tile: rows x columns per program (8192 values at 4 warps)
