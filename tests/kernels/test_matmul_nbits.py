@@ -443,9 +443,11 @@ def test_gpu_fp16_pair_kernel(case: tuple) -> None:
         if total is not None:
             torch.testing.assert_close(total.cpu(), s, rtol=0, atol=0)
     assert torch.isfinite(y).all()
-    # fp16 pair products: errors of a few fp16 roundings of the largest output
-    err = (y.double().cpu() - want).abs().max() / want.abs().max()
-    assert err < 2e-3, f"max error {float(err):.2e} of the largest output"
+    # fp16 pair products (unit roundoff 2^-11 = 4.9e-4): the largest error within a few roundings of the largest
+    # output, the typical one within about one (a wrong nibble, pair or scale is off by the output's size)
+    diff = y.double().cpu() - want
+    worst, rms = float(diff.abs().max() / want.abs().max()), float(diff.norm() / want.norm())
+    assert worst < 4e-3 and rms < 1e-3, f"largest error {worst:.2e} of the largest output, rms {rms:.2e}"
     ref32 = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, norm=norm, pairs=False)
     assert (ref32.double().cpu() - want).abs().max() / want.abs().max() < 2e-3
 
@@ -479,14 +481,15 @@ def test_gpu_fp16_pair_kernel_is_chosen_for_wide_products_and_captures() -> None
 
 def test_pair_tiles_rule() -> None:
     """The fp16-pair kernel's rule on a 132-SM GPU: the float32 kernel for narrow products (None), legal tiles
-    of 8+ rows otherwise; the measured choices for the lm_head, merged gate+up and Llama's square products."""
+    of 4+ rows otherwise; the measured choices for the lm_head, merged gate+up and Llama's square products."""
     assert pick_pair_tiles(1, 896, 4864, 32, 132) is None and pick_pair_tiles(1, 1152, 896, 32, 132) is None
     assert pick_pair_tiles(1, 151936, 896, 32, 132) == (1, 32, 256, 1)
     assert pick_pair_tiles(1, 16384, 2048, 32, 132) == (1, 8, 512, 1)
+    assert pick_pair_tiles(1, 9728, 896, 32, 132) == (1, 4, 1024, 1)
     assert pick_pair_tiles(1, 2048, 8192, 32, 132) == (1, 8, 2048, 2)
     for N, K, bs, M in [(3072, 2048, 16, 1), (16384, 2048, 128, 3), (151936, 64, 256, 17), (2048, 100, 32, 1)]:
         bm, bn, bk, warps = pick_pair_tiles(M, N, K, bs, 132)
-        assert bm == min(16, triton_next_pow2(M)) and bn >= 8 and bk % bs == 0 and bk & (bk - 1) == 0 and bk >= 16
+        assert bm == min(16, triton_next_pow2(M)) and bn >= 4 and bk % bs == 0 and bk & (bk - 1) == 0 and bk >= 16
 
 
 def triton_next_pow2(n: int) -> int:

@@ -387,10 +387,11 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
 
     From the in-graph sweep at Qwen2.5-0.5B and Llama-3.2-1B decode shapes on an H200
     (``benchmarks/gemv_tiles.py --int4``, results/gemv_int4.md; fp16 activations, block size 32, weights not in
-    L2): the pair kernel's programs hold 8 or more rows and its
+    L2): the pair kernel's programs hold 4 or more rows and its
     activation preparation is paid once per program, so below about 12 output rows per SM (Qwen2-0.5B's qkv,
     o and down products, N <= 1152) the float32 kernel's one- and two-row programs win by 0.05-0.1 us. Above
-    it: 32 rows by 256 for the lm_head (N of a vocabulary), 8 by 512 for the merged gate+up, 8 rows by all of K
+    it: 32 rows by 256 for the lm_head (N of a vocabulary); for the merged gate+up 4 rows by all of K up to
+    1024, 8 by 512 for longer K; 8 rows by all of K
     (to 2048) at two warps otherwise.
     """
     if N < 12 * processors:
@@ -400,7 +401,7 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     if N >= 512 * processors:
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
-        block_n, block_k, warps = 8, min(512, k2), 1
+        block_n, block_k, warps = (4, k2, 1) if K <= 1024 else (8, 512, 1)
     else:
         block_n, block_k, warps = 8, min(2048, k2), 2
     return block_m, block_n, max(block_size, block_k), warps
