@@ -221,7 +221,8 @@ def _split4(p):
 
 @triton.jit
 def _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, row, m_ok, k0, K, s_am, s_skm, s_sum, rstd, store_sum,
-                       PAIRS: tl.constexpr, NORM: tl.constexpr, STORE_SUM: tl.constexpr):
+                       inv_k, eps, PAIRS: tl.constexpr, NORM: tl.constexpr, STORE_SUM: tl.constexpr,
+                       ONE_STEP: tl.constexpr):
     """One row's activations of K step k0 for ``_pair_dot``: float32 [PAIRS, 16] (k = k0 + 16 p + c; normalized
     and rounded to fp16 as SimplifiedLayerNormalization's output would be, then scaled by ``inv``), the pairs
     of the even and odd words of each pair p, and the scale ``inv`` (1, or a power of two below it when an
@@ -234,6 +235,8 @@ def _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, row, m_ok, k0, K, s_
         if STORE_SUM:
             tl.store(sum_ptr + row * s_sum + k, av.to(sum_ptr.dtype.element_ty), mask=ok & store_sum)
     if NORM > 0:
+        if ONE_STEP:  # the tile is all of K: the row's statistics come from it
+            rstd = tl.math.rsqrt(tl.sum(tl.sum(av * av, axis=1), axis=0) * inv_k + eps)
         gam = tl.load(gamma_ptr + k, mask=k < K, other=0.0).to(tl.float32)
         av = av * rstd * gam
     av = av.to(tl.float16).to(tl.float32)
@@ -266,13 +269,15 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
                                M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
                                BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
                                STORE_SUM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False, PDL: tl.constexpr = False):
+                               BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False, ONE_STEP: tl.constexpr = False,
+                               PDL: tl.constexpr = False):
     """``_matmul_nbits_kernel`` for fp16 activations on NVIDIA GPUs, with the products in fp16 pairs
     (``_PAIR_DOT_PTX``): same arguments, grid and results within fp16 rounding of the products.
 
     Per quantization block: scale * (sum of q * a - zero_point * sum of a), the sums in float32 from float32
-    pair sums. With NORM the row's statistics come first (a pass over K), so the activations are normalized
-    before they are rounded to fp16, as the unfused ops round them."""
+    pair sums. With NORM the row's statistics come first (a pass over K, or with ONE_STEP, K <= BLOCK_K, from
+    the one step's tile), so the activations are normalized before they are rounded to fp16, as the unfused
+    ops round them."""
     G: tl.constexpr = BLOCK_K // BS
     WORDS: tl.constexpr = BLOCK_K // 8
     PAIRS: tl.constexpr = BLOCK_K // 16
@@ -294,7 +299,7 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
     if CONST_W:
         pdl_wait(PDL)
     rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
-    if NORM > 0:  # the rows' statistics first: a pass over K (the activations are few, and cached)
+    if NORM > 0 and not ONE_STEP:  # the rows' statistics first: a pass over K (the activations are few, and cached)
         squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
@@ -315,7 +320,8 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
         for mi in tl.static_range(BLOCK_M):
             r = tl.sum(tl.where(m_idx == mi, rstd, 0.0), axis=0)
             av, ev, od, inv = _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, m0 + mi, m0 + mi < M, k0, K,
-                                                 s_am, s_skm, s_sum, r, pid_n == 0, PAIRS, NORM, STORE_SUM)
+                                                 s_am, s_skm, s_sum, r, pid_n == 0, inv_k, eps, PAIRS, NORM, STORE_SUM,
+                                                 ONE_STEP)
             pair = _pair_dot(w_even, w_odd, ev, od)  # [BLOCK_N, PAIRS]
             dot = tl.sum(tl.reshape(pair, (BLOCK_N, G, PPB)), axis=2)  # [BLOCK_N, G]
             a_sum = tl.sum(tl.reshape(tl.sum(av, axis=1), (G, PPB)), axis=1)[None, :]  # [1, G]
@@ -527,7 +533,9 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     if interpret:
         _matmul_nbits_kernel[grid](*args, **meta)
         return y
-    kernel = _matmul_nbits_f16x2_kernel if fp16_pairs_ else _matmul_nbits_kernel
+    kernel = _matmul_nbits_kernel
+    if fp16_pairs_:  # one K step: the fused norm's statistics come from the step's tile, without a pass of their own
+        kernel, meta["ONE_STEP"] = _matmul_nbits_f16x2_kernel, K <= block_k
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
         kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2, **pdl(a))
     return y
