@@ -464,8 +464,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
 
     ``norm`` = (skip or None, gamma [K], epsilon): the product of RMSNorm(a (+ skip)) * gamma instead of
     ``a`` (SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization feeding the product), the
-    statistics in float32; the normalized activations are not rounded to a's dtype, as the two ops in a
-    row would round them. ``sum_out`` (with a skip): receives a + skip in its dtype, as the skip norm's
+    statistics in float32; the float32 kernel does not round the normalized activations to a's dtype, the
+    fp16-pair kernel does (to fp16, once, as the two ops in a row round them). ``sum_out`` (with a skip): receives a + skip in its dtype, as the skip norm's
     fourth output. ``const_w``: ``b``, ``scales`` and ``zero_points`` are constants of the model that no kernel
     writes (initializers), so with programmatic dependent launch the first K step's are read while the
     previous kernel finishes. ``pairs`` (tests, benchmarks): take the fp16-pair kernel or not, instead of
