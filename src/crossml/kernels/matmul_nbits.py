@@ -74,6 +74,28 @@ def _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, ok, N_BLOCKS, s_zn, ZP: tl
 
 
 @triton.jit
+def _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, k, ROW_WORDS, N_BLOCKS, s_zn, BS: tl.constexpr,
+                 ZP: tl.constexpr):
+    """Packed words [BLOCK_N, WORDS], scales and zero points [BLOCK_N, G] of weight rows ``n2`` for the K step
+    that starts at ``k`` (zeros past the row's end)."""
+    word = k // 8
+    words = tl.load(w_ptr + n2 * ROW_WORDS + word + w_idx, mask=word + w_idx < ROW_WORDS, other=0)
+    blk = k // BS + g2
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    return words, scale, zp
+
+
+@triton.jit
+def _store_rows(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS: tl.constexpr):
+    """y[rows, offs_n] = acc (+ bias rounded to y's dtype first), in y's dtype, inside [M, N]."""
+    out_ty = y_ptr.dtype.element_ty
+    n_ok = offs_n < N
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
+
+
+@triton.jit
 def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, gamma_ptr, sum_ptr,
                          M, N, K, N_BLOCKS, ROW_WORDS, s_am, s_zn, s_ym, s_skm, s_sum, inv_k, eps,
                          BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, NORM: tl.constexpr,
@@ -92,7 +114,6 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     rsqrt(mean + eps) at the end (the product is linear in the activations)."""
     G: tl.constexpr = BLOCK_K // BS  # quantization blocks per K step
     WORDS: tl.constexpr = BLOCK_K // 8
-    out_ty = y_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1).to(tl.int64) * BLOCK_M
 
@@ -111,16 +132,13 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
     # first step's before the wait for the previous kernel when they are constants (CONST_W)
     if not CONST_W:
         pdl_wait(PDL)
-    words = tl.load(w_ptr + n2 * ROW_WORDS + w_idx, mask=w_idx < ROW_WORDS, other=0)
-    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, g2, g2 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    words, scale, zp = _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, 0, ROW_WORDS, N_BLOCKS, s_zn, BS, ZP)
     if CONST_W:
         pdl_wait(PDL)
     for k0 in range(0, K, BLOCK_K):
         words_k, scale_k, zp_k = words, scale, zp
-        word1 = (k0 + BLOCK_K) // 8
-        words = tl.load(w_ptr + n2 * ROW_WORDS + word1 + w_idx, mask=word1 + w_idx < ROW_WORDS, other=0)
-        blk1 = (k0 + BLOCK_K) // BS + g2
-        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk1, blk1 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+        words, scale, zp = _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, k0 + BLOCK_K, ROW_WORDS, N_BLOCKS,
+                                        s_zn, BS, ZP)
         q = (words_k[:, :, None] >> shifts) & 0xF  # [BLOCK_N, WORDS, 8]
         # nibble -> float without an int-to-float conversion (a quarter-rate instruction on NVIDIA
         # GPUs): or-ing q into the mantissa of 2**23 gives the float 2**23 + q exactly
@@ -146,15 +164,23 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
             part = tl.sum(scale_k * (dot - zp_k * a_sum), axis=1)  # [BLOCK_N]
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
-    n_ok = offs_n < N
     if NORM > 0:
         acc = acc * tl.math.rsqrt(squares * inv_k + eps)[:, None]
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
-        acc += bias[None, :]
-    rows = m0 + m_idx
-    y_ptrs = y_ptr + rows[:, None] * s_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
+    _store_rows(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
+
+
+def _nibble_pairs_ptx(word: str) -> str:
+    """PTX leaving in t0..t3 the fp16 pairs (q_j, q_j+4), j = 0..3, of the int32 word of nibbles ``word``."""
+    return f"""lop3.b32 t0, {word}, 0x000F000F, m, 0xEA;
+lop3.b32 t1, {word}, 0x00F000F0, m, 0xEA;
+shr.u32 x, {word}, 8;
+lop3.b32 t2, x, 0x000F000F, m, 0xEA;
+lop3.b32 t3, x, 0x00F000F0, m, 0xEA;
+sub.f16x2 t0, t0, m;
+fma.rn.f16x2 t1, t1, s, c;
+sub.f16x2 t2, t2, m;
+fma.rn.f16x2 t3, t3, s, c;
+"""
 
 
 #: PTX: the 16 products of two int32 words of nibbles ($1, $2) with their activations, packed as fp16 pairs
@@ -164,7 +190,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
 #: exactly; the products accumulate in fp16 pairs, eight per half, then go to float32. Eight weights cost about
 #: a dozen instructions, against four per weight in the float32 path (the shift, mask, conversion and product
 #: that made the 4-bit GEMV bound by arithmetic rather than by memory).
-_PAIR_DOT_PTX = """
+_PAIR_DOT_PTX = ("""
 {
 .reg .b32 m, s, c, x, t0, t1, t2, t3, acc;
 .reg .b16 lo, hi;
@@ -172,29 +198,11 @@ _PAIR_DOT_PTX = """
 mov.b32 m, 0x64006400;
 mov.b32 s, 0x2C002C00;
 mov.b32 c, 0xD400D400;
-lop3.b32 t0, $1, 0x000F000F, m, 0xEA;
-lop3.b32 t1, $1, 0x00F000F0, m, 0xEA;
-shr.u32 x, $1, 8;
-lop3.b32 t2, x, 0x000F000F, m, 0xEA;
-lop3.b32 t3, x, 0x00F000F0, m, 0xEA;
-sub.f16x2 t0, t0, m;
-fma.rn.f16x2 t1, t1, s, c;
-sub.f16x2 t2, t2, m;
-fma.rn.f16x2 t3, t3, s, c;
-mul.f16x2 acc, t0, $3;
+""" + _nibble_pairs_ptx("$1") + """mul.f16x2 acc, t0, $3;
 fma.rn.f16x2 acc, t1, $4, acc;
 fma.rn.f16x2 acc, t2, $5, acc;
 fma.rn.f16x2 acc, t3, $6, acc;
-lop3.b32 t0, $2, 0x000F000F, m, 0xEA;
-lop3.b32 t1, $2, 0x00F000F0, m, 0xEA;
-shr.u32 x, $2, 8;
-lop3.b32 t2, x, 0x000F000F, m, 0xEA;
-lop3.b32 t3, x, 0x00F000F0, m, 0xEA;
-sub.f16x2 t0, t0, m;
-fma.rn.f16x2 t1, t1, s, c;
-sub.f16x2 t2, t2, m;
-fma.rn.f16x2 t3, t3, s, c;
-fma.rn.f16x2 acc, t0, $7, acc;
+""" + _nibble_pairs_ptx("$2") + """fma.rn.f16x2 acc, t0, $7, acc;
 fma.rn.f16x2 acc, t1, $8, acc;
 fma.rn.f16x2 acc, t2, $9, acc;
 fma.rn.f16x2 acc, t3, $10, acc;
@@ -203,7 +211,7 @@ cvt.f32.f16 fl, lo;
 cvt.f32.f16 fh, hi;
 add.f32 $0, fl, fh;
 }
-"""
+""")
 _PAIR_DOT_PTX_C = tl.constexpr(_PAIR_DOT_PTX)
 #: activations above this magnitude scale a K step down by a power of two first: a half's sum of eight products
 #: of nibbles (<= 15) stays within fp16 (8 * 15 * 512 = 61,440 < 65,504)
@@ -244,8 +252,9 @@ def _activations_f16x2(a_ptr, skip_ptr, gamma_ptr, sum_ptr, row, m_ok, k0, K, s_
     # 2^-e as float bits: e = ceil(log2(amax / max)), at most 126 (inf and NaN keep their own way through)
     e = tl.minimum(tl.ceil(tl.log2(amax / _F16X2_ACT_MAX)), 126.0)
     inv = tl.where(amax > _F16X2_ACT_MAX, ((127 - e.to(tl.int32)) << 23).to(tl.float32, bitcast=True), 1.0)
-    av = (av * inv).to(tl.float16).to(tl.float32)
-    bits = av.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    h = (av * inv).to(tl.float16)
+    av = h.to(tl.float32)
+    bits = h.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     # c = 8 e + 4 h + i: the pair (i, i + 4) of word e is bits[.., e, 0, i] | bits[.., e, 1, i] << 16
     lo, hi = tl.split(tl.permute(tl.reshape(bits, (PAIRS, 2, 2, 4)), (0, 1, 3, 2)))
     ev, od = tl.split(tl.permute(lo | (hi << 16), (0, 2, 1)))  # [PAIRS, 4] each
@@ -282,7 +291,6 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
     WORDS: tl.constexpr = BLOCK_K // 8
     PAIRS: tl.constexpr = BLOCK_K // 16
     PPB: tl.constexpr = BS // 16  # word pairs per quantization block
-    out_ty = y_ptr.dtype.element_ty
     pid_n = tl.program_id(0)
     m0 = tl.program_id(1).to(tl.int64) * BLOCK_M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -294,8 +302,7 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
 
     if not CONST_W:
         pdl_wait(PDL)
-    words = tl.load(w_ptr + n2 * ROW_WORDS + w_idx, mask=w_idx < ROW_WORDS, other=0)
-    scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, g2, g2 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    words, scale, zp = _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, 0, ROW_WORDS, N_BLOCKS, s_zn, BS, ZP)
     if CONST_W:
         pdl_wait(PDL)
     rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
@@ -312,10 +319,8 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
         rstd = tl.math.rsqrt(squares * inv_k + eps)
     for k0 in range(0, K, BLOCK_K):
         words_k, scale_k, zp_k = words, scale, zp
-        word1 = (k0 + BLOCK_K) // 8
-        words = tl.load(w_ptr + n2 * ROW_WORDS + word1 + w_idx, mask=word1 + w_idx < ROW_WORDS, other=0)
-        blk1 = (k0 + BLOCK_K) // BS + g2
-        scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk1, blk1 < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+        words, scale, zp = _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, k0 + BLOCK_K, ROW_WORDS, N_BLOCKS,
+                                        s_zn, BS, ZP)
         w_even, w_odd = tl.split(tl.reshape(words_k, (BLOCK_N, PAIRS, 2)))
         for mi in tl.static_range(BLOCK_M):
             r = tl.sum(tl.where(m_idx == mi, rstd, 0.0), axis=0)
@@ -328,12 +333,7 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
             part = tl.sum(scale_k * (dot - zp_k * a_sum), axis=1) / inv  # [BLOCK_N]
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
-    n_ok = offs_n < N
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)
-        acc += bias[None, :]
-    rows = m0 + m_idx
-    tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
+    _store_rows(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
 
 
 @triton.jit
