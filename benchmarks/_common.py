@@ -36,10 +36,11 @@ def machine() -> dict:
             "cpu_count": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def write(name: str, payload: dict, markdown: str) -> tuple[str, str]:
-    os.makedirs(RESULTS, exist_ok=True)
-    jp = os.path.join(RESULTS, f"{name}.json")
-    mp = os.path.join(RESULTS, f"{name}.md")
+def write(name: str, payload: dict, markdown: str, out: str = RESULTS) -> tuple[str, str]:
+    """OUT/NAME.json (the payload) and OUT/NAME.md; returns their paths."""
+    os.makedirs(out, exist_ok=True)
+    jp = os.path.join(out, f"{name}.json")
+    mp = os.path.join(out, f"{name}.md")
     with open(jp, "w") as f:
         json.dump(payload, f, indent=2)
     with open(mp, "w") as f:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import sys
@@ -39,7 +38,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine  # noqa: E402
+from _common import machine, write  # noqa: E402
 
 from crossml.kernels import gemv as fp16_gemv  # noqa: E402
 from crossml.kernels import matmul_nbits as nbits  # noqa: E402
@@ -260,11 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"best {q['sweep'][:2]}", flush=True)
             torch.cuda.empty_cache()
         payload = {"machine": machine(), "block_size": BLOCK_SIZE, "rows": rows}
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gemv_int4.json"), "w") as f:
-            json.dump(payload, f, indent=1)
-        with open(os.path.join(args.out, "gemv_int4.md"), "w") as f:
-            f.write(int4_markdown(payload))
+        write("gemv_int4", payload, int4_markdown(payload), args.out)
         return
     if args.fused:
         rows = []
@@ -275,11 +270,7 @@ def main(argv: list[str] | None = None) -> None:
             print(model, layer, {k: round(v, 2) for k, v in rows[-1]["fused"].items()}, flush=True)
             torch.cuda.empty_cache()
         payload = {"machine": machine(), "rows": rows}
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gemv_fused.json"), "w") as f:
-            json.dump(payload, f, indent=1)
-        with open(os.path.join(args.out, "gemv_fused.md"), "w") as f:
-            f.write(fused_markdown(payload))
+        write("gemv_fused", payload, fused_markdown(payload), args.out)
         return
     rows = []
     for model, layer, N, K in SHAPES:
@@ -292,11 +283,7 @@ def main(argv: list[str] | None = None) -> None:
               f"cuBLAS {h['cublas_us']:.2f} µs", flush=True)
         torch.cuda.empty_cache()
     payload = {"machine": machine(), "block_size": BLOCK_SIZE, "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gemv_tiles.json"), "w") as f:
-        json.dump(payload, f, indent=1)
-    with open(os.path.join(args.out, "gemv_tiles.md"), "w") as f:
-        f.write(markdown(payload))
+    write("gemv_tiles", payload, markdown(payload), args.out)
 
 
 if __name__ == "__main__":

@@ -170,11 +170,7 @@ def main() -> int:
     md = _markdown(rows, cold, warm, ort.__version__ if has_ort else None)
     payload = {"machine": machine(), "onnxruntime": ort.__version__ if has_ort else None,
                "session_creation_s": {"resnet50_cold": cold, "resnet50_warm": warm}, "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
-    import _common
-
-    _common.RESULTS = args.out
-    jp, mp = write("gpu_vs_onnxruntime", payload, md)
+    jp, mp = write("gpu_vs_onnxruntime", payload, md, args.out)
     _chart(rows, os.path.join(args.out, "gpu_vs_onnxruntime.png"))
     print(md)
     print(f"wrote {jp}, {mp}")
