@@ -13,6 +13,10 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     (and ``j > total_len[b] - 1 - local_window`` with a window), key head ``h // (N // Nk)``. One
     program holds all query heads of a KV head (padded to a 16-row ``tl.dot`` tile), so each key
     and value row is read once per group. Online softmax in float32 over ``BLOCK_L``-row chunks.
+    Each program requests its first key/value chunk as soon as it knows the length, before the new token's
+    rotation (whose cos/sin rows wait for its position), and each next chunk one ahead of its use: on an H200
+    that took a Qwen2.5-0.5B int4 decode step from 0.541 to 0.490 ms and a Llama-3.2-1B int4 one from 0.551 to
+    0.517 ms (back-to-back replays, one machine; the fp16 steps moved by less than their noise).
     When ``B * Nk`` programs cannot fill the GPU the key range is split (flash-decoding): each
     split writes a partial result and its log-sum-exp, and a second kernel combines them, so the
     call is one launch or two. (Combining in the last split to arrive, counted with an atomic, was
@@ -256,6 +260,12 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     d_ok = d < HEAD_DIM
     k_base = kc_ptr + b * s_kcb + kvh.to(tl.int64) * s_kch + d[None, :] * s_kcd
     v_base = vc_ptr + b * s_vcb + kvh.to(tl.int64) * s_vch + d[None, :] * s_vcd
+    # the first key/value chunk is requested before the new token's rotation (whose cos/sin rows wait for its
+    # position), each next one a chunk ahead of its use: the chunk loads need only the length
+    j = start + tl.arange(0, BLOCK_L)
+    kv_ok = (j < end)[:, None] & d_ok[None, :]
+    kt_nxt = tl.load(k_base + j.to(tl.int64)[:, None] * s_kcl, mask=kv_ok, other=0.0)
+    vt_nxt = tl.load(v_base + j.to(tl.int64)[:, None] * s_vcl, mask=kv_ok, other=0.0)
     if NEW:
         cos_row, sin_row = _cos_sin_rows(cos_ptr, sin_ptr, pos_ptr + b, MAX_POS, s_cp, s_sp, ROTARY)
         # rounded to q's dtype, as rotary_cache_write stores the rotated queries
@@ -283,9 +293,12 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     for j0 in range(start, end, BLOCK_L):
         j = j0 + tl.arange(0, BLOCK_L)
         j_ok = j < end
-        rows = j.to(tl.int64)[:, None]
-        kt = tl.load(k_base + rows * s_kcl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
-        vt = tl.load(v_base + rows * s_vcl, mask=j_ok[:, None] & d_ok[None, :], other=0.0)
+        kt = kt_nxt
+        vt = vt_nxt
+        rows = (j + BLOCK_L).to(tl.int64)[:, None]
+        kv_ok = (j + BLOCK_L < end)[:, None] & d_ok[None, :]
+        kt_nxt = tl.load(k_base + rows * s_kcl, mask=kv_ok, other=0.0)
+        vt_nxt = tl.load(v_base + rows * s_vcl, mask=kv_ok, other=0.0)
         if NEW:
             mine = (j == w_row)[:, None]
             kt = tl.where(mine, kn, kt)
