@@ -33,6 +33,13 @@ projection and 12.7 against 13.7 at its down projection, 13.6 against 14.4 with 
 (A first version walked the row in chunks in its single program, slower than the two kernels: 8.9 against 6.2 us
 at 2048x2048; the row's partial sums are now one tile.)
 
+Measured in the GenAI benchmark's captured Llama-3.2-1B fp16 decode step on an H200 and dropped (back-to-back
+replays, 0.911-0.913 ms before each): asking L2 for the rest of each program's W slice before the PDL wait
+(``prefetch.global.L2``; 1.027 ms), a third W tile in flight (0.919-0.952), launching the skip-norm's dependents
+only when it ends (0.935), combining the split decode attention in the output projection's activation loads
+(1.085: each of the N slices redoes the combination), and leaving the skip-norm's normalization to the next
+GEMV's loads from per-slice sums of squares (0.953; Qwen2.5-0.5B 0.659 -> 0.652).
+
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
 outputs come from ``torch.empty``, so a call can be captured into a CUDA graph. Under

@@ -286,7 +286,8 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
     Per quantization block: scale * (sum of q * a - zero_point * sum of a), the sums in float32 from float32
     pair sums. With NORM the row's statistics come first (a pass over K, or with ONE_STEP, K <= BLOCK_K, from
     the one step's tile), so the activations are normalized before they are rounded to fp16, as the unfused
-    ops round them."""
+    ops round them. (Requesting a row's next activations a step ahead, as the fp16 GEMV does, made the int4
+    decode steps slower on an H200: Llama-3.2-1B 0.515 -> 0.554 ms, Qwen2.5-0.5B 0.490 -> 0.535 ms.)"""
     G: tl.constexpr = BLOCK_K // BS
     WORDS: tl.constexpr = BLOCK_K // 8
     PAIRS: tl.constexpr = BLOCK_K // 16
