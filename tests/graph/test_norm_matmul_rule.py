@@ -124,3 +124,53 @@ def test_gpu_session_fuses_and_matches_the_cpu(skip: bool) -> None:
     got = sess.run(None, f)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_wide_norms_fuse_where_the_pair_kernel_takes_k_in_one_step() -> None:
+    """norm_fuses at the GenAI benchmark's shapes on a 132-SM GPU: K <= 1024 always fuses; Llama-3.2-1B's qkv
+    (K=2048, N=3072: 8 rows by all of K) fuses, its gate+up (N=16384: 512-wide steps) does not, nor anything wider
+    than 1024 that the fp16-pair kernel does not take."""
+    from crossml.kernels.matmul_nbits import pick_pair_tiles
+    from crossml.ops.fused import NORM_FUSE_MAX_K, norm_fuses
+
+    assert norm_fuses(896, None) and norm_fuses(NORM_FUSE_MAX_K, None)
+    assert norm_fuses(2048, pick_pair_tiles(1, 3072, 2048, 32, 132))
+    assert not norm_fuses(2048, pick_pair_tiles(1, 16384, 2048, 32, 132))
+    assert not norm_fuses(2048, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skip", [True, False], ids=["skip", "first-layer"])
+def test_gpu_wide_norm_in_one_step_matches_the_two_ops(skip: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NormMatMulNBits at Llama-3.2-1B's qkv shape (fp16, K=2048, N=3072, one row) is one launch of the 4-bit
+    kernel with the norm; its output matches the RMSNorm then the 4-bit product (within fp16 rounding of the
+    products) and its sum is x + skip exactly."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch sees none on this machine")
+    from crossml.kernels import matmul_nbits as kernels
+    from crossml.ops.contrib.matmul_nbits import matmul_nbits
+    from crossml.ops.fused import norm_matmul_nbits
+    from crossml.ops.registry import OpContext
+
+    k, n, dev = 2048, 3072, torch.device("cuda")
+    B, scales, _ = quantized_weight(n, k, 4, 32, None)
+    B, scales = torch.from_numpy(B).to(dev), torch.from_numpy(scales).half().to(dev)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1, k, generator=gen).half().to(dev)
+    sk = torch.randn(1, 1, k, generator=gen).half().to(dev) if skip else None
+    gamma = (torch.rand(k, generator=gen) + 0.5).half().to(dev)
+    fused_calls = []
+    real = kernels.matmul_nbits
+    monkeypatch.setattr(kernels, "matmul_nbits",
+                        lambda *a, **kw: fused_calls.append(kw.get("norm") is not None) or real(*a, **kw))
+    ctx = OpContext("norm_proj", "NormMatMulNBits", 1, 2, (None, None), (True, skip), dev)
+    y, s = norm_matmul_nbits(x, sk, gamma, B, scales, epsilon=1e-6, K=k, N=n, block_size=32, ctx=ctx)
+    assert fused_calls == [True]
+    h32 = x.float() + (sk.float() if skip else 0.0)
+    normed = (h32 * torch.rsqrt(h32.square().mean(-1, keepdim=True) + 1e-6) * gamma.float()).half()
+    want = matmul_nbits(normed, B, scales, K=k, N=n, block_size=32)
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2 * want.float().abs().max().item())
+    if skip:
+        assert torch.equal(s, h32.half())
+    else:
+        assert s is None

@@ -155,11 +155,32 @@ def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
     return torch.mul(torch.mul(g, torch.sigmoid(g)), up)
 
 
-#: widest K the one-launch NormMatMulNBits takes; wider products run the RMSNorm kernel, then the GEMV. Each
+#: widest K the one-launch NormMatMulNBits takes on every kernel; wider products fuse only where the fp16-pair
+#: kernel takes all of K in one step (``norm_fuses``), else they run the RMSNorm kernel, then the GEMV. Each
 #: program of the fused GEMV re-reads the activations, skip and gamma (3 x K values) beside its 8 weight rows: on an
 #: H200 a Qwen2.5-0.5B int4 decode step (K=896) took 0.766 ms fused against 0.813 ms unfused, a Llama-3.2-1B one
-#: (K=2048) 0.848 against 0.842 (back-to-back replays; 16- and 32-column tiles were slower still)
+#: (K=2048) 0.848 against 0.842 (back-to-back replays; 16- and 32-column tiles were slower still; both before
+#: the fp16-pair kernel)
 NORM_FUSE_MAX_K = 1024
+
+
+def norm_fuses(K: int, pair_tiles: tuple[int, int, int, int] | None) -> bool:
+    """Whether a NormMatMulNBits of width K runs as one launch: K <= NORM_FUSE_MAX_K, or the fp16-pair kernel's
+    tiles (``pick_pair_tiles``; None where that kernel does not run) hold all of K in one step, so the row's
+    statistics come from the step's own tile. With the fp16-pair kernel, fusing Llama-3.2-1B's input norm into
+    its qkv product (K=2048, one step) took the int4 decode step from 0.515-0.516 to 0.508 ms on an H200; fusing
+    the post-attention norm too (the gate+up product walks K in 4 steps, after a statistics pass) made it 0.548.
+    """
+    return K <= NORM_FUSE_MAX_K or (pair_tiles is not None and pair_tiles[2] >= K)
+
+
+def _pair_tiles(x: torch.Tensor, rows: int, N: int, K: int, block_size: int) -> tuple[int, int, int, int] | None:
+    """The fp16-pair kernel's tiles for ``x`` where it runs (``crossml.kernels.matmul_nbits.fp16_pairs``), else
+    None."""
+    kernels = load("matmul_nbits")
+    if kernels is None or not kernels.fp16_pairs(x):
+        return None
+    return kernels.pick_pair_tiles(rows, N, K, block_size, kernels.processors(x))
 
 
 @op("NormMatMulNBits", since=1, domain=DOMAIN, ctx=True)
@@ -169,13 +190,14 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
                       ctx: OpContext) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(MatMulNBits(RMSNorm(x (+ skip)) * gamma), x + skip): SimplifiedLayerNormalization (no skip) or
     SkipSimplifiedLayerNormalization feeding a 4-bit MatMulNBits (graph rule NormMatMulNBits). At decode sizes
-    on a GPU with K <= NORM_FUSE_MAX_K one Triton launch, which normalizes as it multiplies
+    on a GPU where ``norm_fuses`` one Triton launch, which normalizes as it multiplies
     (``crossml.kernels.matmul_nbits``); elsewhere the two ops (each on its own kernel on a GPU)."""
     want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
     rows = math.prod(x.shape[:-1]) if x.dim() else 0
-    if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] <= NORM_FUSE_MAX_K \
+    if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
             and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
-            and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None):
+            and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None) \
+            and (K <= NORM_FUSE_MAX_K or norm_fuses(K, _pair_tiles(x, rows, N, K, block_size))):
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                               norm=(skip, gamma, epsilon), sum_out=s,

@@ -5,7 +5,8 @@ SkipSimplifiedLayerNormalization(x, skip, gamma) → (h, -, -, sum), whose sum o
 At decode sizes on a GPU the fused node is one Triton launch that normalizes the activations as it
 multiplies (every program of the 4-bit GEMV walks all of K, so it sums the squares on the way): one
 launch fewer per norm, two per transformer layer of a builder-made LLM (for K up to the op's
-NORM_FUSE_MAX_K; wider products keep two launches, see crossml.ops.fused).
+NORM_FUSE_MAX_K, or wider where the fp16-pair kernel takes all of K in one step; other products keep two
+launches, see crossml.ops.fused.norm_fuses).
 
 The rule needs the norm's normalized output read by this product alone (after MergeGateUp the gate
 and up products are one), its statistics outputs unused, the last axis normalized (stash_type 1),
