@@ -1,0 +1,103 @@
+"""The GenAI benchmark's captured decode step, replayed back to back: how long one token's kernels take on the
+GPU, without the host's part of a generation loop, and (``--kernels``) where that time goes.
+
+For each of the GenAI benchmark's models (``genai_bench.py``: Qwen2.5-0.5B- and Llama-3.2-1B-shaped, random
+weights, fp16 and int4 builder folders, built under --workdir on first use, which needs onnxruntime-genai's
+model builder importable), it appends a 512-token prompt, generates 5 tokens (the decode step is recorded as a
+CUDA graph), then times --replays back-to-back replays of that graph (after 20 unmeasured) and reports the mean
+per replay. With --kernels, one replay under torch.profiler: each kernel's summed duration and count (kernels of
+one step overlap under programmatic dependent launch, so durations add up to more than the step).
+
+    python benchmarks/decode_replay.py [--models qwen2.5-0.5b,llama-3.2-1b] [--precisions fp16,int4] [--kernels]
+
+Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import genai_bench as gb  # noqa: E402
+from _common import machine, write  # noqa: E402
+
+import crossml.genai as og  # noqa: E402
+
+
+def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tuple[str, int, float]]]:
+    """Mean ms per back-to-back replay of the model's recorded decode step, and (with ``kernels``) the kernels of
+    one replay as (name, count, summed µs), longest first."""
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=800, min_length=800)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.arange(3, 515, dtype=np.int32))
+    for _ in range(5):
+        gen.generate_next_token()
+        gen.get_next_tokens()
+    replay = gen._bufs.replay  # the recorded decode step (crossml internals)
+    for _ in range(20):
+        replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(replays):
+        replay()
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) / replays * 1e3
+    table: list[tuple[str, int, float]] = []
+    if kernels:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            replay()
+            torch.cuda.synchronize()
+        agg: dict[str, list[float]] = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                a = agg.setdefault(e.name[:60], [0, 0.0])
+                a[0] += 1
+                a[1] += e.time_range.end - e.time_range.start
+        table = sorted(((k, int(n), us) for k, (n, us) in agg.items()), key=lambda r: -r[2])
+    del gen, model
+    return ms, table
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--workdir", default=os.path.join(os.path.dirname(__file__), ".genai_work"))
+    ap.add_argument("--models", default=",".join(gb.SHAPES))
+    ap.add_argument("--precisions", default="fp16,int4")
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--kernels", action="store_true", help="also list one replay's kernels")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("decode_replay.py needs a CUDA GPU")
+    folders = gb.build_all(args.workdir, args.models.split(","), args.precisions.split(","), print)
+    rows = []
+    for (name, prec), folder in folders.items():
+        ms, table = replay_ms(folder, args.replays, args.kernels)
+        print(f"{name} {prec}: {ms:.3f} ms per replay", flush=True)
+        rows.append({"model": name, "precision": prec, "replay_ms": round(ms, 4),
+                     "kernels": [{"name": k, "count": n, "us": round(us, 2)} for k, n, us in table]})
+    lines = ["# Decode step replayed back to back (GenAI benchmark models)", "",
+             f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
+             f"replayed {args.replays} times back to back (mean).", "",
+             "| model | precision | ms per replay |", "| --- | --- | ---: |"]
+    lines += [f"| {r['model']} | {r['precision']} | {r['replay_ms']:.3f} |" for r in rows]
+    for r in rows:
+        if r["kernels"]:
+            lines += ["", f"## {r['model']} {r['precision']}: kernels of one replay", "",
+                      "| kernel | count | summed µs |", "| --- | ---: | ---: |"]
+            lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} |" for k in r["kernels"]]
+    lines += ["", "Produced by benchmarks/decode_replay.py."]
+    write("decode_replay", {"machine": machine(), "replays": args.replays, "rows": rows}, "\n".join(lines) + "\n",
+          out=args.out)
+
+
+if __name__ == "__main__":
+    main()
