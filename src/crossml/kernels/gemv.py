@@ -73,20 +73,9 @@ _MAX_BLOCK_N = 256
 
 
 @triton.jit
-def _activation(ptrs, mask, up_off, SILU_MUL: tl.constexpr):
-    """float32 activations at ``ptrs``: the values, or with SILU_MUL the SiLU-gated product of the g values there
-    and the up values ``up_off`` elements on, rounded to their storage type."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if SILU_MUL:
-        g = x.to(tl.float32)
-        up = tl.load(ptrs + up_off, mask=mask, other=0.0).to(tl.float32)
-        x = ((g * tl.sigmoid(g)) * up).to(ptrs.dtype.element_ty)
-    return x.to(tl.float32)
-
-
-@triton.jit
 def _raw(ptrs, mask, up_off, SILU_MUL: tl.constexpr):
-    """The stored values ``_activation`` computes from: (x, up), up = x without SILU_MUL."""
+    """The stored values a K step's activations are computed from (``_finish``): (x at ``ptrs``, up ``up_off``
+    elements on with SILU_MUL, else x again)."""
     x = tl.load(ptrs, mask=mask, other=0.0)
     up = x
     if SILU_MUL:
@@ -96,7 +85,8 @@ def _raw(ptrs, mask, up_off, SILU_MUL: tl.constexpr):
 
 @triton.jit
 def _finish(x, up, SILU_MUL: tl.constexpr):
-    """``_activation`` of values loaded by ``_raw``."""
+    """float32 activations from ``_raw``'s values: x, or with SILU_MUL the SiLU-gated product of the g values x
+    and the up values, rounded to their storage type (as the SiluMul kernel stores it)."""
     if SILU_MUL:
         g = x.to(tl.float32)
         x = ((g * tl.sigmoid(g)) * up.to(tl.float32)).to(up.dtype)
