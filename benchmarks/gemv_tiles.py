@@ -83,7 +83,9 @@ def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
     return start.elapsed_time(end) / replays / len(calls) * 1e3
 
 
-def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
+def int4_inputs(N: int, K: int, dev: torch.device) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:
+    """One fp16 row of K activations and copies of a random 4-bit [N, K] weight (packed values, fp16 scales,
+    packed zero points; block size BLOCK_SIZE) together larger than the L2 cache, from a fixed seed."""
     nb = K // BLOCK_SIZE
     g = torch.Generator(device=dev).manual_seed(0)
     a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
@@ -91,6 +93,11 @@ def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
            torch.rand(N, nb, device=dev, dtype=torch.float16, generator=g) * 0.01,
            torch.randint(0, 256, (N, (nb + 1) // 2), device=dev, dtype=torch.uint8, generator=g))
           for _ in range(copies(N * K // 2))]
+    return a, ws
+
+
+def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
+    a, ws = int4_inputs(N, K, dev)
 
     def run(tiles: tuple[int, int, int, int] | None) -> float:
         return in_graph_us([lambda w=w: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE, tiles=tiles,
@@ -110,13 +117,7 @@ def measure_4bit(N: int, K: int, dev: torch.device, quick: bool) -> dict:
 def measure_int4_kernels(N: int, K: int, dev: torch.device) -> dict:
     """The float32 and fp16-pair 4-bit kernels at their rules' tiles, the automatic choice, and a sweep of the
     pair kernel's tiles."""
-    nb = K // BLOCK_SIZE
-    g = torch.Generator(device=dev).manual_seed(0)
-    a = torch.randn(1, K, device=dev, dtype=torch.float16, generator=g)
-    ws = [(torch.randint(0, 256, (N, nb, BLOCK_SIZE // 2), device=dev, dtype=torch.uint8, generator=g),
-           torch.rand(N, nb, device=dev, dtype=torch.float16, generator=g) * 0.01,
-           torch.randint(0, 256, (N, (nb + 1) // 2), device=dev, dtype=torch.uint8, generator=g))
-          for _ in range(copies(N * K // 2))]
+    a, ws = int4_inputs(N, K, dev)
 
     def run(pairs: bool | None, tiles: tuple[int, int, int, int] | None = None) -> float:
         return in_graph_us([lambda w=w: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE, tiles=tiles,
