@@ -27,3 +27,22 @@ def test_pdl_on_hopper_and_switch() -> None:
     assert pdl(t) == want
     code = "import torch; from crossml.kernels._launch import pdl; assert pdl(torch.empty(1, device='cuda')) == {}"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "CROSSML_PDL": "0", "PYTHONPATH": "src"})
+
+
+def test_warm_compiler_hashes_the_key_once_in_a_thread() -> None:
+    """A session on a Triton device starts hashing Triton's compiler key in a daemon thread (once a process), so
+    the first kernel finds it cached; CPU sessions and the interpreter start nothing. Run in fresh processes:
+    the key and the thread are per process."""
+    code = ("import torch, crossml.kernels as k\n"
+            "from triton.runtime.cache import triton_key\n"
+            "assert k.warm_compiler(torch.device('cpu')) is None\n"
+            "t = k.warm_compiler(torch.device('cuda'))\n"
+            "assert t is not None and t.daemon\n"
+            "t.join(120)\n"
+            "assert not t.is_alive() and triton_key.cache_info().currsize == 1\n"
+            "assert k.warm_compiler(torch.device('cuda')) is None\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], check=True, env={**env, "PYTHONPATH": "src"})
+    interp = "import torch, crossml.kernels as k; assert k.warm_compiler(torch.device('cuda')) is None"
+    subprocess.run([sys.executable, "-c", interp], check=True,
+                   env={**env, "TRITON_INTERPRET": "1", "PYTHONPATH": "src"})

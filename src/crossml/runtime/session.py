@@ -31,6 +31,7 @@ from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
+from crossml.kernels import warm_compiler
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
@@ -108,6 +109,7 @@ class InferenceSession:
         self._model_path = os.fspath(path_or_bytes) if isinstance(path_or_bytes, (str, os.PathLike)) else None
         self._providers = parse_providers(providers, provider_options)
         self._device = resolve_device(self._providers)
+        warm_compiler(self._device)  # Triton's cache key, hashed while the model loads
         if opts.intra_op_num_threads and opts.intra_op_num_threads > 0:
             torch.set_num_threads(int(opts.intra_op_num_threads))
         self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
