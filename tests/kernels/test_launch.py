@@ -29,10 +29,27 @@ def test_pdl_on_hopper_and_switch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "CROSSML_PDL": "0", "PYTHONPATH": "src"})
 
 
+def test_sessions_warm_the_compiler_for_their_device(monkeypatch) -> None:
+    """InferenceSession hands its device to ``warm_compiler`` before it loads the model."""
+    from onnx import TensorProto, helper
+
+    import crossml
+    from crossml.runtime import session
+
+    seen: list[torch.device] = []
+    monkeypatch.setattr(session, "warm_compiler", seen.append)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert seen == [torch.device("cpu")]
+
+
 def test_warm_compiler_hashes_the_key_once_in_a_thread() -> None:
-    """A session on a Triton device starts hashing Triton's compiler key in a daemon thread (once a process), so
-    the first kernel finds it cached; CPU sessions and the interpreter start nothing. Run in fresh processes:
-    the key and the thread are per process."""
+    """On a Triton device ``warm_compiler`` hashes Triton's compiler key in a daemon thread (once a process), so
+    the first kernel finds it cached; the CPU and the interpreter start nothing. Run in fresh processes: the key
+    and the thread are per process."""
     code = ("import torch, crossml.kernels as k\n"
             "from triton.runtime.cache import triton_key\n"
             "assert k.warm_compiler(torch.device('cpu')) is None\n"
