@@ -35,13 +35,13 @@ def test_sessions_warm_the_compiler_for_their_device(monkeypatch) -> None:
 
     import crossml
     from crossml.runtime import session
+    from tests.conftest import make_model
 
     seen: list[torch.device] = []
     monkeypatch.setattr(session, "warm_compiler", seen.append)
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert seen == [torch.device("cpu")]
 

@@ -85,7 +85,7 @@ class Recording:
             if self.done is not None:
                 stream.wait_event(self.done)
             for buf, x in zip(self.inputs, inputs or ()):
-                if x is not buf and not _same_view(x, buf):
+                if x is not buf and not same_view(x, buf):
                     buf.copy_(x, non_blocking=True)
             self.graph.replay()
             if self.bound and not into:
@@ -107,7 +107,7 @@ def _output(recorded: Any, target: torch.Tensor | None, bound: bool) -> Any:
     return recorded if bound else recorded.clone()
 
 
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """True when ``a`` and ``b`` are the same elements of the same memory (copying would be a no-op)."""
     return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride())

@@ -10,6 +10,7 @@ import torch
 
 from crossml import dtypes
 from crossml.device.interop import tensor_from_pointer
+from crossml.device.recording import same_view
 from crossml.runtime.errors import InvalidArgument
 from crossml.runtime.ortvalue import OrtValue, _elem_type, torch_device
 
@@ -144,9 +145,9 @@ def _elem_from(session: Any, i: int) -> int | None:
 
 
 def _same_memory(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same elements of the same device memory (``recording.same_view``)."""
     return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device
-            and a.device.type != "cpu" and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
-            and a.shape == b.shape and a.stride() == b.stride())
+            and a.device.type != "cpu" and same_view(a, b))
 
 
 def _sync_all(values: Any) -> None:
