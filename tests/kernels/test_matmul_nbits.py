@@ -410,6 +410,7 @@ PAIR_CASES = [  # N, K, block_size, zero points, M, norm (0 none, 1 RMSNorm, 2 w
     (300, 1000, 16, "float", 3, 0, 1.0),  # K not a multiple of the block or of a word pair; bias
     (257, 520, 64, "packed", 2, 2, 1.0), (128, 4096, 128, None, 1, 0, 1.0), (100, 96, 32, None, 5, 1, 1.0),
     (64, 2048, 256, "packed", 16, 0, 1.0),
+    (6, 64, 32, None, 1, 0, 1.0),  # narrower than any of the rule's tiles (the pair kernel asked for by name)
     (256, 4096, 32, "packed", 2, 2, 1.0),  # a fused norm over two K steps (its statistics pass); the others take one
     # activations whose pair sums would pass fp16's range (8 * 15 * 2400), the outputs within it: the step scales down
     (512, 2048, 32, None, 1, 0, 600.0),

@@ -25,7 +25,14 @@ are picked by a fixed rule (no autotuning, which would time kernels during captu
 Gating an MLP's down projection as its activations are loaded (SiluMul folded into the product, as the fp16
 GEMV does) gave bit-identical results but slower int4 decode replays on an H200: Qwen2.5-0.5B 0.486 -> 0.636 ms,
 Llama-3.2-1B 0.508 -> 0.553-0.559 ms (alternating with the unfused step in one call). Every N slice recomputes the
-sigmoid of all of K, in kernels already bound by their arithmetic, so the SiluMul keeps its launch.
+sigmoid of all of K, in kernels already bound by their arithmetic, so the SiluMul keeps its launch. Gating in the
+merged gate/up product instead (each program holding the g and up rows of its outputs and storing SiluMul of them,
+bit-identical at both models' shapes) was faster alone but not in the decode step, and was dropped. In CUDA graphs
+of calls on distinct weights, product then SiluMul kernel took 6.93 us (Qwen2.5-0.5B, norm fused) and 9.57 us
+(Llama-3.2-1B); the gated product took 5.73 and 7.90 us with each program's g rows first, 4.91 and 7.92 with g and
+up rows in pairs. Yet the int4 decode replays (alternating with the unfused step in one call) went from 0.488 to
+0.495-0.498 ms (Qwen) with either order, and from 0.508 to 0.499-0.501 ms (Llama) with g rows first but to 0.516
+with pairs: the step's time moved with how the next launches overlap, not with the kernel's own.
 """
 
 from __future__ import annotations
@@ -520,7 +527,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     fp16_pairs_ = not interpret and (fp16_pairs(a) and pair_tiles is not None if pairs is None else pairs)
     if tiles is None:
         if fp16_pairs_:  # (a pair kernel asked for where it does not pay: the rule's tiles for narrow products)
-            tiles = pair_tiles or pick_pair_tiles(M, N, K, block_size, max(1, N // 12))
+            tiles = pair_tiles or pick_pair_tiles(M, max(N, 12), K, block_size, max(1, N // 12))
         else:
             tiles = pick_tiles(M, N, K, block_size, sms)
     block_m, block_n, block_k, num_warps = tiles
