@@ -358,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--hf-compile", action="store_true", help="let transformers torch.compile the static-cache decode")
+    ap.add_argument("--hf-compile", action="store_true",
+                    help="let transformers torch.compile the static-cache decode (with transformers 5.17 on an H200 "
+                         "its timed runs recompiled: 7-10 tok/s, a measure of compilation, not of decode)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     sys.path.insert(0, HERE)
