@@ -32,13 +32,12 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Callable
 
 import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine, write  # noqa: E402
+from _common import in_graph_us, machine, write  # noqa: E402
 
 from crossml.kernels import gemv as fp16_gemv  # noqa: E402
 from crossml.kernels import matmul_nbits as nbits  # noqa: E402
@@ -61,26 +60,6 @@ MAX_COPIES = 24
 
 def copies(weight_bytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(SPAN_BYTES / weight_bytes)))
-
-
-def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
-    """Mean µs of one call among ``calls``, captured back to back in one CUDA graph."""
-    for fn in calls:
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for fn in calls:
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays / len(calls) * 1e3
 
 
 def int4_inputs(N: int, K: int, dev: torch.device) -> tuple[torch.Tensor, list[tuple[torch.Tensor, ...]]]:

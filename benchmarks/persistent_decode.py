@@ -40,7 +40,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
-from _common import machine, write  # noqa: E402
+from _common import in_graph_us, machine, write  # noqa: E402
 
 from crossml.kernels._launch import pdl, pdl_wait, processors  # noqa: E402
 from crossml.kernels.gemv import gemv  # noqa: E402
@@ -62,31 +62,6 @@ VEC = 128
 #: a work item's tile: BK rows of K by BN columns of N
 BK = 64
 BN = 64
-
-
-def graph_us(fn: Callable[[], object], replays: int = 50) -> float:
-    """Best of three means of ``replays`` back-to-back replays of ``fn`` captured in a CUDA graph, in µs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    best = float("inf")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / replays)
-    return best
 
 
 @triton.jit
@@ -193,6 +168,22 @@ def _product_prefetched(a_ptr, w_ptr, out_ptr, w, w_next, N, K, KS, TILES: tl.co
 
 
 @triton.jit
+def _chained(a_ptr, w_ptr, out_ptr, w, w_next, N, K, KS, next_w_ptr, NEXT_N, NEXT_K, NEXT_KS, ctr_ptr, arrivals,
+             TILES: tl.constexpr, NEXT_TILES: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+             PREFETCH: tl.constexpr):
+    """One product of the chain: this program's items of ``out += a @ W``, then (PREFETCH) the next product's
+    first two items' weights requested, then the grid barrier counting ``arrivals``. Returns those weights (with
+    PREFETCH; else ``w`` and ``w_next``, unused)."""
+    if PREFETCH:
+        _product_prefetched(a_ptr, w_ptr, out_ptr, w, w_next, N, K, KS, TILES, BN, BK)
+        w, w_next = _first_two(next_w_ptr, NEXT_N, NEXT_K, NEXT_KS, NEXT_TILES, BN, BK)
+    else:
+        _product(a_ptr, w_ptr, out_ptr, N, K, KS, TILES, BN, BK)
+    _grid_sync(ctr_ptr, arrivals, False)
+    return w, w_next
+
+
+@triton.jit
 def _chain_persistent(h_ptr, wq, wo, wg, wd, yq, yo, yg, yd, ctr_ptr, L, H, NQ, NG, NI, KSQ, KSO, KSG, KSD,
                       TQ: tl.constexpr, TO: tl.constexpr, TG: tl.constexpr, TD: tl.constexpr, BN: tl.constexpr,
                       BK: tl.constexpr, PREFETCH: tl.constexpr):
@@ -203,41 +194,26 @@ def _chain_persistent(h_ptr, wq, wo, wg, wd, yq, yo, yg, yd, ctr_ptr, L, H, NQ, 
     P = tl.num_programs(0)
     arrivals = 0
     a = h_ptr
+    w, w_next = 0.0, 0.0
     if PREFETCH:
         w, w_next = _first_two(wq, NQ, H, KSQ, TQ, BN, BK)
     for layer in range(L):
         li = layer.to(tl.int64)
         q_w, o_w, g_w, d_w = wq + li * H * NQ, wo + li * H * H, wg + li * H * NG, wd + li * NI * H
         q, o, g, d = yq + li * NQ, yo + li * H, yg + li * NG, yd + li * H
-        if PREFETCH:
-            _product_prefetched(a, q_w, q, w, w_next, NQ, H, KSQ, TQ, BN, BK)
-            w_o, w_o_next = _first_two(o_w, H, H, KSO, TO, BN, BK)
-        else:
-            _product(a, q_w, q, NQ, H, KSQ, TQ, BN, BK)
+        next_q_w = wq + tl.minimum(layer + 1, L - 1).to(tl.int64) * H * NQ
         arrivals += P
-        _grid_sync(ctr_ptr, arrivals, False)
-        if PREFETCH:
-            _product_prefetched(q, o_w, o, w_o, w_o_next, H, H, KSO, TO, BN, BK)
-            w_g, w_g_next = _first_two(g_w, NG, H, KSG, TG, BN, BK)
-        else:
-            _product(q, o_w, o, H, H, KSO, TO, BN, BK)
+        w_o, w_o_next = _chained(a, q_w, q, w, w_next, NQ, H, KSQ, o_w, H, H, KSO, ctr_ptr, arrivals, TQ, TO, BN, BK,
+                                 PREFETCH)
         arrivals += P
-        _grid_sync(ctr_ptr, arrivals, False)
-        if PREFETCH:
-            _product_prefetched(o, g_w, g, w_g, w_g_next, NG, H, KSG, TG, BN, BK)
-            w_d, w_d_next = _first_two(d_w, H, NI, KSD, TD, BN, BK)
-        else:
-            _product(o, g_w, g, NG, H, KSG, TG, BN, BK)
+        w_g, w_g_next = _chained(q, o_w, o, w_o, w_o_next, H, H, KSO, g_w, NG, H, KSG, ctr_ptr, arrivals, TO, TG, BN,
+                                 BK, PREFETCH)
         arrivals += P
-        _grid_sync(ctr_ptr, arrivals, False)
-        if PREFETCH:
-            _product_prefetched(g, d_w, d, w_d, w_d_next, H, NI, KSD, TD, BN, BK)
-            nxt = tl.minimum(layer + 1, L - 1).to(tl.int64)
-            w, w_next = _first_two(wq + nxt * H * NQ, NQ, H, KSQ, TQ, BN, BK)
-        else:
-            _product(g, d_w, d, H, NI, KSD, TD, BN, BK)
+        w_d, w_d_next = _chained(o, g_w, g, w_g, w_g_next, NG, H, KSG, d_w, H, NI, KSD, ctr_ptr, arrivals, TG, TD, BN,
+                                 BK, PREFETCH)
         arrivals += P
-        _grid_sync(ctr_ptr, arrivals, False)
+        w, w_next = _chained(g, d_w, d, w_d, w_d_next, H, NI, KSD, next_q_w, NQ, H, KSQ, ctr_ptr, arrivals, TD, TQ,
+                             BN, BK, PREFETCH)
         a = d
 
 
@@ -267,7 +243,7 @@ def boundaries(dev: torch.device) -> list[dict]:
             ("persistent, grid barriers (polling loads)", persistent(True))]
     out = []
     for name, fn in rows:
-        us = graph_us(fn) / CHAIN
+        us = in_graph_us([fn], replays=50) / CHAIN
         print(f"{name}: {us:.3f} us per step", flush=True)
         out.append({"variant": name, "us_per_step": round(us, 3)})
     return out
@@ -327,14 +303,14 @@ def chain(dev: torch.device, name: str, L: int, H: int, NQ: int, NI: int) -> lis
     for layer in range(L):
         o = (ref @ w["q"][layer].float())[:, :H] @ w["o"][layer].float()
         ref = (o @ w["g"][layer].float())[:, :NI] @ w["d"][layer].float()
-    us = graph_us(_current(h16, w))
+    us = in_graph_us([_current(h16, w)], replays=50)
     print(f"{name}: current {us / L:.2f} us/layer", flush=True)
     rows = [{**info, "variant": "current", "us_per_layer": round(us / L, 2)}]
     ys = {k: torch.zeros(L, N, device=dev) for k, (_, N) in shapes.items()}
     ctr = torch.zeros(1, dtype=torch.int32, device=dev)
     for prefetch, items, max_tiles, warps in VARIANTS:
         ks = [_splits(N, K, items * sms, max_tiles) for K, N in shapes.values()]
-        us = graph_us(_persistent(h16.float(), w, ys, ctr, ks, prefetch, warps))
+        us = in_graph_us([_persistent(h16.float(), w, ys, ctr, ks, prefetch, warps)], replays=50)
         err = ((ys["d"][-1] - ref[0]).abs().max() / ref.abs().max()).item()
         if err > 1e-3:
             raise AssertionError(f"{name}: the persistent chain's output is off by {err:.2e} (relative)")
