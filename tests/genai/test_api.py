@@ -216,3 +216,76 @@ def test_tokenizer_stream_multibyte(model) -> None:
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
     assert tok.decode_batch(tok.encode_batch([text, "Hello"])) == [text, "Hello"]
+
+
+def test_tokenizer_options_errors(model) -> None:
+    tok = og.Tokenizer(model)
+    with pytest.raises(og.ConfigError, match="unknown option 'padding'; accepted: add_special_tokens, "
+                                             "skip_special_tokens"):
+        tok.update_options(padding="true")
+    with pytest.raises(og.ConfigError, match="option 'add_special_tokens' takes true or false.*'maybe'"):
+        tok.update_options(add_special_tokens="maybe")
+    with pytest.raises(og.ConfigError, match="no options given"):
+        tok.update_options()
+    plain = tok.encode(PROMPT).tolist()
+    with pytest.raises(og.ConfigError):  # one bad value: nothing changes
+        tok.update_options(skip_special_tokens="false", add_special_tokens="yes please")
+    assert tok.decode([0, 5]) == "" and tok.encode(PROMPT).tolist() == plain
+    with pytest.raises(og.GenAIError, match="bot_token_id is not defined for this model: set model.bot_token_id"):
+        _ = tok.bot_token_id
+
+
+def test_marker_ids_from_config(folder, tmp_path) -> None:
+    path = _copy(folder, tmp_path, lambda c: c["model"].update(eot_token_id=5))
+    assert og.Tokenizer(og.Model(path)).eot_token_id == 5
+    path = _copy(folder, tmp_path / "b", lambda c: c["model"].update(bor_token_id="3"))
+    with pytest.raises(og.ConfigError, match=r"model.bor_token_id must be a token id \(an integer\), got '3'"):
+        og.Config(path)
+
+
+def test_get_input_and_runtime_option_errors(model) -> None:
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    gen = og.Generator(model, params)
+    with pytest.raises(og.NameNotFoundError, match="none yet: call append_tokens first"):
+        gen.get_input("input_ids")
+    gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    with pytest.raises(og.NameNotFoundError, match="'logits' is not an input of the last run; inputs: input_ids, "
+                                                    "attention_mask, past_key_values.0.key"):
+        gen.get_input("logits")
+    with pytest.raises(KeyError):  # also a KeyError (and a RuntimeError, as onnxruntime-genai raises)
+        gen.get_output("nope")
+    with pytest.raises(og.GenAIError, match="unknown key 'enable_profiling'; accepted: terminate_session"):
+        gen.set_runtime_option("enable_profiling", "1")
+    with pytest.raises(og.GenAIError, match="terminate_session takes \"0\" or \"1\", got '2'"):
+        gen.set_runtime_option("terminate_session", "2")
+    gen.set_runtime_option("terminate_session", "1")
+    with pytest.raises(og.GeneratorStateError, match="Session in Terminated state"):
+        gen.generate_next_token()
+    gen.set_runtime_option("terminate_session", "0")
+    gen.generate_next_token()
+    assert gen.token_count() == len(og.Tokenizer(model).encode(PROMPT)) + 1
+
+
+def test_terminate_from_another_thread(model) -> None:
+    """A loop stopped from another thread raises at its next step; nothing already generated is lost."""
+    import threading
+
+    gen = _greedy(model, 2)
+    stop = threading.Event()
+
+    def stopper() -> None:
+        stop.wait()
+        gen.set_runtime_option("terminate_session", "1")
+
+    t = threading.Thread(target=stopper)
+    t.start()
+    steps = 0
+    with pytest.raises(og.GeneratorStateError):
+        while not gen.is_done():
+            gen.generate_next_token()
+            steps += 1
+            if steps == 3:
+                stop.set()
+                t.join()
+    assert steps == 3 and gen.token_count() == len(og.Tokenizer(model).encode(PROMPT)) + 5

@@ -7,6 +7,7 @@ every step must agree within 1e-4 for fp32 models.
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -141,3 +142,121 @@ def test_tokenizer_parity(genai_models, og_ref) -> None:
     template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
     assert tok.apply_chat_template(messages, template_str=template, add_generation_prompt=False) == \
         ref_tok.apply_chat_template(messages, template_str=template, add_generation_prompt=False)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tokenizer_options_parity(genai_models, og_ref, arch: str) -> None:
+    """update_options(add_special_tokens / skip_special_tokens) changes encode, decode, decode_batch and streams
+    as onnxruntime-genai's does."""
+    folder = genai_models[(arch, "fp32")]
+    ref_tok = og_ref.Tokenizer(og_ref.Model(folder))
+    tok = xg.Tokenizer(xg.Model(folder))
+    texts = ["Hello world", "<|user|>hi<|end|>", "Grüße 你好"]
+    ids = [0, *tok.encode("Hello <|user|> there").tolist(), 5, 1, 2]
+    for options in ({"add_special_tokens": "true"}, {"skip_special_tokens": "false"},
+                    {"add_special_tokens": "false", "skip_special_tokens": "true"},
+                    {"add_special_tokens": True, "skip_special_tokens": "0"}):
+        ref_tok.update_options(**options)
+        tok.update_options(**options)
+        for text in texts:
+            assert tok.encode(text).tolist() == ref_tok.encode(text).tolist(), (options, text)
+        assert tok.encode_batch(texts).as_numpy().tolist() == ref_tok.encode_batch(texts).as_numpy().tolist()
+        assert tok.decode(np.array(ids)) == ref_tok.decode(np.array(ids, dtype=np.int32)), options
+        batch = ref_tok.encode_batch(texts)
+        assert tok.decode_batch(batch.as_numpy()) == ref_tok.decode_batch(batch), options
+        s, r = tok.create_stream(), ref_tok.create_stream()
+        assert [s.decode(i) for i in ids] == [r.decode(i) for i in ids], options
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3", "phi3", "mistral", "gemma"])
+def test_marker_token_ids_parity(genai_models, og_ref, model_type: str, tmp_path) -> None:
+    """bot / eot / bor / eor token ids: onnxruntime-genai's per-type defaults, and genai_config.json's values."""
+    src = genai_models[("qwen2", "fp32")]
+    names = ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
+
+    def marks(og, folder: str) -> list[int | None]:
+        tok = og.Tokenizer(og.Model(folder))
+        out = []
+        for name in names:
+            try:
+                out.append(getattr(tok, name))
+            except RuntimeError as exc:
+                assert f"{name} is not defined for this model" in str(exc)
+                out.append(None)
+        return out
+
+    for i, extra in enumerate(({}, {"bot_token_id": 7, "eor_token_id": 9})):
+        folder = tmp_path / f"m{i}"
+        shutil.copytree(src, folder)
+        cfg = json.loads((folder / "genai_config.json").read_text())
+        cfg["model"].update(type=model_type, **extra)
+        (folder / "genai_config.json").write_text(json.dumps(cfg))
+        assert marks(xg, str(folder)) == marks(og_ref, str(folder)), extra
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "growing"])
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_get_input_parity(genai_models, og_ref, arch: str, share: bool, prompts: list[str]) -> None:
+    """Generator.get_input shows the inputs of the last run as onnxruntime-genai does: the prompt until the first
+    decode step runs, then each step's token; the mask as wide as the run's sequence; the past KV the run took in
+    (with the shared buffer, the max_length buffer itself)."""
+
+    def inputs(og) -> list[dict[str, np.ndarray]]:
+        config = og.Config(genai_models[(arch, "fp32")])
+        config.overlay(json.dumps({"search": {"past_present_share_buffer": share}}))
+        model = og.Model(config)
+        tok = og.Tokenizer(model)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=24, batch_size=len(prompts))
+        gen = og.Generator(model, params)
+        gen.append_tokens(tok.encode_batch(prompts) if len(prompts) > 1 else tok.encode(prompts[0]))
+        snaps = []
+        for _ in range(5):
+            snaps.append({n: gen.get_input(n) for n in ("input_ids", "attention_mask", "past_key_values.0.key",
+                                                        "past_key_values.1.value")})
+            gen.generate_next_token()
+        return snaps
+
+    for step, (r, x) in enumerate(zip(inputs(og_ref), inputs(xg))):
+        for name in r:
+            assert x[name].shape == r[name].shape and x[name].dtype == r[name].dtype, (step, name)
+        assert x["input_ids"].tolist() == r["input_ids"].tolist(), step
+        assert x["attention_mask"].tolist() == r["attention_mask"].tolist(), step
+        mask = r["attention_mask"].astype(bool)
+        for name in ("past_key_values.0.key", "past_key_values.1.value"):
+            for row in range(mask.shape[0]):
+                # GroupQueryAttention packs each row's tokens at the front of its cache rows; the shared buffer
+                # also holds the run's own token, the growing cache only the past the run took in
+                keep = slice(0, int(mask[row, : None if share else r[name].shape[2]].sum()))
+                np.testing.assert_allclose(x[name][row][:, keep], r[name][row][:, keep], atol=1e-4,
+                                           err_msg=f"step {step} {name} row {row}")
+
+
+def test_terminate_session_parity(genai_models, og_ref) -> None:
+    """set_runtime_option("terminate_session", "1") makes append_tokens and generate_next_token raise; "0" goes
+    on, and the sequence is the one an uninterrupted run makes."""
+
+    def run(og) -> tuple[list[int], list[int]]:
+        model = og.Model(genai_models[("qwen2", "fp32")])
+        tok = og.Tokenizer(model)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=24)
+        gen = og.Generator(model, params)
+        gen.append_tokens(tok.encode(PROMPT))
+        for _ in range(3):
+            gen.generate_next_token()
+        gen.set_runtime_option("terminate_session", "1")
+        with pytest.raises(RuntimeError, match="Session in Terminated state"):
+            gen.generate_next_token()
+        with pytest.raises(RuntimeError, match="Session in Terminated state"):
+            gen.append_tokens(tok.encode(" more"))
+        before = gen.get_sequence(0).tolist()
+        gen.set_runtime_option("terminate_session", "0")
+        for _ in range(3):
+            gen.generate_next_token()
+        return before, gen.get_sequence(0).tolist()
+
+    assert run(xg) == run(og_ref)
+    seq, _ = generate(xg, genai_models[("qwen2", "fp32")], [PROMPT], max_length=24)
+    assert run(xg)[1] == seq[0][: len(run(xg)[1])]

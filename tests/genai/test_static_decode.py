@@ -269,7 +269,7 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
     if greedy_step:
         gen._greedy = _greedy_module()
     gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
-    seen: dict[str, Any] = {"tokens": [], "outputs": [], "counts": [], "logits": []}
+    seen: dict[str, Any] = {"tokens": [], "outputs": [], "counts": [], "logits": [], "inputs": []}
     step = 0
     while not gen.is_done():
         if step == eos_at:
@@ -280,6 +280,7 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
         seen["tokens"].append(gen.get_next_tokens().tolist())
         seen["outputs"].append(gen.get_output("logits"))
         seen["counts"].append(gen.token_count())
+        seen["inputs"].append([gen.get_input(n).tolist() for n in ("input_ids", "attention_mask")])
         step += 1
     if eos_at is not None and len(prompts) == 1:
         seen["done_len"] = gen.token_count()
@@ -299,7 +300,7 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
 @pytest.mark.parametrize("case", ["batch1", "batch2", "eos", "sample", "greedy-step", "greedy-step-batch2"])
 def test_run_ahead_shows_what_the_default_path_shows(genai_models, case: str) -> None:
     """Running the next decode step before the host reads the token changes nothing the API shows: tokens,
-    get_output("logits") of the step that chose them, token counts, logits after an end-of-sequence step
+    get_output("logits") of the step that chose them, token counts, get_input of the last shown run, logits after an end-of-sequence step
     (whose ahead step is dropped), a chunk appended after it, and a rewind."""
     folder = genai_models[("qwen2", "fp32")]
     prompts = BATCH if case.endswith("batch2") else [PROMPT]
@@ -314,6 +315,7 @@ def test_run_ahead_shows_what_the_default_path_shows(genai_models, case: str) ->
     shapes = _spy(model)
     got = _steps(model, prompts, 30, eos_at, case.startswith("greedy-step"), **options)
     assert got["tokens"] == ref["tokens"] and got["counts"] == ref["counts"]
+    assert got["inputs"] == ref["inputs"]
     assert got["sequences"] == ref["sequences"] and got.get("done_len") == ref.get("done_len")
     for step, (a, b) in enumerate(zip(got["outputs"], ref["outputs"], strict=True)):
         assert a.dtype == b.dtype and a.shape == b.shape, f"step {step}"

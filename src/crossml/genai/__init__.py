@@ -24,6 +24,7 @@ from crossml.genai.errors import (
     GenAIError,
     GeneratorStateError,
     ModelFileNotFound,
+    NameNotFoundError,
     SearchOptionError,
     UnsupportedModelError,
 )
@@ -75,7 +76,8 @@ def get_current_gpu_device_id() -> int:
 
 __all__ = [
     "Config", "ConfigError", "GenAIError", "Generator", "GeneratorParams", "GeneratorStateError", "Model",
-    "ModelFileNotFound", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream", "UnsupportedModelError",
+    "ModelFileNotFound", "NameNotFoundError", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream",
+    "UnsupportedModelError",
     "get_current_gpu_device_id", "is_cuda_available", "is_dml_available", "is_rocm_available",
     "set_current_gpu_device_id", "set_log_options",
 ]

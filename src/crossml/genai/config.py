@@ -124,6 +124,20 @@ class ModelConfig:
     eos_token_id: list[int]
     pad_token_id: int
     decoder: DecoderConfig
+    bot_token_id: int | None = None  # tool call opens (og.Tokenizer.bot_token_id)
+    eot_token_id: int | None = None  # tool call closes
+    bor_token_id: int | None = None  # reasoning opens
+    eor_token_id: int | None = None  # reasoning closes
+
+
+#: model type -> default tool-call / reasoning marker ids, where genai_config.json names none (the ids
+#: onnxruntime-genai 0.18 reports for these types: Qwen's <tool_call> </tool_call> <think> </think>, Phi-4's
+#: <|tool_call|> <|/tool_call|>)
+MARK_DEFAULTS: dict[str, dict[str, int]] = {
+    "qwen2": {"bot_token_id": 151657, "eot_token_id": 151658},
+    "qwen3": {"bot_token_id": 151657, "eot_token_id": 151658, "bor_token_id": 151667, "eor_token_id": 151668},
+    "phi3": {"bot_token_id": 200025, "eot_token_id": 200026},
+}
 
 
 class Config:
@@ -175,6 +189,7 @@ class Config:
             type=mtype, context_length=context, vocab_size=int(m.get("vocab_size", 0)),
             bos_token_id=int(m.get("bos_token_id", -1)), eos_token_id=eos_ids,
             pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)), decoder=decoder,
+            **self._marks(m, mtype),
         )
         search = raw.get("search", {})
         if not isinstance(search, dict):
@@ -184,6 +199,16 @@ class Config:
         if self.search.max_length <= 0:
             self.search.max_length = context
         self._check_providers()
+
+    def _marks(self, m: dict[str, Any], mtype: str) -> dict[str, int]:
+        marks = dict(MARK_DEFAULTS.get(mtype, {}))
+        for name in ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id"):
+            if name in m:
+                v = m[name]
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise ConfigError(f"'{self._file}': model.{name} must be a token id (an integer), got {v!r}")
+                marks[name] = v
+        return marks
 
     def _provider_list(self) -> list[dict[str, Any]]:
         so = self._raw["model"]["decoder"].setdefault("session_options", {})

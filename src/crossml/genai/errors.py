@@ -30,3 +30,10 @@ class SearchOptionError(GenAIError, ValueError):
 
 class GeneratorStateError(GenAIError):
     """A Generator method called at a time it cannot run (nothing appended yet, done, too long)."""
+
+
+class NameNotFoundError(GenAIError, KeyError):
+    """get_input / get_output asked for a name the last run did not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -41,7 +41,7 @@ from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
 from crossml.genai import search
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
-from crossml.genai.errors import ConfigError, GeneratorStateError, SearchOptionError
+from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
@@ -167,6 +167,9 @@ class Generator:
         self._prompt_last: torch.Tensor | None = None  # per row: index of its last real prompt token
         self._logits: torch.Tensor | None = None  # [rows, vocab] float32, None: not computed yet
         self._outputs: dict[str, torch.Tensor] = {}
+        self._run: tuple[int, int] | None = None  # columns the last shown run fed (get_input)
+        self._ahead_run: tuple[int, int] | None = None  # ... and those of a step run ahead, until it is shown
+        self._terminated = False  # set_runtime_option("terminate_session", "1")
         self._done = torch.zeros(self._rows, dtype=torch.bool, device=dev)
         self._next: torch.Tensor | None = None  # tokens chosen by the last step
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
@@ -209,6 +212,7 @@ class Generator:
     # -- appending tokens ---------------------------------------------------------------------
     def append_tokens(self, tokens: Any) -> None:
         """Append prompt tokens ([length] for batch 1, or [batch, length]) and run them through the model."""
+        self._check_terminated()
         arr = tokens.as_numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
         if arr.ndim == 1:
             arr = arr[None, :]
@@ -258,6 +262,7 @@ class Generator:
             self._forward()
         elif self._ahead_outputs is not None:
             self._outputs, self._ahead_outputs = self._ahead_outputs, None
+            self._run, self._ahead_run = self._ahead_run, None
 
     def _forward(self, ahead: bool = False) -> None:
         """Run the decoder on columns kv_len..len and keep each row's last-token logits. ``ahead``: the step runs
@@ -319,9 +324,10 @@ class Generator:
             # holds every float16 / bfloat16 value)
             outputs[names[0]] = _Shown(self._logits, logits.dtype, tuple(logits.shape), live=self._live)
         if ahead:
-            self._ahead_outputs = outputs
+            self._ahead_outputs, self._ahead_run = outputs, (start, end)
         else:
             self._outputs, self._ahead_outputs = outputs, None
+            self._run, self._ahead_run = (start, end), None
         self._kv_len = end
 
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
@@ -361,6 +367,7 @@ class Generator:
 
     def generate_next_token(self) -> None:
         """Choose the next token of every sequence and append it."""
+        self._check_terminated()
         if self._len == 0:
             raise GeneratorStateError("generate_next_token: call append_tokens with the prompt first")
         if self.is_done():
@@ -465,7 +472,7 @@ class Generator:
                     if self._kv_len > self._len:  # that token's step ran ahead: drop it
                         self._kv_len = self._len
                         self._logits = None
-                        self._ahead_outputs = None
+                        self._ahead_outputs = self._ahead_run = None
         return self._host
 
     def is_done(self) -> bool:
@@ -518,11 +525,51 @@ class Generator:
         """A decoder output of the last run (e.g. "logits", "present.0.key")."""
         if name not in self._outputs:
             known = ", ".join(self._outputs) or "none yet: call append_tokens first"
-            raise KeyError(f"get_output: '{name}' is not an output of the last run; outputs: {known}")
+            raise NameNotFoundError(f"get_output: '{name}' is not an output of the last run; outputs: {known}")
         value = self._outputs[name]
         if isinstance(value, _Shown):
             return value.logits.to(value.dtype).reshape(value.shape).cpu().numpy()
         return value.cpu().numpy()
+
+    def get_input(self, name: str) -> np.ndarray:
+        """A decoder input of the last run, as it was fed: "input_ids" (the tokens that run took in),
+        "attention_mask", "position_ids" (models that take them) and the past KV inputs (with the shared buffer:
+        the max_length buffer itself, as onnxruntime-genai shows it)."""
+        io = self._model.io
+        run = self._run
+        known = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
+        known += self._cache.past_names
+        if name not in known or run is None:
+            have = ", ".join(known) if run is not None else "none yet: call append_tokens first"
+            raise NameNotFoundError(f"get_input: '{name}' is not an input of the last run; inputs: {have}")
+        start, end = run
+        if name == io.input_ids:
+            value = self._seq[:, start:end].to(io.input_ids_dtype)
+        elif name == io.attention_mask:
+            value = self._mask[:, :end]
+        elif name == io.position_ids:
+            value = _positions(self._mask[:, :end])[:, start:end].to(io.position_dtype)
+        else:
+            value = self._cache.feed()[name]
+            if not self._s.past_present_share_buffer:
+                value = value[:, :, :start]  # the past the run took in (the cache now holds its present)
+        return value.cpu().numpy()
+
+    def set_runtime_option(self, key: str, value: str) -> None:
+        """onnxruntime-genai's runtime options: ``("terminate_session", "1")`` makes every later append_tokens and
+        generate_next_token raise (safe to call from another thread, to stop a generation loop);
+        ``("terminate_session", "0")`` lets the generator go on where it stopped."""
+        if key != "terminate_session":
+            raise GenAIError(f"set_runtime_option: unknown key '{key}'; accepted: terminate_session (\"0\" or "
+                             "\"1\"). For profiling, set session_options.enable_profiling in genai_config.json")
+        if str(value) not in ("0", "1"):
+            raise GenAIError(f"set_runtime_option: terminate_session takes \"0\" or \"1\", got {value!r}")
+        self._terminated = str(value) == "1"
+
+    def _check_terminated(self) -> None:
+        if self._terminated:
+            raise GeneratorStateError("Session in Terminated state, exiting! (set_runtime_option(\"terminate_session\", "
+                                      "\"0\") to go on)")
 
     # -- rewinding ----------------------------------------------------------------------------
     def rewind_to(self, new_length: int) -> None:
@@ -544,5 +591,6 @@ class Generator:
         self._logits = None
         self._outputs = {}
         self._ahead_outputs = None
+        self._run = self._ahead_run = None
         if new_length == 0:
             self._prompt_last = None

@@ -3,7 +3,8 @@
 Reads the tokenizer files the model builder copies into the model folder: ``tokenizer.json``,
 ``tokenizer_config.json`` (special tokens, ``add_bos_token``, ``chat_template``) and
 ``chat_template.jinja``. Like onnxruntime-genai, ``encode`` adds no special tokens except a BOS for
-SentencePiece-style (Llama / Gemma) tokenizers that ask for one, and ``decode`` skips special tokens.
+SentencePiece-style (Llama / Gemma) tokenizers that ask for one, and ``decode`` skips special tokens;
+``update_options(add_special_tokens=..., skip_special_tokens=...)`` changes both, as there.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from crossml.genai.errors import ConfigError, GenAIError, ModelFileNotFound
 #: tokenizer classes whose ``add_bos_token`` makes ``encode`` prepend the BOS token.
 _BOS_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast",
                 "GemmaTokenizer", "GemmaTokenizerFast")
+
+
+#: update_options keys (onnxruntime-genai 0.18 accepts these two)
+_TOKENIZER_OPTIONS = ("add_special_tokens", "skip_special_tokens")
+
+#: tool-call and reasoning marker ids (model.<name> in genai_config.json)
+_MARK_IDS = ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
 
 
 class Tensor:
@@ -69,6 +77,28 @@ class Tokenizer:
         cls = self._config.get("tokenizer_class", "")
         self._add_bos = bool(self._config.get("add_bos_token", False)) and cls in _BOS_CLASSES and self._bos >= 0
         self._add_eos = bool(self._config.get("add_eos_token", False)) and cls in _BOS_CLASSES and bool(self._eos)
+        self._special: bool | None = None  # add_special_tokens; None: the default above
+        self._skip = True  # skip_special_tokens (decode and streams)
+        self._marks = {name: getattr(mc, name) for name in _MARK_IDS}
+
+    def update_options(self, **options: Any) -> None:
+        """Set tokenizer options, as onnxruntime-genai: ``add_special_tokens`` (encode adds the tokenizer's
+        special tokens, e.g. BOS; default: only the BOS a Llama / Gemma tokenizer asks for) and
+        ``skip_special_tokens`` (decode and streams leave special tokens out; default true). Values: true / false,
+        1 / 0 (strings or Python values)."""
+        if not options:
+            raise ConfigError("Tokenizer.update_options: no options given; accepted: "
+                              f"{', '.join(_TOKENIZER_OPTIONS)}")
+        values = {}
+        for key, value in options.items():
+            if key not in _TOKENIZER_OPTIONS:
+                raise ConfigError(f"Tokenizer.update_options: unknown option '{key}'; accepted: "
+                                  f"{', '.join(_TOKENIZER_OPTIONS)}")
+            values[key] = _flag(key, value)
+        if "add_special_tokens" in values:
+            self._special = values["add_special_tokens"]
+        if "skip_special_tokens" in values:
+            self._skip = values["skip_special_tokens"]
 
     # -- ids ------------------------------------------------------------------------------------
     @property
@@ -83,6 +113,32 @@ class Tokenizer:
     def pad_token_id(self) -> int:
         return self._pad
 
+    def _mark(self, name: str) -> int:
+        tid = self._marks[name]
+        if tid is None:
+            raise GenAIError(f"{name} is not defined for this model: set model.{name} in genai_config.json")
+        return tid
+
+    @property
+    def bot_token_id(self) -> int:
+        """Token that opens a tool call (model.bot_token_id; Qwen and Phi-4-style defaults as onnxruntime-genai)."""
+        return self._mark("bot_token_id")
+
+    @property
+    def eot_token_id(self) -> int:
+        """Token that closes a tool call (model.eot_token_id)."""
+        return self._mark("eot_token_id")
+
+    @property
+    def bor_token_id(self) -> int:
+        """Token that opens reasoning (model.bor_token_id; Qwen3's <think> by default)."""
+        return self._mark("bor_token_id")
+
+    @property
+    def eor_token_id(self) -> int:
+        """Token that closes reasoning (model.eor_token_id)."""
+        return self._mark("eor_token_id")
+
     def to_token_id(self, token: str) -> int:
         """The id of one vocabulary entry (-1 when it is not in the vocabulary)."""
         tid = self._tok.token_to_id(token)
@@ -92,12 +148,15 @@ class Tokenizer:
     def encode(self, text: str) -> np.ndarray:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode takes a str, got {type(text).__name__}")
-        return np.asarray(self._ids(self._tok.encode(text, add_special_tokens=False).ids), dtype=np.int32)
+        return np.asarray(self._ids(self._tok.encode(text, add_special_tokens=bool(self._special)).ids),
+                          dtype=np.int32)
 
     def _ids(self, ids: list[int]) -> list[int]:
+        if self._special is False:
+            return ids
         if self._add_bos and (not ids or ids[0] != self._bos):
             ids = [self._bos, *ids]
-        if self._add_eos:
+        if self._add_eos and not (self._special and ids and ids[-1] == self._eos[0]):
             ids = [*ids, self._eos[0]]
         return ids
 
@@ -105,7 +164,7 @@ class Tokenizer:
         """Encode several strings into one [batch, longest] int32 array, right-padded with the pad id."""
         if isinstance(texts, str):
             raise TypeError("Tokenizer.encode_batch takes a list of strings; use encode for one string")
-        rows = [self._ids(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        rows = [self._ids(e.ids) for e in self._tok.encode_batch(list(texts), add_special_tokens=bool(self._special))]
         width = max((len(r) for r in rows), default=0)
         out = np.full((len(rows), width), self._pad, dtype=np.int32)
         for i, r in enumerate(rows):
@@ -114,13 +173,13 @@ class Tokenizer:
 
     def decode(self, tokens: Any) -> str:
         ids = np.asarray(tokens).reshape(-1).tolist()
-        return self._tok.decode(ids, skip_special_tokens=True)
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
 
     def decode_batch(self, tokens: Any) -> list[str]:
         arr = tokens.as_numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
         if arr.ndim != 2:
             raise ValueError(f"Tokenizer.decode_batch takes a [batch, length] array, got shape {arr.shape}")
-        return self._tok.decode_batch(arr.tolist(), skip_special_tokens=True)
+        return self._tok.decode_batch(arr.tolist(), skip_special_tokens=self._skip)
 
     def create_stream(self) -> TokenizerStream:
         return TokenizerStream(self)
@@ -162,6 +221,7 @@ class TokenizerStream:
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
+        self._owner = tokenizer  # its skip_special_tokens option, as it is when each token comes
         self._tok = tokenizer._tok
         self._ids: list[int] = []
         self._prefix = 0
@@ -169,8 +229,9 @@ class TokenizerStream:
 
     def decode(self, token: int) -> str:
         self._ids.append(int(token))
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
-        text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=True)
+        skip = self._owner._skip
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=skip)
+        text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=skip)
         if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
             new = text[len(prefix_text):]
             self._prefix, self._read = self._read, len(self._ids)
@@ -180,6 +241,15 @@ class TokenizerStream:
                 self._prefix = 0
             return new
         return ""
+
+
+def _flag(key: str, value: Any) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise ConfigError(f"Tokenizer.update_options: option '{key}' takes true or false (or 1 / 0), got {value!r}")
 
 
 def _read_json(path: str) -> dict[str, Any]:
