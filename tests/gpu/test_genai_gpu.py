@@ -209,3 +209,50 @@ def test_greedy_kernel_step_matches_torch_step(models: Path, prompts: list[str])
     assert seq == ref_seq and len(seq[0]) == 40
     for step, (a, b) in enumerate(zip(seen, ref_seen, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
+_FIRST_PROMPT = '''
+import json, sys, threading
+import numpy as np
+import triton.compiler as tc
+import crossml.genai as og
+
+where = []
+real = tc.compile
+def compile(*a, **k):
+    where.append(threading.current_thread().name)
+    return real(*a, **k)
+tc.compile = compile
+model = og.Model(sys.argv[1])
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=64)
+gen = og.Generator(model, params)
+gen.append_tokens(og.Tokenizer(model).encode(sys.argv[2]))
+prompt = list(where)
+logits = gen.get_logits()
+for _ in range(6):
+    gen.generate_next_token()
+print(json.dumps({"prompt": prompt, "tokens": gen.get_sequence(0).tolist(), "logits": logits.ravel().tolist()}))
+'''
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_first_prompt_compiles_ahead(models: Path, precision: str, tmp_path) -> None:
+    """A fresh process with an empty Triton cache: the first prompt's kernels compile in the compile pool
+    (crossml.kernels.compile_only: the prompt and a decode step, side by side), none on the main thread; the tokens
+    and logits are those of a process that compiles as it goes (CROSSML_COMPILE_AHEAD=0)."""
+    folder = str(models / f"qwen2_{precision}_cuda")
+    runs = {}
+    for ahead in ("1", "0"):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.update(TRITON_CACHE_DIR=str(tmp_path / f"triton{ahead}"), CROSSML_COMPILE_AHEAD=ahead,
+                   PYTHONPATH=os.pathsep.join(["src", env.get("PYTHONPATH", "")]))
+        proc = subprocess.run([sys.executable, "-c", _FIRST_PROMPT, folder, PROMPT], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[ahead] = json.loads(proc.stdout.strip().splitlines()[-1])
+    pool = runs["1"]["prompt"]
+    assert pool and all(name.startswith("crossml-compile") for name in pool), pool
+    assert all(name == "MainThread" for name in runs["0"]["prompt"])
+    assert runs["1"]["tokens"] == runs["0"]["tokens"]
+    np.testing.assert_array_equal(runs["1"]["logits"], runs["0"]["logits"])

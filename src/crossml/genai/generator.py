@@ -30,6 +30,7 @@ continues with pad tokens, and the step on which every row has finished is not a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import weakref
 from types import ModuleType
 from typing import Any
@@ -46,6 +47,8 @@ from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
+
+log = logging.getLogger("crossml.genai")
 
 
 def _positions(mask: torch.Tensor) -> torch.Tensor:
@@ -278,6 +281,9 @@ class Generator:
         slot = None  # a first prompt's bucket buffers (None: the bucket's first prompt, run eagerly)
         if bufs is not None and start == 0 and self._model._prompt_graphs:
             slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
+        if start == 0 and self._model._compile_ahead:
+            self._model._compile_ahead = False
+            self._compile_ahead(slot.width if slot is not None else end)
         if bufs is not None and start > 0 and end - start == 1:
             # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
             if self._staged != start:
@@ -329,6 +335,28 @@ class Generator:
             self._outputs, self._ahead_outputs = outputs, None
             self._run, self._ahead_run = (start, end), None
         self._kv_len = end
+
+    def _compile_ahead(self, width: int) -> None:
+        """The model's first prompt, on a Triton device: run the prompt (``width`` columns) and a decode step with
+        Triton's launches compiling side by side and running nothing (``crossml.kernels.compile_only``), so the
+        real runs find their kernels compiled. Their other ops run on unwritten values, which the builder's
+        decoders use only in arithmetic (integers come from the feed or from all-integer kernels, which run),
+        and nothing is kept: the KV cache is written by the attention kernel alone. Any failure leaves the real
+        runs to compile as they go."""
+        from crossml.kernels import compile_only
+
+        io = self._model.io
+        try:
+            with compile_only(self._dev) as active:
+                if not active:
+                    return
+                mask = self._mask[:, :width]
+                pos = _positions(mask) if io.position_ids is not None else None
+                self._model.run(self._feed(self._seq[:, :width], mask, pos), self._names, eager=True)
+                if self._bufs is not None:
+                    self._model.run(self._feed(self._bufs.ids, self._mask, self._bufs.pos), self._names, eager=True)
+        except Exception as exc:  # noqa: BLE001 - the real runs compile what is missing and report real errors
+            log.debug("compiling the first prompt's kernels ahead failed: %s", exc)
 
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
         io = self._model.io

@@ -173,6 +173,9 @@ class Model:
         #: generators run the next decode step as soon as a token is appended, before the host reads it (see
         #: crossml.genai.generator); internal: tests force it on the CPU
         self._run_ahead = self._capture and self._static_decode
+        #: the first prompt compiles the Triton kernels of its run and of the decode step side by side before
+        #: running (see Generator._compile_ahead); CROSSML_COMPILE_AHEAD=0 turns it off
+        self._compile_ahead = os.environ.get("CROSSML_COMPILE_AHEAD", "1") != "0"
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 

@@ -10,18 +10,21 @@ importing this package needs no triton.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
 import torch
 
-__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "load", "warm_compiler"]
+__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "compile_only", "load", "warm_compiler"]
 
 log = logging.getLogger("crossml")
 
@@ -77,6 +80,95 @@ def warm_compiler(device: torch.device) -> threading.Thread | None:
     _warming = threading.Thread(target=run, name="crossml-triton-key", daemon=True)
     _warming.start()
     return _warming
+
+
+#: inside ``compile_only``: Triton launches compile (in a thread pool) and run nothing
+_COMPILE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("crossml_compile_only", default=False)
+
+
+@functools.cache
+def _route_launches() -> bool:
+    """Send Triton's launches through the ``compile_only`` switch (once per process); False where this Triton
+    lacks what it needs (``JITFunction.run(..., grid, warmup)``, ``Autotuner.run``, ``AsyncCompileMode``)."""
+    try:
+        from triton.runtime import _async_compile, autotuner, jit
+
+        run, tuned_run = jit.JITFunction.run, autotuner.Autotuner.run
+        _ = _async_compile.AsyncCompileMode
+    except (ImportError, AttributeError, RuntimeError) as e:
+        log.debug("compile_only is not available with this Triton: %s", e)
+        return False
+
+    def jit_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if not warmup and _COMPILE_ONLY.get() and not _integer_only(args, kwargs):
+            warmup = True
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    def autotuned_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _COMPILE_ONLY.get():
+            return None  # autotuning times launches: it runs for real, later
+        return tuned_run(self, *args, **kwargs)
+
+    jit.JITFunction.run = jit_run
+    autotuner.Autotuner.run = autotuned_run
+    return True
+
+
+def _with_launcher(compile_fn: Callable[[], Any]) -> Any:
+    """Compile, then build the kernel's host launcher: a C module Triton builds with the system compiler for each
+    kernel signature, at the first launch, on the launching thread (about 0.2 s each on an H200 host; most of a
+    cold first prompt). Built here, it lands in Triton's cache, where that first launch finds it."""
+    kernel = compile_fn()
+    try:
+        from triton.runtime.driver import driver
+
+        driver.active.launcher_cls(kernel.src, kernel.metadata)
+    except Exception as e:  # noqa: BLE001 - the first launch builds it again and reports what fails
+        log.debug("building a Triton launcher ahead failed: %s", e)
+    return kernel
+
+
+class _CompilePool(ThreadPoolExecutor):
+    """Threads that compile Triton kernels and build their launchers."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        return super().submit(_with_launcher, functools.partial(fn, *args, **kwargs))
+
+
+def _integer_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Every tensor argument is an integer (or bool) tensor: a kernel that computes integers from integers (mask
+    lengths, index gathers), whose outputs later ops may index with; ``compile_only`` runs such kernels."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    return bool(tensors) and not any(t.is_floating_point() or t.is_complex() for t in tensors)
+
+
+@contextlib.contextmanager
+def compile_only(device: torch.device, workers: int | None = None) -> Iterator[bool]:
+    """Within: every Triton kernel launched (on ``device``, from this thread) is compiled, in a pool of
+    ``workers`` threads (default: the CPU count), and not run, except kernels whose tensors are all integers,
+    which run once compiled (their outputs may be indices); autotuned kernels are skipped. On leaving, the
+    compiles are waited for and the kernels are in memory, so the next real run of the same code launches them at
+    once. Triton's compiler releases the GIL for most of its work (two threads on two cores: 1.85x), so a model
+    whose first run would compile its kernels one after the other compiles them side by side instead.
+
+    Yields whether it is active: False (a plain block, launches run) on non-Triton devices, under TRITON_INTERPRET=1,
+    or without a Triton that supports it. What runs inside besides Triton kernels (torch ops) runs for real on the
+    unwritten outputs of the skipped kernels: callers use it only for code that cannot fail on such values
+    (no indexing by floats, no host reads of them)."""
+    if (device.type not in TRITON_DEVICES or os.environ.get("TRITON_INTERPRET") == "1"
+            or not _route_launches()):
+        yield False
+        return
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    with _CompilePool(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="crossml-compile") as pool:
+        token = _COMPILE_ONLY.set(True)
+        try:
+            # ignore_errors: a kernel that fails to compile here compiles again when it is launched, and says why
+            with AsyncCompileMode(pool, ignore_errors=True):
+                yield True
+        finally:
+            _COMPILE_ONLY.reset(token)
 
 
 def load_compiled(name: str) -> ModuleType | None:
