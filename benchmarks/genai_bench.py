@@ -11,7 +11,8 @@ Measured per (model, precision, runtime), batch 1, greedy:
 * prefill tokens/s: a --prompt-token prompt (median of --repeats runs after a warm-up of two prompts);
   the warm-up's first prompt is reported too ("first prefill ms": the first run of the model, kernel
   compilation included; crossml runs a bucket's first prompt eagerly and records the bucket's graph on
-  its second, which later prompts of that width replay);
+  its second, which later prompts of that width replay), and its first 8 tokens ("first 8 tokens ms":
+  the first decode steps, the decode graph's recording and any kernel compilation left included);
 * decode tokens/s: --new tokens after each timed prompt (median of the --repeats runs; the JSON lists
   each run), the host reading each token as it comes (EOS is held off with min_length so every
   runtime makes the same number of steps);
@@ -209,9 +210,11 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
     warm.append_tokens(ids)
     _sync()
     first = time.perf_counter() - t0
+    t0 = time.perf_counter()
     for _ in range(8):
         warm.generate_next_token()
         warm.get_next_tokens()
+    first_tokens = time.perf_counter() - t0
     del warm
     warm = generator()  # a second prompt of the same width (crossml records the bucket's prompt graph here)
     warm.append_tokens(ids)
@@ -235,6 +238,7 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
         assert len(gen.get_sequence(0)) == total
     dt = statistics.median(decode)
     return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "prefill_first_ms": first * 1e3,
+            "first_tokens_ms": first_tokens * 1e3,
             "decode_tok_s": new / dt, "decode_ms_per_token": dt / new * 1e3,
             "decode_runs_ms_per_token": [round(d / new * 1e3, 4) for d in decode]}
 
@@ -328,20 +332,21 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Batch 1, greedy, prompt {payload['prompt']} tokens, {payload['new']} new tokens; random weights. "
         f"Copy bandwidth (read + write): {payload['copy_bandwidth_gbs']:.0f} GB/s. "
         "BW fraction = decode tok/s x bytes read per token / copy bandwidth.", "",
-        "| model | precision | runtime | prefill tok/s | first prefill ms | decode tok/s | ms/token | MB read/token "
-        "| BW fraction | note |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| model | precision | runtime | prefill tok/s | first prefill ms | first 8 tokens ms | decode tok/s | ms/token "
+        "| MB read/token | BW fraction | note |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in payload["rows"]:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | - | - | - | - | - | - | "
+            lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | - | - | - | - | - | - | - | "
                          f"error: {r['error'].replace('|', '/')[:160]} |")
             continue
         mb = r.get("bytes_per_token", {}).get("total", 0) / 1e6
         frac = r.get("bandwidth_fraction")
-        first = r.get("prefill_first_ms")
+        first, tokens = r.get("prefill_first_ms"), r.get("first_tokens_ms")
         lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | {r['prefill_tok_s']:.0f} | "
-                     f"{'' if first is None else f'{first:.1f}'} | {r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
+                     f"{'' if first is None else f'{first:.1f}'} | {'' if tokens is None else f'{tokens:.1f}'} | "
+                     f"{r['decode_tok_s']:.1f} | {r['decode_ms_per_token']:.2f} | {mb:.0f} | "
                      f"{'' if frac is None else f'{frac:.2f}'} | {_note(r)} |")
     lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_bench.py; rerun it to "
               "regenerate (models are cached under --workdir).", ""]
