@@ -219,9 +219,9 @@ import crossml.genai as og
 
 where = []
 real = tc.compile
-def compile(*a, **k):
-    where.append(threading.current_thread().name)
-    return real(*a, **k)
+def compile(src, *a, **k):
+    where.append((threading.current_thread().name, src.fn.__name__))
+    return real(src, *a, **k)
 tc.compile = compile
 model = og.Model(sys.argv[1])
 params = og.GeneratorParams(model)
@@ -232,15 +232,17 @@ prompt = list(where)
 logits = gen.get_logits()
 for _ in range(6):
     gen.generate_next_token()
-print(json.dumps({"prompt": prompt, "tokens": gen.get_sequence(0).tolist(), "logits": logits.ravel().tolist()}))
+decode = where[len(prompt):]
+print(json.dumps({"prompt": prompt, "decode": decode, "tokens": gen.get_sequence(0).tolist(),
+                  "logits": logits.ravel().tolist()}))
 '''
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_first_prompt_compiles_ahead(models: Path, precision: str, tmp_path) -> None:
     """A fresh process with an empty Triton cache: the first prompt's kernels compile in the compile pool
-    (crossml.kernels.compile_only: the prompt and a decode step, side by side), none on the main thread; the tokens
-    and logits are those of a process that compiles as it goes (CROSSML_COMPILE_AHEAD=0)."""
+    (crossml.kernels.CompileAhead), none on the main thread, and so do the decode step's (in the background); the
+    tokens and logits are those of a process that compiles as it goes (CROSSML_COMPILE_AHEAD=0)."""
     folder = str(models / f"qwen2_{precision}_cuda")
     runs = {}
     for ahead in ("1", "0"):
@@ -251,8 +253,12 @@ def test_first_prompt_compiles_ahead(models: Path, precision: str, tmp_path) -> 
                               env=env, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[ahead] = json.loads(proc.stdout.strip().splitlines()[-1])
-    pool = runs["1"]["prompt"]
-    assert pool and all(name.startswith("crossml-compile") for name in pool), pool
-    assert all(name == "MainThread" for name in runs["0"]["prompt"])
+    prompt, decode = runs["1"]["prompt"], runs["1"]["decode"]
+    assert prompt and all(thread.startswith("crossml-compile") for thread, _ in prompt), prompt
+    assert all(thread == "MainThread" for thread, _ in runs["0"]["prompt"])
+    # the decode step's kernels compiled in the pool too (in the background, from the first prompt on, so most
+    # start during append_tokens); the main thread compiles only the greedy step's, which run outside the model
+    main = {name for thread, name in decode if thread == "MainThread"}
+    assert main <= {"_argmax_chunks_kernel", "_finish_kernel"}, main
     assert runs["1"]["tokens"] == runs["0"]["tokens"]
     np.testing.assert_array_equal(runs["1"]["logits"], runs["0"]["logits"])

@@ -286,6 +286,9 @@ class Generator:
             self._compile_ahead(slot.width if slot is not None else end)
         if bufs is not None and start > 0 and end - start == 1:
             # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
+            if self._model._decode_compiles is not None:  # compiled in the background since the first prompt
+                self._model._decode_compiles.wait()
+                self._model._decode_compiles = None
             if self._staged != start:
                 self._stage(start)
             if bufs.replay is not None:  # the recorded step: nothing to convert or check
@@ -337,24 +340,30 @@ class Generator:
         self._kv_len = end
 
     def _compile_ahead(self, width: int) -> None:
-        """The model's first prompt, on a Triton device: run the prompt (``width`` columns) and a decode step with
-        Triton's launches compiling side by side and running nothing (``crossml.kernels.compile_only``), so the
-        real runs find their kernels compiled. Their other ops run on unwritten values, which the builder's
-        decoders use only in arithmetic (integers come from the feed or from all-integer kernels, which run),
-        and nothing is kept: the KV cache is written by the attention kernel alone. Any failure leaves the real
-        runs to compile as they go."""
-        from crossml.kernels import compile_only
+        """The model's first prompt, on a Triton device: run the prompt (``width`` columns), then a decode step, with
+        Triton's launches compiling side by side and running nothing (``crossml.kernels.CompileAhead``), so the
+        real runs find their kernels compiled. The prompt's kernels are waited for; the decode step's compile in
+        the background while the prompt runs, and the first decode step waits for them (``Model._decode_compiles``).
+        The dry runs' other ops run on unwritten values, which the builder's decoders use only in arithmetic
+        (integers come from the feed or from all-integer kernels, which run), and nothing is kept: the KV cache is
+        written by the attention kernel alone. Any failure leaves the real runs to compile as they go."""
+        from crossml.kernels import CompileAhead
 
         io = self._model.io
         try:
-            with compile_only(self._dev) as active:
-                if not active:
-                    return
+            prompt = CompileAhead(self._dev)
+            if not prompt.active:
+                return
+            with prompt.collect():
                 mask = self._mask[:, :width]
                 pos = _positions(mask) if io.position_ids is not None else None
                 self._model.run(self._feed(self._seq[:, :width], mask, pos), self._names, eager=True)
-                if self._bufs is not None:
+            prompt.wait()
+            if self._bufs is not None:
+                decode = CompileAhead(self._dev)
+                with decode.collect():
                     self._model.run(self._feed(self._bufs.ids, self._mask, self._bufs.pos), self._names, eager=True)
+                self._model._decode_compiles = decode
         except Exception as exc:  # noqa: BLE001 - the real runs compile what is missing and report real errors
             log.debug("compiling the first prompt's kernels ahead failed: %s", exc)
 

@@ -176,6 +176,7 @@ class Model:
         #: the first prompt compiles the Triton kernels of its run and of the decode step side by side before
         #: running (see Generator._compile_ahead); CROSSML_COMPILE_AHEAD=0 turns it off
         self._compile_ahead = os.environ.get("CROSSML_COMPILE_AHEAD", "1") != "0"
+        self._decode_compiles: Any = None  # a CompileAhead of the decode step's kernels, still compiling
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "compile_only", "load", "warm_compiler"]
+__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "CompileAhead", "compile_only", "load", "warm_compiler"]
 
 log = logging.getLogger("crossml")
 
@@ -142,33 +142,70 @@ def _integer_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return bool(tensors) and not any(t.is_floating_point() or t.is_complex() for t in tensors)
 
 
+class CompileAhead:
+    """Triton kernels compiled side by side ahead of the run that needs them.
+
+    Inside ``collect()``, every Triton kernel launched (on ``device``, from this thread) is handed to a pool of
+    ``workers`` threads (default: the CPU count) to compile, with its host launcher, and is not run, except
+    kernels whose tensors are all integers, which run once compiled (their outputs may be indices); autotuned
+    kernels are skipped (they time real launches, later). ``wait()`` waits for the compiles and puts the kernels in
+    memory, so the next real run of the same code launches them at once; until then the compiles go on in the
+    background. Triton's compiler releases the GIL for most of its work (two threads on two cores: 1.85x), so a
+    model whose first run would compile its kernels one after the other compiles them side by side instead.
+
+    ``active`` is False (``collect`` is a plain block, launches run) on non-Triton devices, under
+    TRITON_INTERPRET=1, or without a Triton that supports it. What runs inside ``collect`` besides Triton kernels
+    (torch ops) runs for real on the unwritten outputs of the skipped kernels: use it only for code that indexes
+    with no such values and reads none of them on the host."""
+
+    def __init__(self, device: torch.device, workers: int | None = None) -> None:
+        self.active = (device.type in TRITON_DEVICES and os.environ.get("TRITON_INTERPRET") != "1"
+                       and _route_launches())
+        self._pool: _CompilePool | None = None
+        self._mode: Any = None
+        if self.active:
+            from triton.runtime._async_compile import AsyncCompileMode
+
+            self._pool = _CompilePool(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="crossml-compile")
+            # ignore_errors: a kernel that fails to compile here compiles again when it is launched, and says why
+            self._mode = AsyncCompileMode(self._pool, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def collect(self) -> Iterator[None]:
+        if not self.active:
+            yield
+            return
+        from triton.runtime import _async_compile
+
+        token, mode_token = _COMPILE_ONLY.set(True), _async_compile.active_mode.set(self._mode)
+        try:
+            yield
+        finally:
+            _async_compile.active_mode.reset(mode_token)
+            _COMPILE_ONLY.reset(token)
+
+    def wait(self) -> None:
+        """Wait for the compiles and put their kernels in memory (once; later calls return at once)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        from concurrent.futures import as_completed
+
+        for future in as_completed(self._mode.raw_futures):
+            self._mode.future_kernels[future._key].result(True)
+        pool.shutdown()
+
+
 @contextlib.contextmanager
 def compile_only(device: torch.device, workers: int | None = None) -> Iterator[bool]:
-    """Within: every Triton kernel launched (on ``device``, from this thread) is compiled, in a pool of
-    ``workers`` threads (default: the CPU count), and not run, except kernels whose tensors are all integers,
-    which run once compiled (their outputs may be indices); autotuned kernels are skipped. On leaving, the
-    compiles are waited for and the kernels are in memory, so the next real run of the same code launches them at
-    once. Triton's compiler releases the GIL for most of its work (two threads on two cores: 1.85x), so a model
-    whose first run would compile its kernels one after the other compiles them side by side instead.
-
-    Yields whether it is active: False (a plain block, launches run) on non-Triton devices, under TRITON_INTERPRET=1,
-    or without a Triton that supports it. What runs inside besides Triton kernels (torch ops) runs for real on the
-    unwritten outputs of the skipped kernels: callers use it only for code that cannot fail on such values
-    (no indexing by floats, no host reads of them)."""
-    if (device.type not in TRITON_DEVICES or os.environ.get("TRITON_INTERPRET") == "1"
-            or not _route_launches()):
-        yield False
-        return
-    from triton.runtime._async_compile import AsyncCompileMode
-
-    with _CompilePool(max_workers=workers or os.cpu_count() or 1, thread_name_prefix="crossml-compile") as pool:
-        token = _COMPILE_ONLY.set(True)
-        try:
-            # ignore_errors: a kernel that fails to compile here compiles again when it is launched, and says why
-            with AsyncCompileMode(pool, ignore_errors=True):
-                yield True
-        finally:
-            _COMPILE_ONLY.reset(token)
+    """``CompileAhead`` in one block: launches inside compile (side by side) and do not run; leaving waits for
+    the compiles. Yields whether it is active."""
+    ahead = CompileAhead(device, workers)
+    try:
+        with ahead.collect():
+            yield ahead.active
+    finally:
+        ahead.wait()
 
 
 def load_compiled(name: str) -> ModuleType | None:
