@@ -130,6 +130,9 @@ class ModelConfig:
     eor_token_id: int | None = None  # reasoning closes
 
 
+#: the tool-call / reasoning marker ids genai_config.json's "model" section may name (og.Tokenizer's properties)
+MARK_IDS = ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
+
 #: model type -> default tool-call / reasoning marker ids, where genai_config.json names none (the ids
 #: onnxruntime-genai 0.18 reports for these types: Qwen's <tool_call> </tool_call> <think> </think>, Phi-4's
 #: <|tool_call|> <|/tool_call|>)
@@ -202,7 +205,7 @@ class Config:
 
     def _marks(self, m: dict[str, Any], mtype: str) -> dict[str, int]:
         marks = dict(MARK_DEFAULTS.get(mtype, {}))
-        for name in ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id"):
+        for name in MARK_IDS:
             if name in m:
                 v = m[name]
                 if not isinstance(v, int) or isinstance(v, bool):

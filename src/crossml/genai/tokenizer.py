@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from crossml.genai.config import MARK_IDS
 from crossml.genai.errors import ConfigError, GenAIError, ModelFileNotFound
 
 #: tokenizer classes whose ``add_bos_token`` makes ``encode`` prepend the BOS token.
@@ -26,9 +27,6 @@ _BOS_CLASSES = ("LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "C
 
 #: update_options keys (onnxruntime-genai 0.18 accepts these two)
 _TOKENIZER_OPTIONS = ("add_special_tokens", "skip_special_tokens")
-
-#: tool-call and reasoning marker ids (model.<name> in genai_config.json)
-_MARK_IDS = ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
 
 
 class Tensor:
@@ -79,7 +77,7 @@ class Tokenizer:
         self._add_eos = bool(self._config.get("add_eos_token", False)) and cls in _BOS_CLASSES and bool(self._eos)
         self._special: bool | None = None  # add_special_tokens; None: the default above
         self._skip = True  # skip_special_tokens (decode and streams)
-        self._marks = {name: getattr(mc, name) for name in _MARK_IDS}
+        self._marks = {name: getattr(mc, name) for name in MARK_IDS}
 
     def update_options(self, **options: Any) -> None:
         """Set tokenizer options, as onnxruntime-genai: ``add_special_tokens`` (encode adds the tokenizer's

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "CompileAhead", "compile_only", "load", "warm_compiler"]
+__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "CompileAhead", "load", "warm_compiler"]
 
 log = logging.getLogger("crossml")
 
@@ -82,13 +82,13 @@ def warm_compiler(device: torch.device) -> threading.Thread | None:
     return _warming
 
 
-#: inside ``compile_only``: Triton launches compile (in a thread pool) and run nothing
+#: inside ``CompileAhead.collect``: Triton launches compile (in a thread pool) and run nothing
 _COMPILE_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("crossml_compile_only", default=False)
 
 
 @functools.cache
 def _route_launches() -> bool:
-    """Send Triton's launches through the ``compile_only`` switch (once per process); False where this Triton
+    """Send Triton's launches through the ``CompileAhead.collect`` switch (once per process); False where this Triton
     lacks what it needs (``JITFunction.run(..., grid, warmup)``, ``Autotuner.run``, ``AsyncCompileMode``)."""
     try:
         from triton.runtime import _async_compile, autotuner, jit
@@ -96,7 +96,7 @@ def _route_launches() -> bool:
         run, tuned_run = jit.JITFunction.run, autotuner.Autotuner.run
         _ = _async_compile.AsyncCompileMode
     except (ImportError, AttributeError, RuntimeError) as e:
-        log.debug("compile_only is not available with this Triton: %s", e)
+        log.debug("CompileAhead is not available with this Triton: %s", e)
         return False
 
     def jit_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
@@ -137,7 +137,7 @@ class _CompilePool(ThreadPoolExecutor):
 
 def _integer_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Every tensor argument is an integer (or bool) tensor: a kernel that computes integers from integers (mask
-    lengths, index gathers), whose outputs later ops may index with; ``compile_only`` runs such kernels."""
+    lengths, index gathers), whose outputs later ops may index with; ``CompileAhead.collect`` runs such kernels."""
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     return bool(tensors) and not any(t.is_floating_point() or t.is_complex() for t in tensors)
 
@@ -194,18 +194,6 @@ class CompileAhead:
         for future in as_completed(self._mode.raw_futures):
             self._mode.future_kernels[future._key].result(True)
         pool.shutdown()
-
-
-@contextlib.contextmanager
-def compile_only(device: torch.device, workers: int | None = None) -> Iterator[bool]:
-    """``CompileAhead`` in one block: launches inside compile (side by side) and do not run; leaving waits for
-    the compiles. Yields whether it is active."""
-    ahead = CompileAhead(device, workers)
-    try:
-        with ahead.collect():
-            yield ahead.active
-    finally:
-        ahead.wait()
 
 
 def load_compiled(name: str) -> ModuleType | None:

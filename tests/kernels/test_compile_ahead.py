@@ -1,4 +1,4 @@
-"""crossml.kernels.compile_only: Triton launches compile side by side and run nothing, so a later real run finds
+"""crossml.kernels.CompileAhead: Triton launches compile side by side and run nothing, so a later real run finds
 its kernels (and their host launchers) ready."""
 
 from __future__ import annotations
@@ -13,27 +13,27 @@ import torch
 
 pytest.importorskip("triton")
 
-from crossml.kernels import compile_only  # noqa: E402
+from crossml.kernels import CompileAhead  # noqa: E402
 from crossml.kernels._launch import INTERPRET  # noqa: E402
 
 
 def test_inactive_off_triton_devices() -> None:
     """The CPU (and the interpreter, for any device) get a plain block: it says so, and what runs in it runs."""
     x = torch.ones(3)
-    with compile_only(torch.device("cpu")) as active:
+    ahead = CompileAhead(torch.device("cpu"))
+    with ahead.collect():
         y = x + 1
-    assert active is False and y.tolist() == [2.0, 2.0, 2.0]
+    ahead.wait()
+    assert ahead.active is False and y.tolist() == [2.0, 2.0, 2.0]
     if INTERPRET:
-        with compile_only(torch.device("cuda")) as active:
-            pass
-        assert active is False
+        assert CompileAhead(torch.device("cuda")).active is False
 
 
 _GPU_SCRIPT = textwrap.dedent('''
     import torch, triton, triton.language as tl
     import triton.compiler as tc
     import triton.runtime.build as build
-    from crossml.kernels import compile_only
+    from crossml.kernels import CompileAhead
 
     @triton.jit
     def add_one(X, Y, N, B: tl.constexpr):
@@ -41,7 +41,7 @@ _GPU_SCRIPT = textwrap.dedent('''
         tl.store(Y + o, tl.load(X + o, mask=o < N) + 1.0, mask=o < N)
 
     @triton.jit
-    def double(X, Y, N, B: tl.constexpr):  # integers from integers: runs even inside compile_only
+    def double(X, Y, N, B: tl.constexpr):  # integers from integers: runs even inside collect()
         o = tl.arange(0, B)
         tl.store(Y + o, tl.load(X + o, mask=o < N) * 2, mask=o < N)
 
@@ -54,13 +54,15 @@ _GPU_SCRIPT = textwrap.dedent('''
     x = torch.arange(100, dtype=torch.float32, device="cuda")
     xi = torch.arange(100, dtype=torch.int32, device="cuda")
     y, yt, yi = torch.full_like(x, -1.0), torch.full_like(x, -1.0), torch.full_like(xi, -1)
-    with compile_only(x.device) as active:
+    ahead = CompileAhead(x.device)
+    assert ahead.active
+    with ahead.collect():
         add_one[(1,)](x, y, 100, B=128)
         double[(1,)](xi, yi, 100, B=128)
         tuned[(1,)](x, yt, 100)
+    ahead.wait()
     torch.cuda.synchronize()
-    assert active
-    assert (y == -1).all() and (yt == -1).all(), "a float kernel ran inside compile_only"
+    assert (y == -1).all() and (yt == -1).all(), "a float kernel ran inside collect()"
     assert (yi == 2 * xi).all(), "the all-integer kernel did not run"
 
     compiles, builds = [], []
@@ -70,7 +72,7 @@ _GPU_SCRIPT = textwrap.dedent('''
     add_one[(1,)](x, y, 100, B=128)
     torch.cuda.synchronize()
     assert (y == x + 1).all()
-    assert not compiles, "the kernel compiled again after compile_only"
+    assert not compiles, "the kernel compiled again after wait()"
     assert not builds, "its host launcher was built at the launch, not ahead"
     tc.compile, build._build = real_compile, real_build
     tuned[(1,)](x, yt, 100)  # autotuned for real now
@@ -88,7 +90,7 @@ def test_compiles_ahead_and_runs_nothing_but_integer_kernels(tmp_path) -> None:
     or building its launcher, and the autotuned one tunes and runs."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), PYTHONPATH=os.path.abspath("src"))
-    script = tmp_path / "compile_only_check.py"  # triton.jit reads its functions' source from a file
+    script = tmp_path / "compile_ahead_check.py"  # triton.jit reads its functions' source from a file
     script.write_text(_GPU_SCRIPT)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
