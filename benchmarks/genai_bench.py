@@ -249,8 +249,7 @@ def run_crossml(folder: str, prompt: list[int], new: int, repeats: int, graph: b
     with _released():
         config = xg.Config(folder)
         if not graph:
-            config.overlay('{"model": {"decoder": {"session_options": {"config_entries": '
-                           '{"ep.dml.enable_graph_capture": "0"}}}}}')
+            config.overlay('{"model": {"decoder": {"session_options": {"ep.dml.enable_graph_capture": "0"}}}}')
         model = xg.Model(config)
         out = _genai_loop(xg, model, prompt, new, repeats)
         out["device"] = model.device_type

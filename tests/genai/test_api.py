@@ -239,8 +239,54 @@ def test_marker_ids_from_config(folder, tmp_path) -> None:
     path = _copy(folder, tmp_path, lambda c: c["model"].update(eot_token_id=5))
     assert og.Tokenizer(og.Model(path)).eot_token_id == 5
     path = _copy(folder, tmp_path / "b", lambda c: c["model"].update(bor_token_id="3"))
-    with pytest.raises(og.ConfigError, match=r"model.bor_token_id must be a token id \(an integer\), got '3'"):
+    with pytest.raises(og.ConfigError, match=r"model.bor_token_id takes a whole number, got '3'"):
         og.Config(path)
+
+
+def test_config_key_errors(folder, tmp_path) -> None:
+    """Each refused genai_config.json key names the file, the key path, what is accepted and the likely fix."""
+    def refused(i: int, edit) -> str:
+        with pytest.raises(og.ConfigError) as info:
+            og.Config(_copy(folder, tmp_path / str(i), edit))
+        assert "genai_config.json'" in str(info.value)
+        return str(info.value)
+
+    msg = refused(0, lambda c: c["model"].update(context_lenght=64))
+    assert "model: unknown key 'context_lenght' (did you mean 'context_length'?). Accepted: type, " in msg
+    msg = refused(1, lambda c: c["model"]["decoder"]["inputs"].update(pask_key_names="p.%d"))
+    assert "model.decoder.inputs: unknown key 'pask_key_names' (did you mean 'past_key_names'?)" in msg
+    assert "model.vocab_size takes a whole number, got 'many'" in refused(2, lambda c: c["model"].update(
+        vocab_size="many"))
+    assert "model.eos_token_id takes a token id or a list of them, got [1, 'x']" in refused(
+        3, lambda c: c["model"].update(eos_token_id=[1, "x"]))
+    msg = refused(4, lambda c: c["model"]["decoder"].update(pipeline=[]))
+    assert "model.decoder.pipeline is not supported: crossml.genai runs decoder-only models from one ONNX file" in msg
+    assert "model.vision is not supported" in refused(5, lambda c: c["model"].update(vision={}))
+    msg = refused(6, lambda c: c["model"]["decoder"]["session_options"].update(graph_optimization_level="fast"))
+    assert "graph_optimization_level: unknown level 'fast'. Accepted: ORT_DISABLE_ALL, " in msg
+    msg = refused(7, lambda c: c["model"]["decoder"]["session_options"].update({"session.x": True}))
+    assert "model.decoder.session_options.session.x takes a string, got True" in msg
+    assert "model.decoder.sliding_window.alignment takes a string, got 1" in refused(
+        8, lambda c: c["model"]["decoder"].update(sliding_window={"window_size": 8, "alignment": 1}))
+    with pytest.raises(og.ConfigError, match="provider 'cpu' takes no options, got a: the CPU is the fallback"):
+        config = og.Config(folder)
+        config.set_provider_option("cpu", "a", "1")
+        og.Model(config)
+    config = og.Config(folder)
+    with pytest.raises(og.ConfigError, match="model: unknown key 'max_length'"):
+        config.overlay('{"model": {"max_length": 64}}')  # belongs to "search"
+    assert "max_length" not in config.raw["model"]  # a refused overlay changes nothing
+
+
+def test_session_config_entries_reach_the_session(folder, tmp_path) -> None:
+    """session_options keys other than onnxruntime-genai's named ones are session config entries."""
+    path = _copy(folder, tmp_path, lambda c: c["model"]["decoder"]["session_options"].update(
+        {"session.intra_op.allow_spinning": "0", "graph_optimization_level": "ORT_ENABLE_BASIC",
+         "log_verbosity_level": 1, "config_entries": {"session.use_env_allocators": "1"}}))
+    so = og.Model(path)._session_options()
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert so.get_session_config_entry("session.use_env_allocators") == "1"  # crossml's object of entries
+    assert so.log_verbosity_level == 1 and int(so.graph_optimization_level) == 1
 
 
 def test_get_input_and_runtime_option_errors(model) -> None:

@@ -260,3 +260,50 @@ def test_terminate_session_parity(genai_models, og_ref) -> None:
     assert run(xg) == run(og_ref)
     seq, _ = generate(xg, genai_models[("qwen2", "fp32")], [PROMPT], max_length=24)
     assert run(xg)[1] == seq[0][: len(run(xg)[1])]
+
+
+def _set(*path: str, value) -> callable:
+    def edit(cfg: dict) -> None:
+        node = cfg
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return edit
+
+
+#: genai_config.json edits: (id, edit, whether onnxruntime-genai 0.18 loads the model)
+CONFIG_EDITS = [
+    ("top-level key", _set("notes", value="anything"), True),
+    ("model key typo", _set("model", "context_lenght", value=64), False),
+    ("decoder key", _set("model", "decoder", "rotary_dim", value=8), False),
+    ("input name", _set("model", "decoder", "inputs", "token_ids", value="input_ids"), False),
+    ("output name", _set("model", "decoder", "outputs", "scores", value="logits"), False),
+    ("sliding_window key", _set("model", "decoder", "sliding_window", value={"window_size": 8, "size": 8}), False),
+    ("number as string", _set("model", "vocab_size", value="366"), False),
+    ("head_size as string", _set("model", "decoder", "head_size", value="16"), False),
+    ("config entry", _set("model", "decoder", "session_options", "session.intra_op.allow_spinning", value="0"),
+     True),
+    ("config entry not a string", _set("model", "decoder", "session_options", "session.x", value=1), False),
+    ("graph level", _set("model", "decoder", "session_options", "graph_optimization_level", value="O3"), False),
+    ("graph level valid", _set("model", "decoder", "session_options", "graph_optimization_level",
+                               value="ORT_ENABLE_BASIC"), True),
+    ("cpu options", _set("model", "decoder", "session_options", "provider_options", value=[{"cpu": {"a": "1"}}]),
+     False),
+]
+
+
+@pytest.mark.parametrize("edit,loads", [c[1:] for c in CONFIG_EDITS], ids=[c[0] for c in CONFIG_EDITS])
+def test_config_keys_parity(genai_models, og_ref, tmp_path, edit, loads: bool) -> None:
+    """genai_config.json keys and value types that onnxruntime-genai refuses, crossml refuses too (and loads what
+    it loads): a misspelt key is an error, not a setting silently dropped."""
+    folder = tmp_path / "m"
+    shutil.copytree(genai_models[("llama", "fp32")], folder)
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    edit(cfg)
+    (folder / "genai_config.json").write_text(json.dumps(cfg))
+    for og in (og_ref, xg):
+        if loads:
+            og.Model(str(folder))
+        else:
+            with pytest.raises(RuntimeError):
+                og.Model(str(folder))

@@ -96,8 +96,8 @@ def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[
 
 def _captured(folder: str, capture: str = "1") -> og.Model:
     config = og.Config(folder)
-    entries = {"ep.dml.enable_graph_capture": capture}
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"config_entries": entries}}}}))
+    entries = {"ep.dml.enable_graph_capture": capture}  # a session config entry, as onnxruntime-genai takes it
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": entries}}}))
     return og.Model(config)
 
 

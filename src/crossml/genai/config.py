@@ -17,6 +17,7 @@ change; ``ModelConfig`` / ``SearchConfig`` are the typed views the rest of the p
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import logging
 import os
@@ -130,6 +131,8 @@ class ModelConfig:
     eor_token_id: int | None = None  # reasoning closes
 
 
+_DECODER_FIELDS = {f.name for f in fields(DecoderConfig)}
+
 #: the tool-call / reasoning marker ids genai_config.json's "model" section may name (og.Tokenizer's properties)
 MARK_IDS = ("bot_token_id", "eot_token_id", "bor_token_id", "eor_token_id")
 
@@ -141,6 +144,89 @@ MARK_DEFAULTS: dict[str, dict[str, int]] = {
     "qwen3": {"bot_token_id": 151657, "eot_token_id": 151658, "bor_token_id": 151667, "eor_token_id": 151668},
     "phi3": {"bot_token_id": 200025, "eot_token_id": 200026},
 }
+
+
+#: genai_config.json's sections as onnxruntime-genai reads them: each key and the JSON type it takes
+#: (int also takes a whole float, as onnxruntime-genai's parser does). crossml reads some of these and
+#: accepts the rest where they only describe the model; a key of no section raises, as in onnxruntime-genai
+#: (the top level alone may hold anything). Keys naming parts crossml cannot run are in _UNSUPPORTED.
+_TOKEN_IDS = ("bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "image_token_id",
+              "video_token_id", "vision_start_token_id", "audio_token_id", *MARK_IDS)
+MODEL_KEYS: dict[str, Any] = {
+    "type": str, "context_length": int, "vocab_size": int, "eos_token_id": (int, list), "decoder": dict,
+    **dict.fromkeys(_TOKEN_IDS, int),
+}
+DECODER_KEYS: dict[str, Any] = {
+    "filename": str, "hidden_size": int, "num_attention_heads": int, "num_hidden_layers": int,
+    "num_key_value_heads": int, "head_size": int, "conv_cache_size": int, "session_options": dict,
+    "inputs": dict, "outputs": dict, "sliding_window": dict, "layer_types": list,
+}
+#: model.decoder.inputs / outputs: the graph names onnxruntime-genai knows (crossml feeds input_ids,
+#: attention_mask, position_ids and the past KV; a decoder with other inputs is refused when it loads)
+DECODER_INPUTS = (
+    "input_ids", "inputs_embeds", "attention_mask", "position_ids", "past_key_names", "past_value_names",
+    "past_key_scale_names", "past_value_scale_names", "past_names", "cross_past_key_names",
+    "cross_past_value_names", "past_sequence_length", "current_sequence_length", "total_sequence_length",
+    "encoder_hidden_states", "encoder_attention_mask", "rnn_states_prev", "past_key_values_length",
+    "cache_indirection", "hidden_states",
+)
+DECODER_OUTPUTS = (
+    "logits", "present_key_names", "present_value_names", "present_key_scale_names", "present_value_scale_names",
+    "present_names", "output_cross_qk_names", "rnn_states", "hidden_states",
+)
+SLIDING_WINDOW_KEYS: dict[str, Any] = {
+    "window_size": int, "pad_value": int, "alignment": str, "slide_key_value_cache": bool, "slide_inputs": bool,
+}
+#: session_options keys with their own meaning; any other key is a session config entry and takes a string
+#: (as onnxruntime-genai's AddConfigEntry). "config_entries" (an object of them) is crossml's spelling too.
+SESSION_KEYS: dict[str, Any] = {
+    "log_id": str, "enable_profiling": (str, bool), "intra_op_num_threads": int, "inter_op_num_threads": int,
+    "log_severity_level": int, "log_verbosity_level": int, "enable_cpu_mem_arena": bool,
+    "enable_mem_pattern": bool, "graph_optimization_level": str, "custom_ops_library": str,
+    "provider_options": list, "config_entries": dict,
+}
+GRAPH_OPT_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
+#: keys onnxruntime-genai reads that describe what crossml.genai does not run, and why
+_UNSUPPORTED = {
+    "model.encoder": "encoder-decoder models", "model.embedding": "multimodal pipelines (a separate embedding "
+    "model)", "model.vision": "multimodal models (a vision encoder)", "model.speech": "multimodal models (a "
+    "speech encoder)", "model.decoder.pipeline": "decoders split over several ONNX files",
+    "model.decoder.run_options": "per-run config entries", "model.decoder.shared_initializers": "initializers "
+    "shared between sessions", "model.decoder.state_groups": "recurrent / paged decoder state",
+}
+
+_JSON_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "an object",
+               list: "an array"}
+
+
+def check_keys(section: Any, keys: Mapping[str, Any] | tuple[str, ...], where: str, file: str) -> None:
+    """Raise ConfigError for a key of ``section`` (genai_config.json's ``where``) that is unknown, not supported
+    by crossml.genai or of the wrong JSON type; ``keys`` maps each key to its type(s), or lists string keys."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{file}': {where} must be an object, got {section!r}")
+    types = dict.fromkeys(keys, str) if isinstance(keys, tuple) else keys
+    for key, value in section.items():
+        path = f"{where}.{key}"
+        if path in _UNSUPPORTED:
+            raise ConfigError(f"'{file}': {path} is not supported: crossml.genai runs decoder-only models from one "
+                              f"ONNX file and does not run {_UNSUPPORTED[path]}")
+        kind = types.get(key)
+        if kind is None:
+            close = difflib.get_close_matches(key, list(types), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"'{file}': {where}: unknown key '{key}'{hint}. Accepted: {', '.join(types)}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if not any(_is(value, k) for k in kinds):
+            expected = " or ".join(dict.fromkeys(_JSON_NAMES[k] for k in kinds))
+            raise ConfigError(f"'{file}': {path} takes {expected}, got {value!r}")
+
+
+def _is(value: Any, kind: type) -> bool:
+    if kind is int:  # a JSON number with a whole value
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and float(value).is_integer()
+    if kind is bool or kind is str or kind is dict or kind is list:
+        return isinstance(value, kind)
+    return False
 
 
 class Config:
@@ -171,23 +257,34 @@ class Config:
         if not isinstance(raw, dict) or not isinstance(raw.get("model"), dict):
             raise ConfigError(f"'{self._file}': the top level must be an object with a \"model\" section")
         m = raw["model"]
+        file = self._file
+        check_keys(m, MODEL_KEYS, "model", file)
         mtype = m.get("type")
         if not isinstance(mtype, str):
-            raise ConfigError(f"'{self._file}': model.type is missing; expected one of {', '.join(DECODER_ONLY_TYPES)}")
+            raise ConfigError(f"'{file}': model.type is missing; expected one of {', '.join(DECODER_ONLY_TYPES)}")
         dec = m.get("decoder")
         if not isinstance(dec, dict):
-            raise ConfigError(f"'{self._file}': model.decoder section is missing")
-        known = {f.name for f in fields(DecoderConfig)}
-        decoder = DecoderConfig(**{k: v for k, v in dec.items() if k in known})
+            raise ConfigError(f"'{file}': model.decoder section is missing")
+        check_keys(dec, DECODER_KEYS, "model.decoder", file)
+        check_keys(dec.get("inputs", {}), DECODER_INPUTS, "model.decoder.inputs", file)
+        check_keys(dec.get("outputs", {}), DECODER_OUTPUTS, "model.decoder.outputs", file)
+        if "sliding_window" in dec:
+            check_keys(dec["sliding_window"], SLIDING_WINDOW_KEYS, "model.decoder.sliding_window", file)
+        self._check_session_options(dec.get("session_options", {}))
+        decoder = DecoderConfig(**{k: v for k, v in dec.items() if k in _DECODER_FIELDS})
         for k in ("head_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads"):
             v = getattr(decoder, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ConfigError(f"'{self._file}': model.decoder.{k} must be a positive integer, got {v!r}")
+            if v <= 0:
+                raise ConfigError(f"'{file}': model.decoder.{k} must be a positive integer, got {v!r}")
+            setattr(decoder, k, int(v))
         eos = m.get("eos_token_id", [])
-        eos_ids = [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+        eos_list = eos if isinstance(eos, list) else [eos]
+        if not all(_is(e, int) for e in eos_list):
+            raise ConfigError(f"'{file}': model.eos_token_id takes a token id or a list of them, got {eos!r}")
+        eos_ids = [int(e) for e in eos_list]
         context = int(m.get("context_length", 0))
         if context <= 0:
-            raise ConfigError(f"'{self._file}': model.context_length must be a positive integer, got {context}")
+            raise ConfigError(f"'{file}': model.context_length must be a positive integer, got {context}")
         self.model = ModelConfig(
             type=mtype, context_length=context, vocab_size=int(m.get("vocab_size", 0)),
             bos_token_id=int(m.get("bos_token_id", -1)), eos_token_id=eos_ids,
@@ -205,13 +302,22 @@ class Config:
 
     def _marks(self, m: dict[str, Any], mtype: str) -> dict[str, int]:
         marks = dict(MARK_DEFAULTS.get(mtype, {}))
-        for name in MARK_IDS:
-            if name in m:
-                v = m[name]
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise ConfigError(f"'{self._file}': model.{name} must be a token id (an integer), got {v!r}")
-                marks[name] = v
+        marks.update({name: int(m[name]) for name in MARK_IDS if name in m})  # types checked by check_keys
         return marks
+
+    def _check_session_options(self, so: Any) -> None:
+        where = "model.decoder.session_options"
+        if not isinstance(so, dict):
+            raise ConfigError(f"'{self._file}': {where} must be an object, got {so!r}")
+        check_keys({k: v for k, v in so.items() if k in SESSION_KEYS}, SESSION_KEYS, where, self._file)
+        entries = {k: v for k, v in so.items() if k not in SESSION_KEYS}
+        check_keys(entries, tuple(entries), where, self._file)  # the config entries: strings
+        check_keys(so.get("config_entries", {}), tuple(so.get("config_entries", {})), f"{where}.config_entries",
+                   self._file)
+        level = so.get("graph_optimization_level")
+        if level is not None and level not in GRAPH_OPT_LEVELS:
+            raise ConfigError(f"'{self._file}': {where}.graph_optimization_level: unknown level {level!r}. "
+                              f"Accepted: {', '.join(GRAPH_OPT_LEVELS)}")
 
     def _provider_list(self) -> list[dict[str, Any]]:
         so = self._raw["model"]["decoder"].setdefault("session_options", {})
@@ -311,6 +417,9 @@ class Config:
         for entry in self._provider_list():
             (name, opts), = entry.items()
             ep = PROVIDERS[check_provider_name(name)]
+            if ep == "CPUExecutionProvider" and opts:
+                raise ConfigError(f"provider 'cpu' takes no options, got {', '.join(map(str, opts))}: the CPU is the "
+                                  "fallback of every configuration; remove its options (or the entry)")
             out.append((ep, {} if ep == "CPUExecutionProvider" else translate_gpu_options(name, opts)))
         if not any(ep == "CPUExecutionProvider" for ep, _ in out):
             out.append(("CPUExecutionProvider", {}))

@@ -198,30 +198,32 @@ class Model:
     def _session_options(self) -> SessionOptions:
         so = SessionOptions()
         cfg = self.config.session_options()
-        for key, value in cfg.items():
-            if key in ("intra_op_num_threads", "inter_op_num_threads"):
+        for key, value in cfg.items():  # keys and types checked by Config
+            if key in ("intra_op_num_threads", "inter_op_num_threads", "log_severity_level", "log_verbosity_level"):
                 setattr(so, key, int(value))
-            elif key == "enable_profiling":
+            elif key in ("enable_cpu_mem_arena", "enable_mem_pattern"):
+                setattr(so, key, value)
+            elif key == "enable_profiling":  # onnxruntime-genai: a non-empty string, the profile file prefix
                 so.enable_profiling = bool(value)
                 if isinstance(value, str) and value:
                     so.profile_file_prefix = value
             elif key == "log_id":
-                so.logid = str(value)
-            elif key == "log_severity_level":
-                so.log_severity_level = int(value)
-            elif key == "graph_optimization_level" and str(value) in _OPT_LEVELS:
-                so.graph_optimization_level = _OPT_LEVELS[str(value)]
-            elif key == "config_entries" and isinstance(value, dict):
+                so.logid = value
+            elif key == "graph_optimization_level":
+                so.graph_optimization_level = _OPT_LEVELS[value]
+            elif key == "custom_ops_library":
+                so.register_custom_ops_library(value)
+            elif key == "config_entries":
                 for k, v in value.items():
-                    so.add_session_config_entry(str(k), str(v))
-            elif key != "provider_options":
-                log.debug("genai_config session option '%s' has no effect in crossml", key)
+                    so.add_session_config_entry(k, v)
+            elif key != "provider_options":  # any other key is a session config entry, as in onnxruntime-genai
+                so.add_session_config_entry(key, value)
         # the builder's decoders take the total length from attention_mask's shape. With the static KV cache
         # the generator feeds a max-length mask in decode from fixed buffers: one input signature and one set
         # of addresses, recorded once and replayed in place (no input copies, outputs left in the graph's buffers)
         so.add_session_config_entry(CAPTURE_BIND_IO, "1")
         # the decoder has symbolic dimensions, so the provider would not capture by default: ask for it
-        # (prompts still run eagerly, see Model.run); genai_config's config_entries may turn it off
+        # (prompts still run eagerly, see Model.run); a session_options entry in genai_config.json may turn it off
         if not so.has_session_config_entry(CAPTURE):
             so.add_session_config_entry(CAPTURE, "1")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
