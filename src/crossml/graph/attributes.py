@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import onnx
-from onnx import numpy_helper
 
 from crossml import dtypes
+from crossml.graph import external
 
 A = onnx.AttributeProto
 
@@ -16,8 +16,8 @@ def sparse_to_dense(sp: onnx.SparseTensorProto) -> Any:
     """A SparseTensorProto as a dense numpy array."""
     import numpy as np
 
-    values = numpy_helper.to_array(sp.values)
-    indices = numpy_helper.to_array(sp.indices)
+    values = external.array(sp.values)
+    indices = external.array(sp.indices)
     shape = tuple(sp.dims)
     dense = np.zeros(shape, dtype=values.dtype)
     flat = dense.reshape(-1)
@@ -30,7 +30,7 @@ def sparse_to_dense(sp: onnx.SparseTensorProto) -> Any:
 
 def tensor_value(t: onnx.TensorProto) -> Any:
     """A TensorProto as an engine value (torch tensor, or numpy object array for strings)."""
-    return dtypes.from_numpy(numpy_helper.to_array(t))
+    return dtypes.from_numpy(external.array(t))
 
 
 def parse_attribute(a: onnx.AttributeProto) -> Any:

@@ -1,7 +1,8 @@
 """Loading a model: path, bytes or ModelProto -> a checked, shape-inferred ModelProto.
 
 * External data is read only from files inside the model's own folder; a location that escapes
-  it (``..``, an absolute path, a symlink out) is refused.
+  it (``..``, an absolute path, a symlink out) is refused. The data is not read here: it stays in
+  its file, memory-mapped when a value is needed (``crossml.graph.external``).
 * Free-dimension overrides (by dim_param name or by denotation) are applied to the graph inputs.
 * Model-local functions are inlined; onnx shape inference fills value_info.
 """
@@ -17,11 +18,13 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
-from crossml.runtime.errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
+from crossml.graph import external
+from crossml.runtime.errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
 
 
-def load_model(source: Any) -> tuple[onnx.ModelProto, str | None]:
-    """Return ``(model, folder)``; folder is None for bytes / ModelProto sources."""
+def load_model(source: Any) -> tuple[onnx.ModelProto, external.Files | None]:
+    """Return ``(model, files)``: ``files`` reads the model's external data (keep it while the model is used);
+    None for bytes / ModelProto sources, which hold all their data."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
@@ -40,9 +43,10 @@ def load_model(source: Any) -> tuple[onnx.ModelProto, str | None]:
         with open(path, "rb") as f:
             data = f.read()
         model = _parse(data, path)
-        folder = os.path.dirname(os.path.abspath(path))
-        _load_external_data(model, folder, path)
-        return _check_model(model, path), folder
+        files = external.Files(os.path.realpath(os.path.dirname(os.path.abspath(path))), path)
+        for t in _tensors_with_external_data(model):
+            files.resolve(t)  # checked and pointed at its file; the bytes stay there
+        return _check_model(model, path), files
     raise InvalidArgument(
         f"InferenceSession expects a path, bytes or an onnx.ModelProto, got {type(source).__name__}"
     )
@@ -79,38 +83,6 @@ def _check_no_external(model: onnx.ModelProto, where: str) -> None:
                 f"Load model from {where} failed: initializer '{t.name}' refers to external data file "
                 f"'{info.get('location')}', which needs the model's folder; load the model from its path"
             )
-
-
-def _load_external_data(model: onnx.ModelProto, folder: str, path: str) -> None:
-    root = os.path.realpath(folder)
-    for t in _tensors_with_external_data(model):
-        info = {e.key: e.value for e in t.external_data}
-        location = info.get("location", "")
-        target = os.path.realpath(os.path.join(root, location))
-        if os.path.isabs(location) or os.path.commonpath([root, target]) != root:
-            raise InvalidGraph(
-                f"Load model from {path} failed: initializer '{t.name}' has external data location "
-                f"'{location}', which lies outside the model's folder {root}; external data must be "
-                "stored beside the model"
-            )
-        if not os.path.isfile(target):
-            raise NoSuchFile(
-                f"Load model from {path} failed: external data file '{location}' of initializer "
-                f"'{t.name}' does not exist in {root}"
-            )
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
-        with open(target, "rb") as f:
-            f.seek(offset)
-            data = f.read(int(length)) if length is not None else f.read()
-        if length is not None and len(data) != int(length):
-            raise Fail(
-                f"Load model from {path} failed: external data file '{location}' is shorter than "
-                f"offset {offset} + length {length} needed by initializer '{t.name}'"
-            )
-        t.raw_data = data
-        del t.external_data[:]
-        t.data_location = onnx.TensorProto.DEFAULT
 
 
 def apply_free_dimension_overrides(
@@ -159,7 +131,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     inputs = {vi.name for vi in g.input}
     for t in g.initializer:
         if math.prod(t.dims) <= SKELETON_MAX_ELEMENTS:
-            sg.initializer.append(t)
+            sg.initializer.append(external.materialize(t))
         elif t.name not in inputs:
             sg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return m

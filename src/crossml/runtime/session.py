@@ -17,6 +17,7 @@ import torch
 
 from crossml import dtypes
 from crossml.device.recording import Recording, capture_supported
+from crossml.graph import external
 from crossml.graph.execute import execute
 from crossml.graph.load import apply_free_dimension_overrides, load_model, prepare, skeleton
 from crossml.graph.passes import apply_rules
@@ -114,7 +115,7 @@ class InferenceSession:
             torch.set_num_threads(int(opts.intra_op_num_threads))
         self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
 
-        model, _folder = load_model(path_or_bytes)
+        model, self._files = load_model(path_or_bytes)  # _files: the external data, mapped while the session lives
         self._check_opsets(model)
         apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
         self._raw_model = model
@@ -212,7 +213,7 @@ class InferenceSession:
         del g.node[:]
         g.node.extend(self._plan.kept_nodes)
         used = {i for n in self._plan.kept_nodes for i in n.input} | {o.name for o in g.output}
-        kept_inits = [t for t in g.initializer if t.name in used]
+        kept_inits = [external.materialize(t) for t in g.initializer if t.name in used]
         del g.initializer[:]
         g.initializer.extend(kept_inits)
         for name, v in self._plan.folded.items():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from crossml.graph import external
 from crossml.graph.passes import GraphView
 
 
@@ -28,7 +28,7 @@ def scalar(view: GraphView, name: str) -> float | None:
         if node is None or node.op_type != "Constant":
             return None
         return next((float(a.f) for a in node.attribute if a.name == "value_float"), None)
-    arr = numpy_helper.to_array(t)
+    arr = external.array(t)
     return float(arr.reshape(-1)[0]) if arr.size == 1 else None
 
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from crossml.graph import external
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
 
 DOMAIN = "com.crossml"
@@ -56,8 +57,6 @@ def _constant(view: GraphView, node: onnx.NodeProto, i: int, what: str) -> str |
         return f"{what} ('{name}') of '{node.name}' is not an initializer"
     if any(vi.name == name for vi in view.graph.input):
         return f"{what} ('{name}') of '{node.name}' is a graph input (a feed may override it)"
-    if external_data_helper.uses_external_data(t):
-        return f"{what} ('{name}') of '{node.name}' is not loaded (external data)"
     return None
 
 
@@ -132,10 +131,17 @@ def _unique(view: GraphView, base: str) -> str:
 
 def _concat(view: GraphView, gate: onnx.NodeProto, up: onnx.NodeProto, i: int, axis: int, suffix: str) -> str:
     """A new initializer: input ``i`` of ``gate`` and of ``up`` concatenated along ``axis``."""
-    arrays = [numpy_helper.to_array(view.initializers[n.input[i]]) for n in (gate, up)]
+    tg, tu = (view.initializers[n.input[i]] for n in (gate, up))
     name = _unique(view, f"{gate.name or gate.output[0]}_gate_up_{suffix}")
-    t = numpy_helper.from_array(np.concatenate(arrays, axis=axis), name)
-    view.graph.initializer.append(t)
+    merged = np.concatenate([external.array(tg), external.array(tu)], axis=axis)
+    if tg.data_type in external.RAW_TYPES:
+        t = view.graph.initializer.add()  # filled in place: appending a made TensorProto would copy its bytes again
+        t.name, t.data_type = name, tg.data_type
+        t.dims.extend(merged.shape)
+        t.raw_data = merged.tobytes()
+    else:  # e.g. bfloat16 or 4-bit elements: onnx's writer knows their layout
+        view.graph.initializer.append(numpy_helper.from_array(merged, name))
+        t = view.graph.initializer[-1]
     view.initializers[name] = t
     return name
 

@@ -14,8 +14,9 @@ sessions off the CPU (the CPU keeps the model's ops).
 from __future__ import annotations
 
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from crossml.graph import external
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 from crossml.graph.passes._consts import constant, scalar
 
@@ -27,7 +28,7 @@ def _axes(view: GraphView, node: onnx.NodeProto) -> list[int] | None:
     """ReduceSum's axes: the constant second input (opset 13+) or the attribute; None if not constant."""
     if len(node.input) > 1 and node.input[1]:
         t = constant(view, node.input[1])
-        return None if t is None else [int(a) for a in numpy_helper.to_array(t).reshape(-1)]
+        return None if t is None else [int(a) for a in external.array(t).reshape(-1)]
     axes = node_attrs(node).get("axes")
     return None if axes is None else [int(a) for a in axes]
 
