@@ -16,6 +16,8 @@ import functools
 import importlib
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -50,36 +52,68 @@ _warming: threading.Thread | None = None
 
 
 def warm_compiler(device: torch.device) -> threading.Thread | None:
-    """On a Triton device, start computing Triton's compiler cache key in a daemon thread and return it.
+    """On a Triton device, start computing Triton's compiler cache key in a child process and return the thread
+    that waits for it.
 
     The key hashes Triton's sources and its libtriton library, and the first kernel of a process waits for it,
     even when every kernel is in Triton's cache. Sessions call this before they load their model, so the hash
-    overlaps with the load instead of delaying the first run. On an H200 host with a warm Triton cache, the
-    first prompt after loading the GenAI benchmark's Qwen2.5-0.5B fp16 model went from 0.75-0.82 to 0.41-0.43 s
-    (three processes each, alternating). Load plus first prompt went from 4.09 to 4.01 s (means; loads vary by
-    +-0.5 s), since importing triton moved into the load.
-    - Triton is imported on the calling thread. The hash then imports nothing, so the two threads never
-      contend for an import lock.
+    overlaps with the load instead of delaying the first run.
+    - A child process, not a thread of this one: a hashing thread needs the GIL between its chunks, and a model
+      load keeps the GIL busy, so it starved (with the load down to 0.8 s, the Qwen2.5-0.5B int4 benchmark
+      model's first prompt hashed the key itself, 0.5 s). The child imports only triton, with this process's
+      ``sys.path``; its key is used only if it ran the same triton (same file and version), else Triton's own
+      function computes it here.
+    - Triton's ``triton_key`` is replaced by one that waits for the child's key, so no caller computes it twice.
     - No-op on other devices, under TRITON_INTERPRET=1, without triton, or once a thread has started.
     """
     global _warming
     if device.type not in TRITON_DEVICES or _warming is not None or os.environ.get("TRITON_INTERPRET") == "1":
         return None
     try:
-        from triton.runtime.cache import triton_key
+        import triton
+        from triton.runtime import autotuner, cache
+
+        original = cache.triton_key
     except (ImportError, AttributeError, RuntimeError) as e:
         log.debug("no Triton compiler key to warm: %s", e)
         return None
+    found: list[str | None] = []
+    thread = threading.Thread(target=lambda: found.append(_key_in_child(triton)), name="crossml-triton-key",
+                              daemon=True)
 
-    def run() -> None:
-        try:
-            triton_key()
-        except Exception as e:  # noqa: BLE001 - the first kernel computes it again and reports what fails
-            log.debug("warming Triton's compiler key failed: %s", e)
+    @functools.wraps(original)
+    def triton_key() -> str:
+        thread.join()
+        return found[0] if found and found[0] else original()
 
-    _warming = threading.Thread(target=run, name="crossml-triton-key", daemon=True)
-    _warming.start()
-    return _warming
+    cache.triton_key = triton_key
+    if getattr(autotuner, "triton_key", None) is original:
+        autotuner.triton_key = triton_key
+    thread.start()
+    _warming = thread
+    return thread
+
+
+_KEY_SCRIPT = ("import sys, triton\nfrom triton.runtime.cache import triton_key\n"
+               "sys.stdout.write(triton.__file__ + '\\n' + triton_key())\n")
+
+
+def _key_in_child(triton: ModuleType) -> str | None:
+    """Triton's compiler key computed by a child Python with this process's ``sys.path``; None where it could not
+    run or imported another triton."""
+    if not sys.executable:
+        return None
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], capture_output=True, env=env, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        log.debug("computing Triton's compiler key in a child failed: %s", e)
+        return None
+    path, _, key = proc.stdout.decode("utf-8", "replace").partition("\n")
+    if proc.returncode or path != triton.__file__ or not key.startswith(triton.__version__):
+        log.debug("Triton's compiler key from a child is not usable (exit %s, triton %s)", proc.returncode, path)
+        return None
+    return key
 
 
 #: inside ``CompileAhead.collect``: Triton launches compile (in a thread pool) and run nothing
