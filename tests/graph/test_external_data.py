@@ -135,3 +135,29 @@ def test_optimized_model_file_holds_the_data(tmp_path) -> None:
     got = ort.InferenceSession(str(tmp_path / "opt.onnx"), providers=CPU).run(None, _feeds())
     want = ReferenceEvaluator(path).run(None, _feeds())
     np.testing.assert_allclose(got[0], want[0], rtol=2e-3, atol=2e-3)
+
+
+def test_merged_gate_up_weights_stay_out_of_the_proto(tmp_path) -> None:
+    """MergeGateUp's concatenated weight (a GPU fusion) is held by the model's Files, not copied into the proto;
+    its value is the concatenation of the weights in the file."""
+    from crossml.graph.load import load_model, prepare
+    from crossml.graph.passes import apply_rules
+    from crossml.graph.passes.gate_up import GATE_UP
+    from crossml.graph.passes.swiglu import SWIGLU
+    from tests.graph.test_swiglu_rule import mlp
+
+    path = _save(tmp_path / "m", mlp(dtype=T.FLOAT, layers=2))
+    model, files = load_model(path)
+    model = prepare(model)
+    assert apply_rules(model, [SWIGLU, GATE_UP]) == {"FuseSwiGLU": 2, "MergeGateUp": 2}
+    merged = {t.name: t for t in model.graph.initializer if "gate_up" in t.name}
+    assert len(merged) == 2 and model.ByteSize() < 10_000
+    ref = onnx.load(path)  # onnx's own reader
+    weights = {t.name: numpy_helper.to_array(t) for t in ref.graph.initializer}
+    for layer in (0, 1):
+        t = next(t for name, t in merged.items() if name.startswith(f"l{layer}_"))
+        assert external.is_external(t) and not t.raw_data and external.files_of(t) is files
+        assert dict((e.key, e.value) for e in t.external_data)["location"].startswith("memory:")
+        want = np.concatenate([weights[f"l{layer}_Wg"], weights[f"l{layer}_Wu"]], axis=1)
+        np.testing.assert_array_equal(external.array(t), want)
+        np.testing.assert_array_equal(numpy_helper.to_array(external.materialize(t)), want)

@@ -59,7 +59,10 @@ def test_merged_model_matches_reference_evaluator(dtype: int, layers: int, tol: 
     onnx.checker.check_model(fused)
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     assert got[0].dtype == want[0].dtype
-    np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32), rtol=tol, atol=tol)
+    # outputs reach 1e4 after three float32 layers: an element near zero is a difference of such sums, whose
+    # rounding follows the summation order (thread count), so the absolute tolerance scales with the output
+    scale = max(1.0, float(np.abs(want[0].astype(np.float32)).max()))
+    np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32), rtol=tol, atol=tol * scale)
 
 
 def test_merged_node_reads_the_concatenated_weight_and_the_old_ones_are_gone():

@@ -6,7 +6,8 @@ weight is read then. ``array`` reads a tensor through a copy-on-write memory map
 one per load): the bytes come from the page cache when a value is first needed, a CPU value shares them,
 and a GPU value is copied from them. So the ModelProto of a 1 GB model stays a few hundred kilobytes: the
 copies a session makes of it (shape inference, fusion) copy no weights, and the host holds no private copy
-of them.
+of them. Initializers a graph rule computes from the weights (gate and up concatenated) are held by the same
+``Files`` and referred to the same way (``Files.hold``), rather than copied into the proto.
 
 Only files that ``load_model`` checked are read: a reference it did not write is refused.
 """
@@ -58,6 +59,7 @@ class Files:
         self.token = f"{os.getpid()}-{next(_TOKENS)}"
         self._checked: set[str] = set()
         self._maps: dict[str, np.memmap] = {}
+        self._held: dict[str, np.ndarray] = {}  # "memory:<i>" -> bytes a graph rule made (``hold``)
         self._lock = threading.Lock()
         _OPEN[self.token] = self
 
@@ -92,8 +94,26 @@ class Files:
                            (_KEY, self.token)):
             t.external_data.add(key=key, value=value)
 
+    def hold(self, t: onnx.TensorProto, value: np.ndarray) -> None:
+        """Make ``t`` (name, type and dims set) refer to ``value``, kept here rather than copied into the proto:
+        for initializers a graph rule computes from this model's weights (e.g. gate and up concatenated)."""
+        raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+        with self._lock:
+            key = f"memory:{len(self._held)}"
+            self._held[key] = raw
+            self._checked.add(key)
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        del t.external_data[:]
+        for k, v in (("location", key), ("offset", "0"), ("length", str(raw.size)), (_KEY, self.token)):
+            t.external_data.add(key=k, value=v)
+
     def bytes(self, path: str, offset: int, length: int) -> np.ndarray:
-        """``length`` bytes at ``offset`` of the checked file ``path`` (uint8, a view of its map)."""
+        """``length`` bytes at ``offset`` of the checked file ``path`` (uint8, a view of its map), or of bytes
+        held here."""
+        held = self._held.get(path)
+        if held is not None:
+            return held[offset:offset + length]
         if not length:
             return np.empty(0, dtype=np.uint8)
         with self._lock:
@@ -101,6 +121,11 @@ class Files:
             if mm is None:
                 mm = self._maps[path] = np.memmap(path, dtype=np.uint8, mode="c")
         return mm[offset:offset + length]
+
+
+def files_of(t: onnx.TensorProto) -> Files | None:
+    """The Files that read ``t``'s data (None for data held in the proto)."""
+    return _OPEN.get(_info(t).get(_KEY, "")) if is_external(t) else None
 
 
 def _bytes(t: onnx.TensorProto) -> np.ndarray:

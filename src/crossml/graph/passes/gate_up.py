@@ -134,11 +134,15 @@ def _concat(view: GraphView, gate: onnx.NodeProto, up: onnx.NodeProto, i: int, a
     tg, tu = (view.initializers[n.input[i]] for n in (gate, up))
     name = _unique(view, f"{gate.name or gate.output[0]}_gate_up_{suffix}")
     merged = np.concatenate([external.array(tg), external.array(tu)], axis=axis)
+    files = external.files_of(tg)
     if tg.data_type in external.RAW_TYPES:
         t = view.graph.initializer.add()  # filled in place: appending a made TensorProto would copy its bytes again
         t.name, t.data_type = name, tg.data_type
         t.dims.extend(merged.shape)
-        t.raw_data = merged.tobytes()
+        if files is not None:  # weights from a file: the merged copy stays beside them, out of the proto
+            files.hold(t, merged)
+        else:
+            t.raw_data = merged.tobytes()
     else:  # e.g. bfloat16 or 4-bit elements: onnx's writer knows their layout
         view.graph.initializer.append(numpy_helper.from_array(merged, name))
         t = view.graph.initializer[-1]
