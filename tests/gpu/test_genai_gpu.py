@@ -262,25 +262,3 @@ def test_first_prompt_compiles_ahead(models: Path, precision: str, tmp_path) -> 
     assert main <= {"_argmax_chunks_kernel", "_finish_kernel"}, main
     assert runs["1"]["tokens"] == runs["0"]["tokens"]
     np.testing.assert_array_equal(runs["1"]["logits"], runs["0"]["logits"])
-
-
-def test_a_later_process_skips_the_dry_run(models: Path, tmp_path) -> None:
-    """Once a process has compiled a model's first prompt and decode step into Triton's cache, it records so
-    there (crossml.kernels.remember_compiled); the next process with that cache runs no dry pass (its kernels,
-    found in the cache, load on the main thread) and produces the same tokens and logits."""
-    folder = str(models / "qwen2_fp16_cuda")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), CROSSML_COMPILE_AHEAD="1",
-               PYTHONPATH=os.pathsep.join(["src", env.get("PYTHONPATH", "")]))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", _FIRST_PROMPT, folder, PROMPT], capture_output=True, text=True,
-                              env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert len(os.listdir(tmp_path / "triton" / "crossml-compiled")) == 1
-    first, second = runs
-    assert first["prompt"] and all(thread.startswith("crossml-compile") for thread, _ in first["prompt"])
-    assert second["prompt"] and all(thread == "MainThread" for thread, _ in second["prompt"]), second["prompt"]
-    assert second["tokens"] == first["tokens"]
-    np.testing.assert_array_equal(second["logits"], first["logits"])

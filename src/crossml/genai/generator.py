@@ -289,11 +289,6 @@ class Generator:
             if self._model._decode_compiles is not None:  # compiled in the background since the first prompt
                 self._model._decode_compiles.wait()
                 self._model._decode_compiles = None
-                if self._model._compiled_pending is not None:
-                    from crossml.kernels import remember_compiled
-
-                    remember_compiled(self._model._compiled_pending)  # the next process needs no dry run
-                    self._model._compiled_pending = None
             if self._staged != start:
                 self._stage(start)
             if bufs.replay is not None:  # the recorded step: nothing to convert or check
@@ -351,22 +346,13 @@ class Generator:
         the background while the prompt runs, and the first decode step waits for them (``Model._decode_compiles``).
         The dry runs' other ops run on unwritten values, which the builder's decoders use only in arithmetic
         (integers come from the feed or from all-integer kernels, which run), and nothing is kept: the KV cache is
-        written by the attention kernel alone. Any failure leaves the real runs to compile as they go.
-
-        Once the decode step's kernels are in, Triton's cache directory records it for this model, shapes, device
-        and versions (``crossml.kernels.remember_compiled``): a later process finds the kernels there and skips
-        the dry runs, which would cost it about 0.25 s of Python (Qwen2.5-0.5B shape, prompt 512, H200 host)."""
-        from crossml.kernels import CompileAhead, compiled_before, remember_compiled
+        written by the attention kernel alone. Any failure leaves the real runs to compile as they go."""
+        from crossml.kernels import CompileAhead
 
         io = self._model.io
         try:
             prompt = CompileAhead(self._dev)
             if not prompt.active:
-                return
-            max_length = self._bufs.max_length if self._bufs is not None else 0
-            what = self._model._compile_signature(width, self._seq.shape[0], max_length)
-            if what is not None and compiled_before(what):  # an earlier process compiled these into Triton's cache
-                log.debug("first prompt: kernels compiled by an earlier process; no dry run")
                 return
             with prompt.collect():
                 mask = self._mask[:, :width]
@@ -378,9 +364,6 @@ class Generator:
                 with decode.collect():
                     self._model.run(self._feed(self._bufs.ids, self._mask, self._bufs.pos), self._names, eager=True)
                 self._model._decode_compiles = decode
-                self._model._compiled_pending = what  # remembered once the decode step's kernels are in
-            elif what is not None:
-                remember_compiled(what)
         except Exception as exc:  # noqa: BLE001 - the real runs compile what is missing and report real errors
             log.debug("compiling the first prompt's kernels ahead failed: %s", exc)
 

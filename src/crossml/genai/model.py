@@ -33,8 +33,6 @@ appended to a started sequence) and decode steps with a growing cache run eagerl
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import os
 import threading
@@ -50,7 +48,6 @@ from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
 from crossml.runtime.session import CAPTURE_BIND_IO, KV_INPLACE, InferenceSession
-from crossml.version import __version__
 
 log = logging.getLogger("crossml.genai")
 
@@ -180,7 +177,6 @@ class Model:
         #: running (see Generator._compile_ahead); CROSSML_COMPILE_AHEAD=0 turns it off
         self._compile_ahead = os.environ.get("CROSSML_COMPILE_AHEAD", "1") != "0"
         self._decode_compiles: Any = None  # a CompileAhead of the decode step's kernels, still compiling
-        self._compiled_pending: str | None = None  # its run's signature, remembered once it is in Triton's cache
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 
@@ -190,23 +186,6 @@ class Model:
     @property
     def type(self) -> str:
         return self.config.model.type
-
-    def _compile_signature(self, width: int, rows: int, max_length: int) -> str | None:
-        """What fixes the Triton kernels of a first prompt (``rows`` x ``width`` columns) and of the decode step after
-        it (max_length ``max_length``): the decoder file, the session's options, the shapes, the device, crossml's
-        sources and the versions; None for a decoder given as bytes (``Config.add_model_data``)."""
-        dec = self.config.model.decoder
-        path = os.path.realpath(os.path.join(self.config.path, dec.filename))
-        if dec.filename in self.config._model_data or not os.path.isfile(path):
-            return None
-        st = os.stat(path)
-        env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("CROSSML_", "TRITON_")))
-        device = (torch.cuda.get_device_name(self.device), torch.cuda.get_device_capability(self.device)) \
-            if self.device.type == "cuda" else str(self.device)
-        return json.dumps({"decoder": [path, st.st_size, st.st_mtime_ns], "providers": self.config.providers(),
-                           "session_options": self.config.session_options(), "rows": rows, "width": width,
-                           "max_length": max_length, "device": device, "torch": torch.__version__,
-                           "crossml": [__version__, _sources_stamp()], "env": env}, default=str)
 
     @property
     def device_type(self) -> str:
@@ -326,14 +305,6 @@ class Model:
                                                                for k, v in feed.items()},
                                                 self._eager if eager else None)
         return [o.as_torch() for o in outs]
-
-
-@functools.cache
-def _sources_stamp() -> int:
-    """The newest modification time of crossml's own sources (they define its kernels)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return max((os.stat(os.path.join(d, f)).st_mtime_ns for d, _, files in os.walk(root) for f in files
-                if f.endswith(".py")), default=0)
 
 
 def _torch_dtype(type_string: str) -> torch.dtype:

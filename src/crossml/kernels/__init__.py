@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import hashlib
 import importlib
 import logging
 import os
@@ -27,8 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "CompileAhead", "compiled_before", "load", "remember_compiled",
-           "warm_compiler"]
+__all__ = ["METACOMMAND_FREE", "TRITON_DEVICES", "CompileAhead", "load", "warm_compiler"]
 
 log = logging.getLogger("crossml")
 
@@ -176,43 +174,6 @@ def _integer_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     lengths, index gathers), whose outputs later ops may index with; ``CompileAhead.collect`` runs such kernels."""
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     return bool(tensors) and not any(t.is_floating_point() or t.is_complex() for t in tensors)
-
-
-def compiled_before(what: str) -> bool:
-    """Whether ``remember_compiled(what)`` ran with this Triton cache: the kernels ``what`` names were compiled
-    into it by an earlier process (``what``: a description of the run that fixes its kernels). A stale answer
-    costs time, not results: a kernel missing from the cache compiles when it is launched."""
-    path = _marker(what)
-    return path is not None and os.path.isfile(path)
-
-
-def remember_compiled(what: str) -> None:
-    """Record in Triton's cache directory that the kernels of ``what`` are compiled into it (best effort)."""
-    path = _marker(what)
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(what)
-    except OSError as e:
-        log.debug("could not record compiled kernels in %s: %s", path, e)
-
-
-def _marker(what: str) -> str | None:
-    """A file under Triton's cache directory for ``what`` and this Triton (so a cleared cache forgets it too)."""
-    try:
-        from triton import knobs
-        from triton.runtime import cache
-
-        root, key = knobs.cache.dir, cache.triton_key()
-    except (ImportError, AttributeError, RuntimeError) as e:
-        log.debug("no Triton cache directory: %s", e)
-        return None
-    if not root:
-        return None
-    digest = hashlib.sha256(f"{key}\n{what}".encode()).hexdigest()
-    return os.path.join(root, "crossml-compiled", digest)
 
 
 class CompileAhead:
