@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import threading
 import weakref
 
@@ -79,11 +80,14 @@ class Files:
                              f"'{t.name}' does not exist in {root}")
         size = os.path.getsize(target)
         offset = int(info.get("offset", 0) or 0)
-        length = int(info["length"]) if info.get("length") else size - offset
+        dtype = RAW_TYPES.get(t.data_type)
+        if info.get("length"):
+            length = int(info["length"])
+        else:  # onnx reads to the end of the file; a known element type says how much the tensor takes
+            length = math.prod(t.dims) * dtype.itemsize if dtype is not None else size - offset
         if offset < 0 or length < 0 or offset + length > size:
             raise Fail(f"Load model from {where} failed: external data file '{location}' ({size} bytes) is "
                        f"shorter than offset {offset} + length {length} needed by initializer '{t.name}'")
-        dtype = RAW_TYPES.get(t.data_type)
         if dtype is not None and length != math.prod(t.dims) * dtype.itemsize:
             raise Fail(f"Load model from {where} failed: initializer '{t.name}' of shape {list(t.dims)} and type "
                        f"{helper.tensor_dtype_to_string(t.data_type)} needs {math.prod(t.dims) * dtype.itemsize} "
@@ -145,7 +149,7 @@ def array(t: onnx.TensorProto) -> np.ndarray:
         return numpy_helper.to_array(t)
     raw = _bytes(t)
     dtype = RAW_TYPES.get(t.data_type)
-    if dtype is not None and raw.ctypes.data % dtype.itemsize == 0:
+    if dtype is not None and raw.ctypes.data % dtype.itemsize == 0 and sys.byteorder == "little":
         return np.ndarray(tuple(t.dims), dtype=dtype, buffer=raw)  # a view of the map (keeps it alive)
     return numpy_helper.to_array(materialize(t, raw))
 
