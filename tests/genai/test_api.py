@@ -335,3 +335,42 @@ def test_terminate_from_another_thread(model) -> None:
                 stop.set()
                 t.join()
     assert steps == 3 and gen.token_count() == len(og.Tokenizer(model).encode(PROMPT)) + 5
+
+
+def test_log_options_errors_and_destinations(model, tmp_path) -> None:
+    """set_log_options checks every option before setting any; lines go to the callback, else to the file; the
+    end-of-sequence and max_length events are logged."""
+    with pytest.raises(og.ConfigError, match="unknown option 'verbose'; accepted: enabled, ansi_tags"):
+        og.set_log_options(enabled=True, verbose=True)
+    with pytest.raises(og.ConfigError, match="option 'enabled' takes True or False, got 'yes'"):
+        og.set_log_options(enabled="yes")
+    with pytest.raises(og.ConfigError, match="'model_logits' is not provided by crossml.genai.*enable_profiling"):
+        og.set_log_options(model_logits=True)
+    with pytest.raises(TypeError, match="takes a callable"):
+        og.set_log_callback("print")
+    og.set_log_options(model_logits=False)  # accepted: nothing to turn off
+    path = tmp_path / "log.txt"
+    lines: list[str] = []
+    try:
+        og.set_log_options(enabled=True, ansi_tags=False, hit_max_length=True, hit_eos=True, filename=str(path))
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(og.Tokenizer(model).encode(PROMPT)) + 3)
+        gen = og.Generator(model, params)
+        gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+        while not gen.is_done():
+            gen.generate_next_token()
+        og.set_log_callback(lines.append)  # replaces the file
+        eos = og.Tokenizer(model).eos_token_ids[0]
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=64)
+        gen = og.Generator(model, params)
+        gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+        gen.set_logits(np.where(np.arange(gen.get_logits().shape[-1]) == eos, 10.0, -10.0)
+                       .astype(np.float32)[None, :])
+        gen.generate_next_token()
+    finally:
+        og.set_log_options(enabled=False, ansi_tags=True, hit_max_length=False, hit_eos=False, filename="")
+        og.set_log_callback(None)
+    assert path.read_text().splitlines() == ["  hit_max_length   max_length "
+                                             f"{len(og.Tokenizer(model).encode(PROMPT)) + 3} reached"]
+    assert lines == ["  hit_eos   EOS seen on batch 0\n"]

@@ -307,3 +307,36 @@ def test_config_keys_parity(genai_models, og_ref, tmp_path, edit, loads: bool) -
         else:
             with pytest.raises(RuntimeError):
                 og.Model(str(folder))
+
+
+def _logged(og, folder: str, steps: int = 4, **search) -> list[str]:
+    lines: list[str] = []
+    og.set_log_callback(lines.append)
+    og.set_log_options(enabled=True, generate_next_token=True, append_next_tokens=True)
+    try:
+        model = og.Model(folder)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=24, **search)
+        gen = og.Generator(model, params)
+        gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+        for _ in range(steps):
+            gen.generate_next_token()
+    finally:
+        og.set_log_options(enabled=False, generate_next_token=False, append_next_tokens=False)
+        og.set_log_callback(None)
+    return lines
+
+
+def test_log_parity(genai_models, og_ref) -> None:
+    """set_log_callback + set_log_options(append_next_tokens, generate_next_token): the same lines as
+    onnxruntime-genai (prompt tokens, then each step's settings and chosen token), ANSI tags included."""
+    folder = genai_models[("llama", "fp32")]
+    ref = _logged(og_ref, folder)
+    assert len(ref) > 8 and any("generate_next_token" in line for line in ref)
+    assert _logged(xg, folder) == ref
+    sampled = {"do_sample": True, "top_k": 5, "top_p": 0.9, "temperature": 0.7, "random_seed": 3}
+
+    def settings(lines: list[str]) -> list[str]:
+        return [line for line in lines if "generate_next_token" in line]
+
+    assert settings(_logged(xg, folder, **sampled)) == settings(_logged(og_ref, folder, **sampled))

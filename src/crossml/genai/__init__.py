@@ -16,8 +16,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from crossml.genai.config import Config
 from crossml.genai.errors import (
     ConfigError,
@@ -29,6 +27,7 @@ from crossml.genai.errors import (
     UnsupportedModelError,
 )
 from crossml.genai.generator import Generator, GeneratorParams
+from crossml.genai.logs import set_log_callback, set_log_options
 from crossml.genai.model import Model
 from crossml.genai.tokenizer import Tensor, Tokenizer, TokenizerStream
 
@@ -55,13 +54,6 @@ def is_rocm_available() -> bool:
     return is_cuda_available() and backend_vendor() == "amd"
 
 
-def set_log_options(**options: bool | str) -> None:
-    """og.set_log_options(enabled=True, ...): ``enabled`` turns crossml.genai's log on at INFO level."""
-    logger = logging.getLogger("crossml.genai")
-    if "enabled" in options:
-        logger.setLevel(logging.INFO if options["enabled"] else logging.WARNING)
-
-
 def set_current_gpu_device_id(device_id: int) -> None:
     from crossml.device.adapter import set_current_device
 
@@ -79,5 +71,5 @@ __all__ = [
     "ModelFileNotFound", "NameNotFoundError", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream",
     "UnsupportedModelError",
     "get_current_gpu_device_id", "is_cuda_available", "is_dml_available", "is_rocm_available",
-    "set_current_gpu_device_id", "set_log_options",
+    "set_current_gpu_device_id", "set_log_callback", "set_log_options",
 ]

@@ -40,7 +40,7 @@ import torch
 
 from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
-from crossml.genai import search
+from crossml.genai import logs, search
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
@@ -236,6 +236,9 @@ class Generator:
         if self._len and (s.batch_size > 1 or self._beam is not None):
             raise GeneratorStateError("append_tokens after the first prompt needs batch_size 1 and num_beams 1")
         self._settle()
+        if logs.wants("append_next_tokens"):
+            for col in range(n):
+                logs.emit("append_next_tokens", "".join(f"{t} " for t in arr[:, col]))
         if self._len and self.is_done():
             self._done.zero_()
         rows = torch.as_tensor(arr.astype(np.int64), device=self._dev).repeat_interleave(s.num_beams, dim=0)
@@ -415,14 +418,33 @@ class Generator:
         if self.is_done():
             raise GeneratorStateError("generate_next_token: generation is done (every sequence ended or reached "
                                       f"max_length {self._s.max_length}); check is_done() before generating")
+        if logs.wants("generate_next_token"):
+            s = self._s
+            logs.emit("generate_next_token", " ".join([
+                logs.field("do_sample", int(s.do_sample)), logs.field("top_k", s.top_k),
+                logs.field("top_p", f"{s.top_p:g}"), logs.field("temperature", f"{s.temperature:g}"),
+                logs.field("sequence length", self._len, colour=36)]))
         self._ready()
         if self._beam is not None:
             self._beam_step()
-            return
-        if self._greedy is not None:
+        elif self._greedy is not None:
             self._greedy_step()
-            return
-        self._append(search.finish(self._select(), self._done, self._pad, self._eos))
+        else:
+            self._append(search.finish(self._select(), self._done, self._pad, self._eos))
+        if logs.wants("append_next_tokens") or logs.wants("hit_eos") or logs.wants("hit_max_length"):
+            self._log_step()
+
+    def _log_step(self) -> None:
+        """The log of a step (onnxruntime-genai's events): its tokens, the rows that chose an end-of-sequence
+        token, and reaching max_length. Reads the tokens on the host."""
+        tokens, _ = self._settle()
+        if logs.wants("append_next_tokens"):
+            logs.emit("append_next_tokens", "".join(f"{t} " for t in tokens))
+        if logs.wants("hit_eos"):
+            for row in np.flatnonzero(np.isin(tokens, self._model.config.model.eos_token_id)):
+                logs.emit("hit_eos", f"EOS seen on batch {row}")
+        if logs.wants("hit_max_length") and self._len >= self._s.max_length:
+            logs.emit("hit_max_length", f"max_length {self._s.max_length} reached")
 
     def _append(self, token: torch.Tensor) -> None:
         col = self._len
