@@ -9,7 +9,9 @@ copies a session makes of it (shape inference, fusion) copy no weights, and the 
 of them. Initializers a graph rule computes from the weights (gate and up concatenated) are held by the same
 ``Files`` and referred to the same way (``Files.hold``), rather than copied into the proto.
 
-Only files that ``load_model`` checked are read: a reference it did not write is refused.
+Only files that ``load_model`` checked are read: a reference it did not write is refused. As with any
+memory-mapped weights (onnxruntime maps external data too), a file rewritten in place while a session uses
+it changes the CPU values not yet read, and a truncated one faults on them: write a new file and rename it.
 """
 
 from __future__ import annotations
