@@ -7,7 +7,8 @@ onnxruntime-genai logs it: a label, then its text, one line each, with ANSI colo
     append_next_tokens   a column of tokens appended (a prompt's, one line per column; then each chosen one)
     generate_next_token  the search settings and the sequence length, as each step starts
     hit_eos              a sequence chose an end-of-sequence token
-    hit_max_length       the sequences reached max_length
+    hit_max_length       the sequences reached max_length (in crossml's words: onnxruntime-genai's text names
+                         its search implementation)
 
 Lines go to the callback of ``set_log_callback``, else to the file of ``set_log_options(filename=...)``, else
 to stderr. Logging these events reads each step's tokens on the host, so the GPU no longer runs ahead.
