@@ -348,6 +348,11 @@ def test_log_options_errors_and_destinations(model, tmp_path) -> None:
         og.set_log_options(model_logits=True)
     with pytest.raises(TypeError, match="takes a callable"):
         og.set_log_callback("print")
+    with pytest.raises(og.ConfigError, match="cannot write the log file"):
+        og.set_log_options(enabled=True, filename=str(tmp_path / "no" / "such" / "dir" / "log.txt"))
+    from crossml.genai import logs
+
+    assert not logs.wants("enabled")  # a refused call changes nothing
     og.set_log_options(model_logits=False)  # accepted: nothing to turn off
     path = tmp_path / "log.txt"
     lines: list[str] = []

@@ -61,12 +61,18 @@ def set_log_options(**options: Any) -> None:
                               "tensors); set session_options.enable_profiling in genai_config.json for per-op "
                               "timings")
     global _file, _callback
+    new_file = None
+    if options.get("filename"):  # opened first: a path that cannot be written changes nothing
+        try:
+            new_file = open(options["filename"], "w", encoding="utf-8")  # noqa: SIM115 - kept open for the log
+        except OSError as e:
+            raise ConfigError(f"set_log_options: cannot write the log file {options['filename']!r}: {e}") from None
     with _lock:
         for key, value in options.items():
             if key == "filename":
                 if _file is not None:
                     _file.close()
-                _file = open(value, "w", encoding="utf-8") if value else None  # noqa: SIM115 - kept open
+                _file = new_file
                 if _file is not None:
                     _callback = None  # as onnxruntime-genai: a file replaces the callback
             else:
