@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging as _logging
 
+from crossml.runtime.adapters import AdapterFormat, LoraAdapter
 from crossml.runtime.errors import (
     EngineError,
     EPFail,
@@ -64,5 +65,5 @@ __all__ = [
     "ExecutionOrder", "GraphOptimizationLevel", "OrtAllocatorType", "OrtMemType", "RunOptions",
     "SessionOptions", "OrtValue", "get_all_providers", "get_available_providers", "get_device",
     "InferenceSession", "ModelMetadata", "NodeArg", "__version__", "set_default_logger_severity",
-    "set_default_logger_verbosity", "set_seed",
+    "set_default_logger_verbosity", "set_seed", "AdapterFormat", "LoraAdapter",
 ]

@@ -104,6 +104,18 @@ class RunOptions:
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self._config: dict[str, str] = {}
+        self._adapters: list[Any] = []
+
+    def add_active_adapter(self, adapter: Any) -> None:
+        """Feed a loaded ``LoraAdapter``'s parameters on runs with these options (see crossml.runtime.adapters)."""
+        from crossml.runtime.adapters import LoraAdapter
+        from crossml.runtime.errors import InvalidArgument
+
+        if not isinstance(adapter, LoraAdapter):
+            raise TypeError(f"add_active_adapter: expected a crossml.LoraAdapter, got {type(adapter).__name__}")
+        if not adapter.loaded:
+            raise InvalidArgument("add_active_adapter: the LoraAdapter holds no parameters; call its Load(path) first")
+        self._adapters.append(adapter)
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)

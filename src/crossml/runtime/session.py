@@ -135,6 +135,7 @@ class InferenceSession:
         self._overridable = [NodeArg(vi.name, vi.type) for vi in g.input if vi.name in init_names]
         self._outputs = [NodeArg(vo.name, vo.type) for vo in g.output]
         self._input_by_name = {a.name: a for a in self._inputs + self._overridable}
+        self._input_names = tuple(a.name for a in self._inputs)
         self._output_index = {a.name: i for i, a in enumerate(self._outputs)}
 
         fold = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -322,6 +323,8 @@ class InferenceSession:
             raise Fail("Exiting due to terminate flag being set to true.")
         if not isinstance(feed, Mapping):
             raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
+        if run_options is not None and run_options._adapters:
+            feed = self._with_adapters(feed, run_options._adapters)
         missing = [a.name for a in self._inputs if a.name not in feed]
         if missing:
             raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(feed)}).")
@@ -337,7 +340,7 @@ class InferenceSession:
             # torch's TF32 switches are process-wide: a session created later with the other use_tf32 setting
             # changed them, and this session's products (and any recording it makes) follow its own setting
             self._set_tf32()
-        if self._capture and len(converted) == len(self._inputs) and not _eager_requested(run_options):
+        if self._capture and not _eager_requested(run_options):
             # in place only where every input is the caller's own device tensor (not a copy made here)
             stable = stable and all(isinstance(v, OrtValue) and converted[n] is v._value for n, v in feed.items())
             outs = self._run_specialized(converted, stable, into)
@@ -353,17 +356,41 @@ class InferenceSession:
             self._profiler.event("Session", "model_run", t0, time.perf_counter_ns())
         return outs
 
+    def _with_adapters(self, feed: Mapping[str, Any], adapters: list[Any]) -> dict[str, Any]:
+        """The feed with the active LoRA adapters' parameters (on this session's device): the first adapter naming
+        a parameter wins, and adapters win over the feed, as in onnxruntime."""
+        from crossml.runtime.adapters import active_feed
+
+        if not isinstance(feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
+        params = active_feed(adapters, self._device)
+        for name in params:
+            if name not in self._input_by_name:
+                owner = next(a for a in adapters if name in a._params)
+                raise InvalidArgument(
+                    f"Invalid input name: {name} (a parameter of the active LoRA adapter '{owner._path}'). Inputs "
+                    f"of the model: {', '.join(self._input_by_name)}; the adapter was made for another model")
+        return {**feed, **params}
+
     # -- per-signature plans and command lists (GPU) ------------------------------------------
+    def _fed_names(self, feed: Mapping[str, Any]) -> tuple[str, ...]:
+        """The inputs a specialised plan takes: every graph input, then the overridable initializers fed."""
+        if len(feed) == len(self._input_names):
+            return self._input_names
+        return self._input_names + tuple(a.name for a in self._overridable if a.name in feed)
+
     def _run_specialized(self, feed: dict[str, Any], stable: bool = False,
                          into: Sequence[torch.Tensor | None] | None = None) -> list[Any] | None:
         """Run the plan specialised for these input shapes, replaying its captured command list. ``stable``
         inputs (an IOBinding's, unchanged since its last run) get a recording of their own that reads them in
-        place — no input copies — keyed by their addresses, while outputs are still copied out."""
-        tensors = [feed[a.name] for a in self._inputs]
+        place — no input copies — keyed by their addresses, while outputs are still copied out. Overridable
+        initializers fed to the run (LoRA adapter parameters) are inputs of the recording too."""
+        names = self._fed_names(feed)
+        tensors = [feed[n] for n in names]
         if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
             return None
         in_place = stable and not self._bind_io
-        key = self._signature(tensors, addresses=in_place) + (("in place",) if in_place else ())
+        key = self._signature(names, tensors, addresses=in_place) + (("in place",) if in_place else ())
         runner = self._runners.get(key)
         if runner is None:
             with self._lock:
@@ -377,10 +404,10 @@ class InferenceSession:
             return runner.run(tensors, into)
         return runner(tensors)
 
-    def _signature(self, tensors: Sequence[torch.Tensor], addresses: bool = False) -> tuple:
-        """The key of the inputs' plan and recording: shapes and dtypes, and with bound I/O (a recording reads
-        its inputs in place) their addresses and strides too."""
-        key = tuple((tuple(t.shape), t.dtype) for t in tensors)
+    def _signature(self, names: tuple[str, ...], tensors: Sequence[torch.Tensor], addresses: bool = False) -> tuple:
+        """The key of the inputs' plan and recording: the names fed, shapes and dtypes, and with bound I/O (a
+        recording reads its inputs in place) their addresses and strides too."""
+        key = (names,) + tuple((tuple(t.shape), t.dtype) for t in tensors)
         if self._bind_io or addresses:
             key += tuple((t.data_ptr(), t.stride()) for t in tensors)
         return key
@@ -394,7 +421,8 @@ class InferenceSession:
         forgets the recording, which then lives as long as the returned function."""
         if not self._bind_io:
             return None
-        key = self._signature([feed[a.name] for a in self._inputs])
+        names = self._fed_names(feed)
+        key = self._signature(names, [feed[n] for n in names])
         runner = self._runners.get(key)
         if not isinstance(runner, Recording):
             return None
@@ -410,11 +438,12 @@ class InferenceSession:
         return replay
 
     def _make_runner(self, key: tuple, example: list[torch.Tensor], in_place: bool = False) -> Any:
-        shapes = {a.name: shape for a, (shape, _) in zip(self._inputs, key)}
+        names = key[0]
+        shapes = {n: shape for n, (shape, _) in zip(names, key[1:])}
         if in_place:
             # the first run of these bindings recorded the shapes' plan (the IOBinding's first run is not in
             # place): record the same plan again, reading the bound tensors where they are
-            base = self._runners.get(self._signature(example))
+            base = self._runners.get(self._signature(names, example))
             if base is not None and not isinstance(base, Recording):
                 return base  # not recordable: runs eagerly, nothing to gain
             if base is not None:
@@ -425,7 +454,7 @@ class InferenceSession:
                     return base
         plan = build_plan(self._model, self._plan_options(), self._specialized_types(shapes))
         self._apply_overrides(plan)
-        slots = [plan.input_slots[a.name] for a in self._inputs]
+        slots = [plan.input_slots[n] for n in names]
 
         def run_plan(inputs: list[Any]) -> list[Any]:
             vals = plan.initial_values()
@@ -449,6 +478,9 @@ class InferenceSession:
         """Value types inferred with the inputs' concrete shapes (so shape computations fold)."""
         m = onnx.ModelProto()
         m.CopyFrom(self._skeleton)
+        fed = [i for i, t in enumerate(m.graph.initializer) if t.name in shapes]
+        for i in reversed(fed):  # an overridable initializer fed to the run: its shape is the value's
+            del m.graph.initializer[i]
         for vi in m.graph.input:
             if vi.name in shapes:
                 dims = vi.type.tensor_type.shape.dim
