@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from crossml.genai.adapters import Adapters, NamedTensors
 from crossml.genai.config import Config
 from crossml.genai.errors import (
     ConfigError,
@@ -54,6 +55,41 @@ def is_rocm_available() -> bool:
     return is_cuda_available() and backend_vendor() == "amd"
 
 
+def is_openvino_available() -> bool:
+    """False: crossml runs no OpenVINO execution provider (its GPU provider serves "gpu", "cuda" and "dml")."""
+    return False
+
+
+def is_qnn_available() -> bool:
+    """False: crossml runs no QNN execution provider."""
+    return False
+
+
+def is_webgpu_available() -> bool:
+    """False: crossml runs no WebGPU execution provider."""
+    return False
+
+
+def register_execution_provider_library(registration_name: str, library_path: str) -> None:
+    """onnxruntime-genai loads a native onnxruntime plug-in execution provider here; crossml cannot load those."""
+    raise GenAIError(f"register_execution_provider_library('{registration_name}', '{library_path}'): onnxruntime "
+                     "plug-in execution-provider libraries are native onnxruntime code that crossml cannot load; "
+                     "crossml's own GPU provider serves Config.append_provider('gpu' | 'cuda' | 'dml')")
+
+
+def unregister_execution_provider_library(registration_name: str) -> None:
+    raise GenAIError(f"unregister_execution_provider_library('{registration_name}'): no execution-provider library "
+                     "is registered (crossml cannot load onnxruntime plug-in libraries)")
+
+
+def enable_telemetry_events() -> None:
+    """A no-op: crossml records and sends no telemetry."""
+
+
+def disable_telemetry_events() -> None:
+    """A no-op: crossml records and sends no telemetry."""
+
+
 def set_current_gpu_device_id(device_id: int) -> None:
     from crossml.device.adapter import set_current_device
 
@@ -67,6 +103,9 @@ def get_current_gpu_device_id() -> int:
 
 
 __all__ = [
+    "Adapters", "NamedTensors", "disable_telemetry_events", "enable_telemetry_events", "is_openvino_available",
+    "is_qnn_available", "is_webgpu_available", "register_execution_provider_library",
+    "unregister_execution_provider_library",
     "Config", "ConfigError", "GenAIError", "Generator", "GeneratorParams", "GeneratorStateError", "Model",
     "ModelFileNotFound", "NameNotFoundError", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream",
     "UnsupportedModelError",

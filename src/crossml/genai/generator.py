@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from crossml import dtypes
 from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
 from crossml.genai import logs, search
+from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
@@ -202,6 +204,12 @@ class Generator:
         self._host_slots: list[tuple[torch.Tensor, np.ndarray]] = []  # made by the first greedy step
         self._slot = 0
         self._live = False  # self._logits is the recorded graph's logits buffer itself (greedy run-ahead steps)
+        # the decoder's extra inputs (see crossml.genai.model.DecoderIO.extra): active adapters, in the order set,
+        # set_model_input values, and the merged feed (in the lent buffers' fixed tensors on the static path)
+        self._adapters: list[tuple[str, Any]] = []
+        self._model_inputs: dict[str, torch.Tensor] = {}
+        self._extra: dict[str, torch.Tensor] = {}
+        self._refresh_extras()
 
     def _make_cache(self) -> KVCache:
         dec, io = self._model.config.model.decoder, self._model.io
@@ -223,6 +231,12 @@ class Generator:
             raise ValueError(f"append_tokens takes integer token ids shaped [length] or [batch, length], got "
                              f"{arr.dtype} {arr.shape}")
         s = self._s
+        missing = sorted(self._model.io.required - self._extra.keys())
+        if missing:
+            raise GenAIError(f"Missing Input: {', '.join(missing)}: the decoder '{self._model.config.model.decoder.filename}' "
+                             f"takes {'these inputs' if len(missing) > 1 else 'this input'} beside the ones "
+                             "crossml.genai feeds; give each with generator.set_model_input(name, value) (or an "
+                             "active adapter) before append_tokens")
         if arr.shape[0] != s.batch_size:
             raise ValueError(f"append_tokens: got {arr.shape[0]} sequences but search option batch_size is "
                              f"{s.batch_size}; set_search_options(batch_size={arr.shape[0]})")
@@ -383,7 +397,85 @@ class Generator:
         if io.position_ids is not None:
             feed[io.position_ids] = pos.to(io.position_dtype)
         feed.update(self._cache.feed())
+        feed.update(self._extra)
         return feed
+
+    # -- the decoder's extra inputs -----------------------------------------------------------
+    def set_active_adapter(self, adapters: Adapters, adapter_name: str) -> None:
+        """Feed the LoRA adapter ``adapter_name`` of ``adapters`` to every later run of this generator (a step that
+        already ran ahead is run again). Several adapters may be active: the first one set that names a
+        parameter gives it."""
+        if not isinstance(adapters, Adapters):
+            raise TypeError(f"set_active_adapter: expected og.Adapters, got {type(adapters).__name__}")
+        if adapters._model is not self._model:
+            raise GenAIError("set_active_adapter: these Adapters were made for another og.Model")
+        if any(name == adapter_name for name, _ in self._adapters):
+            return
+        adapter = adapters._find(adapter_name)
+        io, where = self._model.io, self._model.config.model.decoder.filename
+        for param, arr in adapter._params.items():
+            if param not in io.extra:
+                raise GenAIError(
+                    f"set_active_adapter: adapter '{adapter_name}' has parameter '{param}', which is not an input of "
+                    f"'{where}' an adapter may feed; such inputs: {', '.join(io.extra) or 'none'}. Was the adapter "
+                    "made for this model?")
+            want, got = io.extra[param], dtypes.onnx_type_of_numpy(arr.dtype)
+            if want != got:
+                raise GenAIError(
+                    f"set_active_adapter: adapter '{adapter_name}' parameter '{param}' is {dtypes.tensor_type_string(got)}"
+                    f" but '{where}' takes {dtypes.tensor_type_string(want)}")
+        adapters._acquire(adapter_name)
+        weakref.finalize(self, adapters._release, adapter_name)
+        self._adapters.append((adapter_name, adapter))
+        self._refresh_extras()
+
+    def set_model_input(self, name: str, value: Any) -> None:
+        """Feed ``value`` as the decoder input ``name`` on every later run: an input crossml.genai does not feed
+        itself (not input_ids, the mask, positions or the KV cache). Its type must be the input's own."""
+        io = self._model.io
+        if name not in io.extra:
+            managed = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
+            hint = (f"'{name}' is fed by the generator (append_tokens)" if name in managed or name in io.past_names
+                    else f"'{name}' is not an input of '{self._model.config.model.decoder.filename}'")
+            raise NameNotFoundError(f"set_model_input: {hint}; inputs it takes from the caller: "
+                                    f"{', '.join(io.extra) or 'none'}")
+        if isinstance(value, torch.Tensor):
+            t, got = value, dtypes.TORCH_TO_ONNX.get(value.dtype, 0)
+        else:
+            arr = value.as_numpy() if isinstance(value, Tensor) else np.asarray(value)
+            got = dtypes.onnx_type_of_numpy(arr.dtype)
+            t = dtypes.from_numpy(arr.copy(order="C")) if got != dtypes.TP.STRING else None
+        if got != io.extra[name] or t is None:
+            raise GenAIError(f"set_model_input: Unexpected input data type for '{name}'. Actual: "
+                             f"({dtypes.tensor_type_string(got)}), expected: "
+                             f"({dtypes.tensor_type_string(io.extra[name])})")
+        self._model_inputs[name] = t.to(self._dev, copy=True)
+        self._refresh_extras()
+
+    def set_inputs(self, named_tensors: Any) -> None:
+        raise GenAIError(f"Please use generator.append_tokens for {self._model.type}. set_inputs is not supported for "
+                         "this model type (it takes a multimodal processor's outputs); give other decoder inputs "
+                         "with set_model_input(name, value)")
+
+    def _refresh_extras(self) -> None:
+        """Merge the extra inputs (adapters first, in the order set; then set_model_input values; then presets) into
+        the feed of later runs. A step that already ran ahead read the old values: it runs again."""
+        values: dict[str, torch.Tensor] = {}
+        for _, adapter in self._adapters:
+            for name, v in adapter._values(self._dev).items():
+                values.setdefault(name, v._value)
+        for name, t in self._model_inputs.items():
+            values.setdefault(name, t)
+        for name, t in self._model._presets.items():
+            values.setdefault(name, t)
+        if self._bufs is not None:
+            self._bufs.bind_extras(values)
+            values = dict(self._bufs.extras)
+        self._extra = values
+        if self._ahead_outputs is not None:
+            self._kv_len = self._ahead_run[0]
+            self._ahead_outputs = self._ahead_run = None
+            self._logits, self._live = None, False
 
     def _stage(self, col: int) -> None:
         """Write the decode inputs for the token in column ``col`` (its id, its position) into the fixed buffers;
@@ -602,7 +694,7 @@ class Generator:
         io = self._model.io
         run = self._run
         known = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
-        known += self._cache.past_names
+        known += self._cache.past_names + list(self._extra)
         if name not in known or run is None:
             have = ", ".join(known) if run is not None else "none yet: call append_tokens first"
             raise NameNotFoundError(f"get_input: '{name}' is not an input of the last run; inputs: {have}")
@@ -613,6 +705,8 @@ class Generator:
             value = self._mask[:, :end]
         elif name == io.position_ids:
             value = _positions(self._mask[:, :end])[:, start:end].to(io.position_dtype)
+        elif name in self._extra:
+            value = self._extra[name]
         else:
             value = self._cache.feed()[name]
             if not self._s.past_present_share_buffer:

@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from crossml import dtypes
 from crossml.device.recording import capture_supported
 from crossml.genai.config import DECODER_ONLY_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
@@ -75,7 +76,14 @@ class DecoderIO:
     mask_dtype: torch.dtype
     position_dtype: torch.dtype
     input_ids_dtype: torch.dtype
+    #: the decoder's other inputs (name -> ONNX element type): fed by LoRA adapters (Adapters), by
+    #: Generator.set_model_input, or by a preset (PRESET_INPUTS); ``required`` ones have no default value
+    extra: dict[str, int]
+    required: set[str]
 
+
+#: inputs onnxruntime-genai feeds itself when a decoder has them and nothing else does: name -> value
+PRESET_INPUTS = {"num_logits_to_keep": 0}  # 0: logits for every position
 
 #: prompt recordings one DecodeBuffers set keeps (the least recently used bucket is dropped first)
 MAX_PROMPT_GRAPHS = 4
@@ -124,6 +132,21 @@ class DecodeBuffers:
         self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
         self.seen: set[int] = set()  # bucket widths asked for at least once
+        #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
+        self.extras: dict[str, torch.Tensor] = {}
+
+    def bind_extras(self, values: dict[str, torch.Tensor]) -> None:
+        """Copy a generator's extra input values into this set's fixed buffers. A different set of names, shapes
+        or types gets new buffers, and the recordings made on the old ones are dropped."""
+        old = self.extras
+        if old.keys() != values.keys() or any(old[k].shape != v.shape or old[k].dtype != v.dtype
+                                              for k, v in values.items()):
+            self.extras = {k: torch.empty_like(v, device=self._device) for k, v in values.items()}
+            self.replay = None
+            self.prompts.clear()
+            self.seen.clear()
+        for k, v in values.items():
+            self.extras[k].copy_(v)
 
     def prompt(self, width: int) -> PromptBuffers | None:
         """The prompt buffers of one bucket width; None the first time the width is asked for (that prompt runs
@@ -179,6 +202,12 @@ class Model:
         self._decode_compiles: Any = None  # a CompileAhead of the decode step's kernels, still compiling
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
+
+        #: values of the decoder's preset inputs (PRESET_INPUTS it takes and gives no default for)
+        shapes = {a.name: a.shape for a in self.session.get_inputs()}
+        self._presets = {name: torch.full([1] * len(shapes[name]), value, device=self.device,
+                                          dtype=dtypes.torch_dtype(self.io.extra[name]))
+                         for name, value in PRESET_INPUTS.items() if name in self.io.required}
 
         self._eager = RunOptions()
         self._eager.add_run_config_entry(GRAPH_ID, "-1")
@@ -268,12 +297,11 @@ class Model:
             raise UnsupportedModelError(
                 f"'{where}' lacks {', '.join(missing)} named by genai_config.json (model.decoder.inputs/outputs); "
                 f"its inputs are {', '.join(inputs)} and outputs {', '.join(sorted(outputs))}")
-        extra = [x for x in inputs if x not in {ids, *past, dec.input_name("attention_mask", "attention_mask"),
-                                                  dec.input_name("position_ids", "position_ids")}]
-        if extra:
-            raise UnsupportedModelError(f"'{where}' has inputs crossml.genai does not feed: {', '.join(extra)}")
         mask = dec.input_name("attention_mask", "attention_mask")
         pos = dec.input_name("position_ids", "position_ids")
+        managed = {ids, *past, mask, pos}
+        extra = {a.name: a._tp.tensor_type.elem_type for a in
+                 self.session.get_inputs() + self.session.get_overridable_initializers() if a.name not in managed}
 
         def dtype(name: str | None, default: torch.dtype) -> torch.dtype:
             if name is None or name not in inputs:
@@ -283,7 +311,8 @@ class Model:
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
-                         position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64))
+                         position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),
+                         extra=extra, required={n for n in extra if n in inputs})
 
     def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
                   output_names: list[str]) -> list[torch.Tensor]:

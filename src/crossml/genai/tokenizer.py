@@ -33,7 +33,8 @@ class Tensor:
     """og.Tensor: what ``encode_batch`` returns (a padded [batch, length] int32 array)."""
 
     def __init__(self, array: np.ndarray) -> None:
-        self._array = np.ascontiguousarray(array)
+        array = np.asarray(array)
+        self._array = array if array.flags.c_contiguous else array.copy(order="C")  # 0-d stays 0-d
 
     def as_numpy(self) -> np.ndarray:
         return self._array
