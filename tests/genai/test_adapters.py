@@ -49,59 +49,56 @@ def _logits_node(m: onnx.ModelProto) -> tuple[onnx.NodeProto, int, int]:
     return node, hidden, vocab
 
 
-@pytest.fixture(scope="module")
-def lora_model(genai_models, tmp_path_factory) -> tuple[str, int, int]:
-    """(folder, hidden, vocab) of the qwen2 fp32 builder model with a LoRA pair and a bias on its logits."""
-    dims: list[int] = []
-
-    def edit(m: onnx.ModelProto) -> None:
-        node, hidden, vocab = _logits_node(m)
-        dims.extend([hidden, vocab])
-        node.output[0] = "logits_base"
-        m.graph.input.extend([h.make_tensor_value_info("lora_A", T.FLOAT, [hidden, "rank"]),
-                              h.make_tensor_value_info("lora_B", T.FLOAT, ["rank", vocab]),
-                              h.make_tensor_value_info("adapter_bias", T.FLOAT, [vocab])])
-        m.graph.initializer.extend([onnx.numpy_helper.from_array(np.zeros((hidden, 0), np.float32), "lora_A"),
-                                    onnx.numpy_helper.from_array(np.zeros((0, vocab), np.float32), "lora_B"),
-                                    onnx.numpy_helper.from_array(np.zeros(vocab, np.float32), "adapter_bias")])
-        m.graph.node.extend([h.make_node("MatMul", [node.input[0], "lora_A"], ["lora_a_out"]),
-                             h.make_node("MatMul", ["lora_a_out", "lora_B"], ["lora_out"]),
-                             h.make_node("Add", ["logits_base", "lora_out"], ["logits_lora"]),
-                             h.make_node("Add", ["logits_lora", "adapter_bias"], ["logits"])])
-
-    folder = _rewrite(genai_models[("qwen2", "fp32")], tmp_path_factory.mktemp("lora") / "qwen2_lora", edit)
-    return folder, dims[0], dims[1]
+def add_lora(m: onnx.ModelProto) -> None:
+    """Put a LoRA pair and a bias on a builder model's logits (overridable initializers, empty / zero defaults)."""
+    node, hidden, vocab = _logits_node(m)
+    node.output[0] = "logits_base"
+    m.graph.input.extend([h.make_tensor_value_info("lora_A", T.FLOAT, [hidden, "rank"]),
+                          h.make_tensor_value_info("lora_B", T.FLOAT, ["rank", vocab]),
+                          h.make_tensor_value_info("adapter_bias", T.FLOAT, [vocab])])
+    m.graph.initializer.extend([onnx.numpy_helper.from_array(np.zeros((hidden, 0), np.float32), "lora_A"),
+                                onnx.numpy_helper.from_array(np.zeros((0, vocab), np.float32), "lora_B"),
+                                onnx.numpy_helper.from_array(np.zeros(vocab, np.float32), "adapter_bias")])
+    m.graph.node.extend([h.make_node("MatMul", [node.input[0], "lora_A"], ["lora_a_out"]),
+                         h.make_node("MatMul", ["lora_a_out", "lora_B"], ["lora_out"]),
+                         h.make_node("Add", ["logits_base", "lora_out"], ["logits_lora"]),
+                         h.make_node("Add", ["logits_lora", "adapter_bias"], ["logits"])])
 
 
-@pytest.fixture(scope="module")
-def adapter_files(lora_model, tmp_path_factory) -> dict[str, str]:
-    """Adapter files, written by onnxruntime's writer and by crossml's."""
-    _, hidden, vocab = lora_model
+def write_adapters(folder: str, out: Path) -> dict[str, str]:
+    """Adapter files for an ``add_lora`` model: "lora" (written by onnxruntime's writer), "bias" (crossml's), and
+    two the model refuses: "half" (float16 values) and "stray" (a name the model lacks)."""
+    m = onnx.load(os.path.join(folder, "model.onnx"), load_external_data=False)
+    dims = {i.name: i.type.tensor_type.shape.dim for i in m.graph.input}
+    hidden, vocab = dims["lora_A"][0].dim_value, dims["adapter_bias"][0].dim_value
     rng = np.random.default_rng(3)
-    out = tmp_path_factory.mktemp("adapters")
     lora = {"lora_A": rng.standard_normal((hidden, RANK)).astype(np.float32) * 0.5,
             "lora_B": rng.standard_normal((RANK, vocab)).astype(np.float32) * 0.5}
-    bias = {"adapter_bias": rng.standard_normal(vocab).astype(np.float32) * 3}
-    files = {}
+    bias = rng.standard_normal(vocab).astype(np.float32) * 3
     fmt = onnxruntime.AdapterFormat()
     fmt.set_adapter_version(1)
     fmt.set_model_version(1)
     fmt.set_parameters({k: onnxruntime.OrtValue.ortvalue_from_numpy(v) for k, v in lora.items()})
-    files["lora"] = str(out / "lora.onnx_adapter")
+    files = {"lora": str(out / "lora.onnx_adapter")}
     fmt.export_adapter(files["lora"])
-    ours = crossml.AdapterFormat()
-    ours.set_parameters(bias)
-    files["bias"] = str(out / "bias.onnx_adapter")
-    ours.export_adapter(files["bias"])
-    half = crossml.AdapterFormat()
-    half.set_parameters({"adapter_bias": bias["adapter_bias"].astype(np.float16)})
-    files["half"] = str(out / "half.onnx_adapter")
-    half.export_adapter(files["half"])
-    stray = crossml.AdapterFormat()
-    stray.set_parameters({"not_an_input": bias["adapter_bias"]})
-    files["stray"] = str(out / "stray.onnx_adapter")
-    stray.export_adapter(files["stray"])
+    for name, params in {"bias": {"adapter_bias": bias}, "half": {"adapter_bias": bias.astype(np.float16)},
+                         "stray": {"not_an_input": bias}}.items():
+        ours = crossml.AdapterFormat()
+        ours.set_parameters(params)
+        files[name] = str(out / f"{name}.onnx_adapter")
+        ours.export_adapter(files[name])
     return files
+
+
+@pytest.fixture(scope="module")
+def lora_model(genai_models, tmp_path_factory) -> str:
+    """The qwen2 fp32 builder model with a LoRA pair and a bias on its logits."""
+    return _rewrite(genai_models[("qwen2", "fp32")], tmp_path_factory.mktemp("lora") / "qwen2_lora", add_lora)
+
+
+@pytest.fixture(scope="module")
+def adapter_files(lora_model, tmp_path_factory) -> dict[str, str]:
+    return write_adapters(lora_model, tmp_path_factory.mktemp("adapters"))
 
 
 def _generate(mod: Any, model: Any, adapters: Any, prompts: list[str], active: list[str],
@@ -144,7 +141,7 @@ def _loaded(mod: Any, folder: str, files: dict[str, str], model: Any = None) -> 
 
 @pytest.mark.parametrize("prompts", PROMPTS, ids=["batch1", "batch2"])
 def test_adapters_match_onnxruntime_genai(og_ref, lora_model, adapter_files, prompts: list[str]) -> None:
-    folder = lora_model[0]
+    folder = lora_model
     ref_model, ref_adapters = _loaded(og_ref, folder, adapter_files)
     model, adapters = _loaded(og, folder, adapter_files)
     sequences = set()
@@ -163,7 +160,7 @@ def test_adapters_on_the_static_run_ahead_path(lora_model, adapter_files) -> Non
     """The GPU's decode path (fixed-address buffers, steps run ahead), forced on the CPU: an adapter set after the
     prompt or after a token reaches the step that already ran ahead, and buffer sets lent to later generators carry the right
     values (or none)."""
-    folder = lora_model[0]
+    folder = lora_model
     plain, plain_adapters = _loaded(og, folder, adapter_files)
     model, adapters = _loaded(og, folder, adapter_files)
     model._static_decode = model._run_ahead = True
@@ -176,7 +173,7 @@ def test_adapters_on_the_static_run_ahead_path(lora_model, adapter_files) -> Non
 
 
 def test_adapter_lifetime_and_errors(lora_model, adapter_files) -> None:
-    folder = lora_model[0]
+    folder = lora_model
     model, adapters = _loaded(og, folder, adapter_files)
     with pytest.raises(og.GenAIError, match="Adapter already loaded: lora"):
         adapters.load(adapter_files["bias"], "lora")

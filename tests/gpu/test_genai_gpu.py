@@ -65,7 +65,8 @@ def _generate(model: og.Model, prompts: list[str], new: int = NEW) -> tuple[list
 def _decode_recordings(model: og.Model) -> list[Any]:
     """The session's recorded graphs whose input_ids are one token per row."""
     ids = [i for i, a in enumerate(model.session.get_inputs()) if a.name == model.io.input_ids][0]
-    return [r for key, r in model.session._runners.items() if key[ids][0][1] == 1 and isinstance(r, Recording)]
+    # a key: the names fed, then (shape, dtype) per input
+    return [r for key, r in model.session._runners.items() if key[1 + ids][0][1] == 1 and isinstance(r, Recording)]
 
 
 @pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
@@ -262,3 +263,32 @@ def test_first_prompt_compiles_ahead(models: Path, precision: str, tmp_path) -> 
     assert main <= {"_argmax_chunks_kernel", "_finish_kernel"}, main
     assert runs["1"]["tokens"] == runs["0"]["tokens"]
     np.testing.assert_array_equal(runs["1"]["logits"], runs["0"]["logits"])
+
+
+def test_adapters_on_the_gpu_match_the_cpu(models: Path, tmp_path) -> None:
+    """LoRA adapters (tests/genai/test_adapters.py's model: a LoRA pair and a bias on the logits) on the GPU's
+    captured, run-ahead decode: the same tokens as the CPU, adapters set before the prompt or after a token, and
+    the decode step with adapter inputs is still one recorded graph."""
+    from tests.genai.test_adapters import CASES, _loaded, _rewrite, add_lora, write_adapters
+    from tests.genai.test_adapters import _generate as generate_with
+
+    folder = _rewrite(str(models / "qwen2_fp32"), tmp_path / "lora", add_lora)
+    files = write_adapters(folder, tmp_path)
+    cpu, gpu = og.Config(folder), og.Config(folder)
+    cpu.clear_providers()
+    gpu.clear_providers()
+    gpu.append_provider("cuda")
+    cpu_model, cpu_adapters = _loaded(og, folder, files, og.Model(cpu))
+    gpu_model, gpu_adapters = _loaded(og, folder, files, og.Model(gpu))
+    assert gpu_model._static_decode and gpu_model._capture and gpu_model._run_ahead
+    for case in ("lora", "mid", "none", "both", "mid_second"):
+        want_seq, want_logits = generate_with(og, cpu_model, cpu_adapters, [PROMPT], *CASES[case])
+        seq, logits = generate_with(og, gpu_model, gpu_adapters, [PROMPT], *CASES[case])
+        first = len(want_seq[0]) - 8
+        assert seq[0][:first] == want_seq[0][:first], case
+        for step in range(4):
+            scale = float(np.abs(want_logits[step]).max())
+            np.testing.assert_allclose(logits[step], want_logits[step], atol=0.02 * scale, rtol=0,
+                                       err_msg=f"{case}, step {step}")
+    recorded = [key for key, r in gpu_model.session._runners.items() if isinstance(r, Recording) and "lora_A" in key[0]]
+    assert recorded  # runs fed the adapter's parameters and were recorded
