@@ -52,6 +52,20 @@ def set_default_logger_verbosity(verbosity: int) -> None:
     pass
 
 
+def get_version_string() -> str:
+    """crossml's version (onnxruntime's returns its own)."""
+    return __version__
+
+
+def get_build_info() -> str:
+    """What this crossml runs on: its version, torch's and the GPU backend torch was built for."""
+    import torch
+
+    backend = f"cuda {torch.version.cuda}" if torch.version.cuda else (
+        f"rocm {torch.version.hip}" if getattr(torch.version, "hip", None) else "cpu")
+    return f"crossml {__version__}, torch {torch.__version__} ({backend})"
+
+
 def set_seed(seed: int) -> None:
     """Seed the random ops (RandomNormal, Bernoulli, ...)."""
     import torch
@@ -65,5 +79,6 @@ __all__ = [
     "ExecutionOrder", "GraphOptimizationLevel", "OrtAllocatorType", "OrtMemType", "RunOptions",
     "SessionOptions", "OrtValue", "get_all_providers", "get_available_providers", "get_device",
     "InferenceSession", "ModelMetadata", "NodeArg", "__version__", "set_default_logger_severity",
-    "set_default_logger_verbosity", "set_seed", "AdapterFormat", "LoraAdapter",
+    "set_default_logger_verbosity", "set_seed", "AdapterFormat", "LoraAdapter", "get_build_info",
+    "get_version_string",
 ]

@@ -257,3 +257,56 @@ def test_iobinding_tells_the_session_when_its_input_bindings_are_stable(affine_m
     sess.run_with_iobinding(b)
     assert seen == [False, True, False]
     np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], affine_reference(x)[0], rtol=1e-6)
+
+
+def test_run_async_calls_back_from_another_thread(affine_model):
+    import threading
+
+    s = ort.InferenceSession(affine_model, providers=CPU)
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    done = threading.Event()
+    calls = []
+
+    def callback(results, user_data, err):
+        calls.append((results, user_data, err, threading.current_thread() is threading.main_thread()))
+        done.set()
+
+    s.run_async(None, {"x": x}, callback, {"tag": 1})
+    assert done.wait(30)
+    (results, user_data, err, on_main), = calls
+    assert err == "" and user_data == {"tag": 1} and not on_main
+    for got, want in zip(results, s.run(None, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+    done.clear()
+    s.run_async(["z"], {"x": np.ones((2, 5), np.float32)}, callback, None)  # a run error goes to the callback
+    assert done.wait(30)
+    results, _, err, _ = calls[-1]
+    assert results == [] and "x" in err and "5" in err
+    with pytest.raises(ort.InvalidArgument, match="missing from input feed"):
+        s.run_async(None, {"q": x}, callback, None)
+    with pytest.raises(ort.InvalidArgument, match="Invalid output name"):
+        s.run_async(["nope"], {"x": x}, callback, None)
+
+
+def test_ortvalue_update_inplace_and_size():
+    import onnxruntime
+
+    arr = np.zeros((2, 3), np.float32)
+    v = ort.OrtValue.ortvalue_from_numpy(arr)
+    ptr = v.data_ptr()
+    v.update_inplace(np.arange(6, dtype=np.float32))
+    np.testing.assert_array_equal(v.numpy(), np.arange(6, dtype=np.float32).reshape(2, 3))
+    v.update_inplace(ort.OrtValue.ortvalue_from_numpy(np.full((3, 2), 7, np.float32)))
+    assert v.data_ptr() == ptr and (v.numpy() == 7).all()
+    with pytest.raises(ort.InvalidArgument, match="does not match"):
+        v.update_inplace(np.zeros(4, np.float32))
+    with pytest.raises(ort.InvalidArgument, match=r"tensor\(double\).*tensor\(float\)"):
+        v.update_inplace(np.zeros(6, np.float64))
+    for a in (np.zeros((2, 3), np.float32), np.zeros(5, np.int64), np.zeros((4, 4), np.float16), np.zeros(0, np.int8)):
+        want = onnxruntime.OrtValue.ortvalue_from_numpy(a).tensor_size_in_bytes()
+        assert ort.OrtValue.ortvalue_from_numpy(a).tensor_size_in_bytes() == want
+
+
+def test_version_and_build_info():
+    assert ort.get_version_string() == ort.__version__
+    assert ort.__version__ in ort.get_build_info() and "torch" in ort.get_build_info()

@@ -135,6 +135,36 @@ class OrtValue:
             return int(v.ctypes.data)
         raise InvalidArgument("data_ptr() is only available for tensors")
 
+    def tensor_size_in_bytes(self) -> int:
+        """Bytes of the tensor's data (strings: the sum of their UTF-8 lengths)."""
+        v = self._value
+        if isinstance(v, torch.Tensor):
+            return v.numel() * v.element_size()
+        if isinstance(v, np.ndarray):
+            return sum(len(str(x).encode()) for x in v.flat) if v.dtype == object else int(v.nbytes)
+        raise InvalidArgument("tensor_size_in_bytes() is only available for tensors; this OrtValue holds a "
+                              + self._kind())
+
+    def update_inplace(self, data: Any) -> None:
+        """Copy ``data`` (a numpy array or an OrtValue, any device) into this tensor's memory, which keeps its
+        address: how inputs of a recorded (graph-captured) run or an IOBinding get new values."""
+        src = data._value if isinstance(data, OrtValue) else data
+        src_type = data.element_type() if isinstance(data, OrtValue) else None
+        if isinstance(src, np.ndarray) or not isinstance(src, torch.Tensor):
+            arr = np.asarray(src)
+            src_type = dtypes.onnx_type_of_numpy(arr.dtype)
+            src = dtypes.from_numpy(arr)
+        dst = self._value
+        if not isinstance(dst, torch.Tensor) or not isinstance(src, torch.Tensor):
+            raise InvalidArgument("update_inplace: only numeric tensors can be updated in place")
+        if src_type != self.element_type():
+            raise InvalidArgument(f"update_inplace: the data is {dtypes.tensor_type_string(src_type)} but the OrtValue "
+                                  f"holds {self.data_type()}")
+        if src.numel() != dst.numel():
+            raise InvalidArgument(f"update_inplace: the input size of the data ({src.numel()} elements) does not match "
+                                  f"the size of the OrtValue ({dst.numel()} elements)")
+        dst.copy_(src.reshape(dst.shape))
+
     def is_tensor(self) -> bool:
         return isinstance(self._value, (torch.Tensor, np.ndarray))
 

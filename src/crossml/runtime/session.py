@@ -288,6 +288,31 @@ class InferenceSession:
         outs = self._run(input_dict_ort_values, run_options)
         return [OrtValue(outs[i], _elem_type(self._outputs[i]._tp)) for i in idx]
 
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Callable[[list[Any], Any, str], None], user_data: Any,
+                  run_options: RunOptions | None = None) -> None:
+        """Run on a worker thread and call ``callback(outputs, user_data, err)`` from it: the outputs as ``run``
+        returns them and ``err == ""``, or ``[]`` and the error's message. Bad names raise here, at once."""
+        if not callable(callback):
+            raise InvalidArgument(f"run_async: callback must be callable, got {type(callback).__name__}")
+        if not isinstance(input_feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(input_feed).__name__}")
+        missing = [a.name for a in self._inputs if a.name not in input_feed]
+        if missing:
+            raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
+        self._output_indices(output_names)
+        feed = dict(input_feed)
+
+        def work() -> None:
+            try:
+                outs = self.run(output_names, feed, run_options)
+            except Exception as exc:  # noqa: BLE001 - handed to the callback, as onnxruntime does
+                callback([], user_data, str(exc))
+                return
+            callback(outs, user_data, "")
+
+        threading.Thread(target=work, name="crossml-run-async", daemon=True).start()
+
     def run_with_iobinding(self, iobinding: Any, run_options: RunOptions | None = None) -> None:
         iobinding._run(self, run_options)
 
