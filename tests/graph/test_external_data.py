@@ -179,3 +179,66 @@ def test_merged_gate_up_weights_stay_out_of_the_proto(tmp_path) -> None:
         want = np.concatenate([weights[f"l{layer}_Wg"], weights[f"l{layer}_Wu"]], axis=1)
         np.testing.assert_array_equal(external.array(t), want)
         np.testing.assert_array_equal(numpy_helper.to_array(external.materialize(t)), want)
+
+
+def _affine_external(folder) -> tuple[str, np.ndarray, np.ndarray]:
+    """y = x @ W + b with W and b in the external file w.bin; returns the model path and W, b."""
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) / 7
+    b = np.linspace(-1, 1, 3).astype(np.float32)
+    g = h.make_graph([h.make_node("MatMul", ["x", "W"], ["xw"]), h.make_node("Add", ["xw", "b"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["n", 4])], [h.make_tensor_value_info("y", T.FLOAT, None)],
+                     [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    path = os.path.join(folder, "m.onnx")
+    onnx.save(m, path, save_as_external_data=True, location="w.bin", size_threshold=0)
+    return path, w, b
+
+
+def test_external_initializers_given_by_the_caller_match_onnxruntime(tmp_path):
+    """SessionOptions.add_external_initializers / add_external_initializers_from_files_in_memory, as onnxruntime:
+    given values replace the initializers (their file need not exist); file bytes given in memory are read in
+    place of the file."""
+    import onnxruntime
+
+    path, w, b = _affine_external(str(tmp_path))
+    data = open(os.path.join(tmp_path, "w.bin"), "rb").read()
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+
+    def both(setup, source=path):
+        outs = []
+        for mod in (ort, onnxruntime):
+            so = mod.SessionOptions()
+            setup(mod, so)
+            src = source if mod is ort or not isinstance(source, onnx.ModelProto) else source.SerializeToString()
+            outs.append(mod.InferenceSession(src, so, providers=CPU).run(None, {"x": x})[0])
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6)
+        return outs[0]
+
+    def values(*arrays):
+        return lambda mod, so: so.add_external_initializers(
+            ["W", "b"][: len(arrays)], [mod.OrtValue.ortvalue_from_numpy(a) for a in arrays])
+
+    np.testing.assert_allclose(both(values(w * 0)), x @ (w * 0) + b, rtol=1e-6)  # the file still gives b
+    os.rename(tmp_path / "w.bin", tmp_path / "w.bin.gone")
+    np.testing.assert_allclose(both(values(w * 2, b * 3)), x @ (w * 2) + b * 3, rtol=1e-6)
+    with open(path, "rb") as f:  # the model's bytes: every external tensor given
+        np.testing.assert_allclose(both(values(w, b), f.read()), x @ w + b, rtol=1e-6)
+    np.testing.assert_allclose(both(lambda mod, so: so.add_external_initializers_from_files_in_memory(
+        ["w.bin"], [data], [len(data)])), x @ w + b, rtol=1e-6)
+
+    def fails(setup, match, error=Fail):
+        so = ort.SessionOptions()
+        setup(ort, so)
+        with pytest.raises(error, match=match):
+            ort.InferenceSession(path, so, providers=CPU)
+
+    fails(values(w), "'w.bin' of initializer 'b' does not exist", ort.NoSuchFile)
+    fails(lambda mod, so: so.add_external_initializers(["W", "b", "zz"], [w, b, b]), "no initializer named 'zz'")
+    fails(values(w.T.copy(), b), r"'W' has shape \[4, 3\], the value given \[3, 4\]")
+    fails(values(w.astype(np.float64), b), "'W' is .*FLOAT, the value given is float64")
+    fails(lambda mod, so: so.add_external_initializers_from_files_in_memory(["w.bin"], [data[:20]], [20]),
+          r"\(20 bytes\) is shorter")
+    with pytest.raises(ort.InvalidArgument, match="length 99"):
+        ort.SessionOptions().add_external_initializers_from_files_in_memory(["w.bin"], [data[:20]], [99])
+    with pytest.raises(ort.InvalidArgument, match="2 names but 1 values"):
+        ort.SessionOptions().add_external_initializers(["W", "b"], [w])

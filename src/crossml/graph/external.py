@@ -32,7 +32,7 @@ from crossml.runtime.errors import Fail, InvalidGraph, NoSuchFile
 #: token -> the Files of a loaded model, while its session holds them
 _OPEN: weakref.WeakValueDictionary[str, Files] = weakref.WeakValueDictionary()
 _TOKENS = itertools.count()
-_KEY = "crossml_files"  # the external_data entry naming the Files that checked a reference
+KEY = "crossml_files"  # the external_data entry naming the Files that checked a reference
 
 #: element types whose raw bytes are a numpy array's (read straight from the map; other types, e.g. bfloat16 or
 #: 4-bit, go through onnx's reader)
@@ -66,21 +66,26 @@ class Files:
         self._lock = threading.Lock()
         _OPEN[self.token] = self
 
-    def resolve(self, t: onnx.TensorProto) -> None:
+    def resolve(self, t: onnx.TensorProto, contents: np.ndarray | None = None) -> None:
         """Check ``t``'s external-data reference (inside the folder, within the file, as long as its shape
-        needs) and point it at the resolved file, with an explicit offset and length."""
+        needs) and point it at the resolved file, with an explicit offset and length. ``contents``: the file's
+        bytes, given in memory (SessionOptions.add_external_initializers_from_files_in_memory)."""
         info, root, where = _info(t), self.root, self.where
         location = info.get("location", "")
         target = os.path.realpath(os.path.join(root, location))
-        if os.path.isabs(location) or os.path.commonpath([root, target]) != root:
+        if contents is not None:
+            target = f"memory-file:{location}"
+            with self._lock:
+                self._held.setdefault(target, contents)
+        elif os.path.isabs(location) or os.path.commonpath([root, target]) != root:
             raise InvalidGraph(
                 f"Load model from {where} failed: initializer '{t.name}' has external data location "
                 f"'{location}', which lies outside the model's folder {root}; external data must be stored "
                 "beside the model")
-        if not os.path.isfile(target):
+        elif not os.path.isfile(target):
             raise NoSuchFile(f"Load model from {where} failed: external data file '{location}' of initializer "
                              f"'{t.name}' does not exist in {root}")
-        size = os.path.getsize(target)
+        size = contents.size if contents is not None else os.path.getsize(target)
         offset = int(info.get("offset", 0) or 0)
         dtype = RAW_TYPES.get(t.data_type)
         if info.get("length"):
@@ -97,7 +102,7 @@ class Files:
         self._checked.add(target)
         del t.external_data[:]
         for key, value in (("location", target), ("offset", str(offset)), ("length", str(length)),
-                           (_KEY, self.token)):
+                           (KEY, self.token)):
             t.external_data.add(key=key, value=value)
 
     def hold(self, t: onnx.TensorProto, value: np.ndarray) -> None:
@@ -111,7 +116,7 @@ class Files:
         t.ClearField("raw_data")
         t.data_location = onnx.TensorProto.EXTERNAL
         del t.external_data[:]
-        for k, v in (("location", key), ("offset", "0"), ("length", str(raw.size)), (_KEY, self.token)):
+        for k, v in (("location", key), ("offset", "0"), ("length", str(raw.size)), (KEY, self.token)):
             t.external_data.add(key=k, value=v)
 
     def bytes(self, path: str, offset: int, length: int) -> np.ndarray:
@@ -131,12 +136,12 @@ class Files:
 
 def files_of(t: onnx.TensorProto) -> Files | None:
     """The Files that read ``t``'s data (None for data held in the proto)."""
-    return _OPEN.get(_info(t).get(_KEY, "")) if is_external(t) else None
+    return _OPEN.get(_info(t).get(KEY, "")) if is_external(t) else None
 
 
 def _bytes(t: onnx.TensorProto) -> np.ndarray:
     info = _info(t)
-    files = _OPEN.get(info.get(_KEY, ""))
+    files = _OPEN.get(info.get(KEY, ""))
     path = info.get("location", "")
     if files is None or path not in files._checked:
         raise InvalidGraph(f"initializer '{t.name}' refers to external data '{path}' that was not checked when "

@@ -14,26 +14,36 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import external_data_helper
+from onnx import external_data_helper, helper
 
 from crossml.graph import external
-from crossml.runtime.errors import InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
+from crossml.runtime.errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf, NoSuchFile
 
 
-def load_model(source: Any) -> tuple[onnx.ModelProto, external.Files | None]:
+def load_model(source: Any, replace: Mapping[str, np.ndarray] | None = None,
+               memory_files: Mapping[str, np.ndarray] | None = None) -> tuple[onnx.ModelProto, external.Files | None]:
     """Return ``(model, files)``: ``files`` reads the model's external data (keep it while the model is used);
-    None for bytes / ModelProto sources, which hold all their data."""
+    None for bytes / ModelProto sources, which hold all their data.
+
+    ``replace`` (SessionOptions.add_external_initializers): initializer name -> value given in its place (same
+    type and shape; its external file need not exist). ``memory_files``
+    (add_external_initializers_from_files_in_memory): external-data location -> the file's bytes."""
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
-        _check_no_external(model, "the in-memory model")
-        return _check_model(model, "the in-memory model"), None
-    if isinstance(source, (bytes, bytearray, memoryview)):
+        where: str = "the in-memory model"
+    elif isinstance(source, (bytes, bytearray, memoryview)):
         model = _parse(bytes(source), "the model bytes")
-        _check_no_external(model, "the model bytes")
-        return _check_model(model, "the model bytes"), None
+        where = "the model bytes"
+    else:
+        model = where = None  # type: ignore[assignment]
+    if model is not None:
+        files = _given(model, where, os.getcwd(), replace, memory_files)
+        _check_no_external(model, where)
+        return _check_model(model, where), files
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
@@ -43,13 +53,49 @@ def load_model(source: Any) -> tuple[onnx.ModelProto, external.Files | None]:
         with open(path, "rb") as f:
             data = f.read()
         model = _parse(data, path)
-        files = external.Files(os.path.realpath(os.path.dirname(os.path.abspath(path))), path)
+        root = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        files = _given(model, path, root, replace, memory_files) or external.Files(root, path)
         for t in _tensors_with_external_data(model):
-            files.resolve(t)  # checked and pointed at its file; the bytes stay there
+            if not _given_here(t):
+                files.resolve(t)  # checked and pointed at its file; the bytes stay there
         return _check_model(model, path), files
     raise InvalidArgument(
         f"InferenceSession expects a path, bytes or an onnx.ModelProto, got {type(source).__name__}"
     )
+
+
+def _given(model: onnx.ModelProto, where: str, root: str, replace: Mapping[str, np.ndarray] | None,
+           memory_files: Mapping[str, np.ndarray] | None) -> external.Files | None:
+    """Put the caller's initializer values and in-memory external-data files in place (see ``load_model``)."""
+    if not replace and not memory_files:
+        return None
+    files = external.Files(root, where)
+    inits = {t.name: t for t in model.graph.initializer}
+    for name, value in (replace or {}).items():
+        t = inits.get(name)
+        if t is None:
+            raise Fail(f"Load model from {where} failed: add_external_initializers: the model has no initializer "
+                       f"named '{name}'")
+        value = np.asarray(value)
+        want = helper.tensor_dtype_to_np_dtype(t.data_type)
+        if value.dtype != want:
+            raise Fail(f"Load model from {where} failed: add_external_initializers: initializer '{name}' is "
+                       f"{helper.tensor_dtype_to_string(t.data_type)}, the value given is {value.dtype}")
+        if list(value.shape) != list(t.dims):
+            raise Fail(f"Load model from {where} failed: add_external_initializers: initializer '{name}' has shape "
+                       f"{list(t.dims)}, the value given {list(value.shape)}")
+        del t.string_data[:], t.float_data[:], t.int32_data[:], t.int64_data[:], t.double_data[:], t.uint64_data[:]
+        files.hold(t, value)
+    for t in _tensors_with_external_data(model):
+        info = {e.key: e.value for e in t.external_data}
+        if not _given_here(t) and info.get("location") in (memory_files or {}):
+            files.resolve(t, memory_files[info["location"]])
+    return files
+
+
+def _given_here(t: onnx.TensorProto) -> bool:
+    """``t``'s external data is already in place (given by the caller, see ``_given``)."""
+    return any(e.key == external.KEY for e in t.external_data)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -78,7 +124,7 @@ def _tensors_with_external_data(model: onnx.ModelProto):
 def _check_no_external(model: onnx.ModelProto, where: str) -> None:
     for t in _tensors_with_external_data(model):
         info = {e.key: e.value for e in t.external_data}
-        if not t.raw_data:
+        if not t.raw_data and not _given_here(t):
             raise InvalidGraph(
                 f"Load model from {where} failed: initializer '{t.name}' refers to external data file "
                 f"'{info.get('location')}', which needs the model's folder; load the model from its path"

@@ -61,6 +61,8 @@ class SessionOptions:
         self._dim_by_name: dict[str, int] = {}
         self._dim_by_denotation: dict[str, int] = {}
         self._initializers: dict[str, Any] = {}
+        self._external_initializers: dict[str, Any] = {}
+        self._memory_files: dict[str, Any] = {}
 
     def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
         self._dim_by_name[str(dim_name)] = int(dim_value)
@@ -83,6 +85,36 @@ class SessionOptions:
 
     def add_initializer(self, name: str, ort_value: Any) -> None:
         self._initializers[str(name)] = ort_value
+
+    def add_external_initializers(self, names: list[str], ort_values: list[Any]) -> None:
+        """Initializer values given in place of the model's (same type and shape; their external-data file need not
+        exist), as onnxruntime takes them."""
+        import numpy as np
+
+        from crossml.runtime.errors import InvalidArgument
+        from crossml.runtime.ortvalue import OrtValue
+
+        if len(names) != len(ort_values):
+            raise InvalidArgument(f"add_external_initializers: {len(names)} names but {len(ort_values)} values")
+        for name, value in zip(names, ort_values):
+            self._external_initializers[str(name)] = value.numpy() if isinstance(value, OrtValue) else np.asarray(value)
+
+    def add_external_initializers_from_files_in_memory(self, names: list[str], buffers: list[Any],
+                                                       lengths: list[int]) -> None:
+        """The bytes of external-data files, by the location the model names them with (copied here)."""
+        import numpy as np
+
+        from crossml.runtime.errors import InvalidArgument
+
+        if not len(names) == len(buffers) == len(lengths):
+            raise InvalidArgument(f"add_external_initializers_from_files_in_memory: {len(names)} names, "
+                                  f"{len(buffers)} buffers and {len(lengths)} lengths")
+        for name, buffer, length in zip(names, buffers, lengths):
+            data = np.frombuffer(buffer, dtype=np.uint8)
+            if not 0 <= int(length) <= data.size:
+                raise InvalidArgument(f"add_external_initializers_from_files_in_memory: file '{name}' has length "
+                                      f"{length} but its buffer holds {data.size} bytes")
+            self._memory_files[str(name)] = data[: int(length)].copy()
 
     def register_custom_ops_library(self, library_path: str) -> None:
         from crossml.runtime.errors import NotImplemented as OrtNotImplemented

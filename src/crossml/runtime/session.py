@@ -115,7 +115,8 @@ class InferenceSession:
             torch.set_num_threads(int(opts.intra_op_num_threads))
         self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
 
-        model, self._files = load_model(path_or_bytes)  # _files: the external data, mapped while the session lives
+        # _files: the external data, mapped while the session lives
+        model, self._files = load_model(path_or_bytes, opts._external_initializers, opts._memory_files)
         self._check_opsets(model)
         apply_free_dimension_overrides(model, opts._dim_by_name, opts._dim_by_denotation)
         self._raw_model = model
