@@ -387,8 +387,6 @@ class InferenceSession:
         a parameter wins, and adapters win over the feed, as in onnxruntime."""
         from crossml.runtime.adapters import active_feed
 
-        if not isinstance(feed, Mapping):
-            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
         params = active_feed(adapters, self._device)
         for name in params:
             if name not in self._input_by_name:
