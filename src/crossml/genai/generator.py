@@ -49,6 +49,7 @@ from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
 from crossml.genai.model import Model, prompt_bucket
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
+from crossml.runtime.adapters import active_feed
 
 log = logging.getLogger("crossml.genai")
 
@@ -460,10 +461,7 @@ class Generator:
     def _refresh_extras(self) -> None:
         """Merge the extra inputs (adapters first, in the order set; then set_model_input values; then presets) into
         the feed of later runs. A step that already ran ahead read the old values: it runs again."""
-        values: dict[str, torch.Tensor] = {}
-        for _, adapter in self._adapters:
-            for name, v in adapter._values(self._dev).items():
-                values.setdefault(name, v._value)
+        values = {name: v._value for name, v in active_feed([a for _, a in self._adapters], self._dev).items()}
         for name, t in self._model_inputs.items():
             values.setdefault(name, t)
         for name, t in self._model._presets.items():

@@ -34,16 +34,9 @@ def load_model(source: Any, replace: Mapping[str, np.ndarray] | None = None,
     if isinstance(source, onnx.ModelProto):
         model = onnx.ModelProto()
         model.CopyFrom(source)
-        where: str = "the in-memory model"
-    elif isinstance(source, (bytes, bytearray, memoryview)):
-        model = _parse(bytes(source), "the model bytes")
-        where = "the model bytes"
-    else:
-        model = where = None  # type: ignore[assignment]
-    if model is not None:
-        files = _given(model, where, os.getcwd(), replace, memory_files)
-        _check_no_external(model, where)
-        return _check_model(model, where), files
+        return _in_memory(model, "the in-memory model", replace, memory_files)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _in_memory(_parse(bytes(source), "the model bytes"), "the model bytes", replace, memory_files)
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.exists(path):
@@ -62,6 +55,14 @@ def load_model(source: Any, replace: Mapping[str, np.ndarray] | None = None,
     raise InvalidArgument(
         f"InferenceSession expects a path, bytes or an onnx.ModelProto, got {type(source).__name__}"
     )
+
+
+def _in_memory(model: onnx.ModelProto, where: str, replace: Mapping[str, np.ndarray] | None,
+               memory_files: Mapping[str, np.ndarray] | None) -> tuple[onnx.ModelProto, external.Files | None]:
+    """A model given as bytes or a ModelProto: no folder, so every external tensor must be given by the caller."""
+    files = _given(model, where, os.getcwd(), replace, memory_files)
+    _check_no_external(model, where)
+    return _check_model(model, where), files
 
 
 def _given(model: onnx.ModelProto, where: str, root: str, replace: Mapping[str, np.ndarray] | None,
@@ -87,9 +88,9 @@ def _given(model: onnx.ModelProto, where: str, root: str, replace: Mapping[str, 
         del t.string_data[:], t.float_data[:], t.int32_data[:], t.int64_data[:], t.double_data[:], t.uint64_data[:]
         files.hold(t, value)
     for t in _tensors_with_external_data(model):
-        info = {e.key: e.value for e in t.external_data}
-        if not _given_here(t) and info.get("location") in (memory_files or {}):
-            files.resolve(t, memory_files[info["location"]])
+        location = external._info(t).get("location")
+        if not _given_here(t) and location in (memory_files or {}):
+            files.resolve(t, memory_files[location])
     return files
 
 

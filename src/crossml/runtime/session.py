@@ -296,11 +296,7 @@ class InferenceSession:
         returns them and ``err == ""``, or ``[]`` and the error's message. Bad names raise here, at once."""
         if not callable(callback):
             raise InvalidArgument(f"run_async: callback must be callable, got {type(callback).__name__}")
-        if not isinstance(input_feed, Mapping):
-            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(input_feed).__name__}")
-        missing = [a.name for a in self._inputs if a.name not in input_feed]
-        if missing:
-            raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
+        self._check_feed(input_feed)
         self._output_indices(output_names)
         feed = dict(input_feed)
 
@@ -347,13 +343,9 @@ class InferenceSession:
                  into: Sequence[torch.Tensor | None] | None = None) -> list[Any]:
         if run_options is not None and run_options.terminate:
             raise Fail("Exiting due to terminate flag being set to true.")
-        if not isinstance(feed, Mapping):
-            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
-        if run_options is not None and run_options._adapters:
+        if run_options is not None and run_options._adapters and isinstance(feed, Mapping):
             feed = self._with_adapters(feed, run_options._adapters)
-        missing = [a.name for a in self._inputs if a.name not in feed]
-        if missing:
-            raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(feed)}).")
+        self._check_feed(feed)
         converted: dict[str, Any] = {}
         for name, value in feed.items():
             arg = self._input_by_name.get(name)
@@ -381,6 +373,14 @@ class InferenceSession:
         if self._profiler is not None:
             self._profiler.event("Session", "model_run", t0, time.perf_counter_ns())
         return outs
+
+    def _check_feed(self, feed: Any) -> None:
+        """A run's feed is a dict holding every graph input (overridable initializers may be left out)."""
+        if not isinstance(feed, Mapping):
+            raise InvalidArgument(f"input_feed must be a dict of input name -> value, got {type(feed).__name__}")
+        missing = [a.name for a in self._inputs if a.name not in feed]
+        if missing:
+            raise InvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(feed)}).")
 
     def _with_adapters(self, feed: Mapping[str, Any], adapters: list[Any]) -> dict[str, Any]:
         """The feed with the active LoRA adapters' parameters (on this session's device): the first adapter naming
