@@ -25,6 +25,40 @@ CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3,
           "def f(x):\n    return x * 2\n"] * 20
 
 
+#: arch -> (transformers config class, model class, config values beyond the common ones)
+CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(original_max_position_embeddings=256)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
+}
+#: more architectures the builder converts (the variants: gemma2's local layers get window-sized KV caches,
+#: sliding_window.layers; phi3 with LongRoPE; llama with llama3 rope scaling). Partial rotary needs rotary
+#: dimensions that are multiples of 16 in onnxruntime.
+MORE_CLASSES = {
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+                     logits_scaling=8.0)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", {}),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(head_dim=32, partial_rotary_factor=0.5)),
+    "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=128, partial_rotary_factor=0.5)),
+    "ernie": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(head_dim=16)),
+    "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(head_dim=16)),
+    "phi3long": ("Phi3Config", "Phi3ForCausalLM",
+                 dict(max_position_embeddings=512, original_max_position_embeddings=128,
+                      rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                                    "long_factor": [2.0 + 0.2 * i for i in range(8)]})),
+    "llama3rope": ("LlamaConfig", "LlamaForCausalLM",
+                   dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+}
+
+
 def make_tokenizer(out: str, vocab: int = 400) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -54,13 +88,9 @@ def make_hf_model(arch: str, out: str) -> None:
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                   bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
-    extra = {"gemma": dict(head_dim=16), "mistral": dict(sliding_window=None),
-             "phi3": dict(original_max_position_embeddings=256)}.get(arch, {})
-    classes = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-               "phi3": ("Phi3Config", "Phi3ForCausalLM"), "mistral": ("MistralConfig", "MistralForCausalLM"),
-               "gemma": ("GemmaConfig", "GemmaForCausalLM")}[arch]
+    classes = {**CLASSES, **MORE_CLASSES}[arch]
     torch.manual_seed(0)
-    config = getattr(transformers, classes[0])(**common, **extra)
+    config = getattr(transformers, classes[0])(**{**common, **classes[2]})
     model = getattr(transformers, classes[1])(config)
     with torch.no_grad():
         for p in model.parameters():

@@ -3,7 +3,7 @@
 ``genai_models`` builds, once per test session and in a subprocess, tiny random-weight Hugging Face
 models (hidden 64, 2 layers, 4 heads, 2 KV heads, a ~370-token BPE tokenizer with a chat template)
 of each architecture in ARCHS, and converts each with the onnxruntime-genai model builder at fp32
-and int4 for the CPU. ``og_ref`` is the onnxruntime_genai module (skipped when not installed).
+and int4 for the CPU; ``more_models`` does the same for more architectures at fp32. ``og_ref`` is the onnxruntime_genai module (skipped when not installed).
 """
 
 from __future__ import annotations
@@ -41,6 +41,23 @@ def genai_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
     if proc.returncode:
         raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
     return {(a, p): str(out / f"{a}_{p}") for a in ARCHS for p in PRECISIONS}
+
+
+@pytest.fixture(scope="session")
+def more_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """arch -> fp32 CPU model folder of each architecture in ``_build.MORE_CLASSES``."""
+    missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if not _have(m)]
+    if missing:
+        pytest.skip(f"building genai test models needs {', '.join(missing)} (pip install crossml[test])")
+    from tests.genai._build import MORE_CLASSES
+
+    out = tmp_path_factory.mktemp("genai_more_models")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    proc = subprocess.run([sys.executable, str(BUILD), str(out), *(f"{a}:fp32" for a in MORE_CLASSES)],
+                          capture_output=True, text=True, env=env, timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
+    return {a: str(out / f"{a}_fp32") for a in MORE_CLASSES}
 
 
 @pytest.fixture(scope="session")

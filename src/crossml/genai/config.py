@@ -34,7 +34,8 @@ CONFIG_FILE = "genai_config.json"
 #: model types whose decoder is one ONNX file with input_ids / attention_mask / past_key_values in and
 #: logits / present out: the layout the model builder writes for text-only decoder models.
 DECODER_ONLY_TYPES = (
-    "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "granite", "gpt2", "internlm2", "llama", "mistral",
+    "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "granite", "gpt2", "hunyuandensev1", "internlm2", "llama",
+    "mistral",
     "nemotron", "olmo", "phi", "phi3", "phi3small", "phimoe", "qwen2", "qwen3", "smollm3",
 )
 
@@ -176,7 +177,11 @@ DECODER_OUTPUTS = (
 )
 SLIDING_WINDOW_KEYS: dict[str, Any] = {
     "window_size": int, "pad_value": int, "alignment": str, "slide_key_value_cache": bool, "slide_inputs": bool,
+    "layers": list, "cache_slack": int,
 }
+#: positions a window-sized KV cache keeps beyond the window when genai_config.json's cache_slack is 0 (the
+#: capacity onnxruntime-genai 0.18 gives such a cache on the CPU: window_size + 16, at most max_length)
+DEFAULT_CACHE_SLACK = 16
 #: session_options keys with their own meaning; any other key is a session config entry and takes a string
 #: (as onnxruntime-genai's AddConfigEntry). "config_entries" (an object of them) is crossml's spelling too.
 SESSION_KEYS: dict[str, Any] = {
@@ -277,6 +282,7 @@ class Config:
             if v <= 0:
                 raise ConfigError(f"'{file}': model.decoder.{k} must be a positive integer, got {v!r}")
             setattr(decoder, k, int(v))
+        self._check_window(decoder, file)
         eos = m.get("eos_token_id", [])
         eos_list = eos if isinstance(eos, list) else [eos]
         if not all(_is(e, int) for e in eos_list):
@@ -304,6 +310,22 @@ class Config:
         marks = dict(MARK_DEFAULTS.get(mtype, {}))
         marks.update({name: int(m[name]) for name in MARK_IDS if name in m})  # types checked by check_keys
         return marks
+
+    @staticmethod
+    def _check_window(decoder: DecoderConfig, file: str) -> None:
+        """model.decoder.sliding_window.layers (layers whose KV caches are window-sized) and cache_slack."""
+        sw = decoder.sliding_window or {}
+        layers = sw.get("layers", [])
+        n = decoder.num_hidden_layers
+        if not all(_is(i, int) and 0 <= i < n for i in layers):
+            raise ConfigError(f"'{file}': model.decoder.sliding_window.layers takes layer indices 0 .. {n - 1}, "
+                              f"got {layers!r}")
+        if layers and int(sw.get("window_size", 0)) <= 0:
+            raise ConfigError(f"'{file}': model.decoder.sliding_window.window_size must be a positive integer when "
+                              f"layers is given, got {sw.get('window_size')!r}")
+        if int(sw.get("cache_slack", 0)) < 0:
+            raise ConfigError(f"'{file}': model.decoder.sliding_window.cache_slack must be 0 or more (0: the "
+                              f"default, {DEFAULT_CACHE_SLACK}), got {sw['cache_slack']!r}")
 
     def _check_session_options(self, so: Any) -> None:
         where = "model.decoder.session_options"

@@ -194,7 +194,8 @@ class Generator:
         self._final: list[list[int]] | None = None
         self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
         # run ahead (see the module docstring): the static decode path of a recording session, not beam search
-        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None
+        # (not with window-sized KV caches: a step run ahead and then dropped may already have evicted positions)
+        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
@@ -216,8 +217,12 @@ class Generator:
         dec, io = self._model.config.model.decoder, self._model.io
         if self._s.past_present_share_buffer:
             return StaticKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads,
-                                 self._s.max_length, dec.head_size, io.kv_dtype, self._dev,
+                                 self._model.kv_lengths(self._s.max_length), dec.head_size, io.kv_dtype, self._dev,
                                  self._bufs.kv if self._bufs is not None else None)
+        if self._model.window_layers:
+            raise GenAIError(f"{self._model.config._file}: layers {sorted(self._model.window_layers)} "
+                             "(model.decoder.sliding_window.layers) keep window-sized KV caches, which need "
+                             "past_present_share_buffer=True; set it in the search options or in genai_config.json")
         return GrowingKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads, dec.head_size,
                               io.kv_dtype, self._dev)
 
@@ -735,6 +740,13 @@ class Generator:
             raise GeneratorStateError("rewind_to needs batch_size 1 and num_beams 1")
         if not 0 <= new_length <= self._len:
             raise GeneratorStateError(f"rewind_to({new_length}): the sequence has {self._len} tokens")
+        capacity = min(self._model.window_capacity, self._s.max_length)
+        if self._model.window_layers and 0 < new_length and new_length - 1 < self._kv_len and self._kv_len > capacity:
+            raise GeneratorStateError(
+                f"Cannot rewind to {new_length}: the sliding-window KV cache holds only the last {capacity} of "
+                f"{self._kv_len} positions, so the tokens needed at that point have already been evicted. Increase "
+                "model.decoder.sliding_window.cache_slack in genai_config.json to keep more positions resident, or "
+                "rewind before the cache fills.")
         self._seq[:, new_length:] = self._pad
         self._mask[:, new_length:] = 0
         self._len = new_length

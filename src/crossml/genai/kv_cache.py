@@ -1,5 +1,9 @@
 """The decoder's KV cache: one static max-length buffer per layer, or a cache grown by concatenation.
 
+Layers named by genai_config.json's ``sliding_window.layers`` get a window-sized static buffer instead
+(``Model.kv_lengths``): their GroupQueryAttention (``sliding_window_cache=1``) keeps the most recent positions in
+it and evicts the rest itself.
+
 ``StaticKVCache`` (``past_present_share_buffer``): ``past_key_values.i.key`` is a
 [rows, kv_heads, max_length, head_size] buffer allocated once; GroupQueryAttention writes the new
 rows into it in place (crossml's op does when the session marks it ``kv_inplace``). If a run hands
@@ -41,12 +45,12 @@ class KVCache:
 
 
 class StaticKVCache(KVCache):
-    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int, max_length: int,
-                 head_size: int, dtype: torch.dtype, device: torch.device,
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int,
+                 lengths: list[int], head_size: int, dtype: torch.dtype, device: torch.device,
                  tensors: list[torch.Tensor] | None = None) -> None:
         super().__init__(past_names, present_names)
         self.tensors = tensors if tensors is not None else [
-            torch.zeros((rows, kv_heads, max_length, head_size), dtype=dtype, device=device) for _ in past_names]
+            torch.zeros((rows, kv_heads, n, head_size), dtype=dtype, device=device) for n in lengths]
         self._warned = False
 
     def update(self, presents: list[torch.Tensor]) -> None:

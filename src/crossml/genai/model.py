@@ -44,7 +44,7 @@ import torch
 
 from crossml import dtypes
 from crossml.device.recording import capture_supported
-from crossml.genai.config import DECODER_ONLY_TYPES, Config
+from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
@@ -119,14 +119,14 @@ class DecodeBuffers:
     """The decode step's inputs at fixed addresses (what a recorded decode graph reads in place), and the
     prompt buckets recorded on the same mask and KV buffers."""
 
-    def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_heads: int, head_size: int,
-                 device: torch.device) -> None:
+    def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_lengths: list[int], kv_heads: int,
+                 head_size: int, device: torch.device) -> None:
         self.rows, self.max_length = rows, max_length
         self.ids = torch.zeros((rows, 1), dtype=io.input_ids_dtype, device=device)
         self.pos = torch.zeros((rows, 1), dtype=io.position_dtype, device=device) if io.position_ids else None
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
-        self.kv = [torch.zeros((rows, kv_heads, max_length, head_size), dtype=io.kv_dtype, device=device)
-                   for _ in io.past_names]
+        self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
+                   for n in kv_lengths]
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
         self._io, self._device = io, device
@@ -203,6 +203,11 @@ class Model:
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
 
+        #: layers whose KV caches are window-sized (model.decoder.sliding_window.layers: their GroupQueryAttention
+        #: has sliding_window_cache=1) and those caches' capacity: window_size + cache_slack (0: the default)
+        sw = mc.decoder.sliding_window or {}
+        self.window_layers = frozenset(int(i) for i in sw.get("layers", ()))
+        self.window_capacity = int(sw.get("window_size", 0)) + (int(sw.get("cache_slack", 0)) or DEFAULT_CACHE_SLACK)
         #: values of the decoder's preset inputs (PRESET_INPUTS it takes and gives no default for)
         shapes = {a.name: a.shape for a in self.session.get_inputs()}
         self._presets = {name: torch.full([1] * len(shapes[name]), value, device=self.device,
@@ -259,6 +264,13 @@ class Model:
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
 
+    def kv_lengths(self, max_length: int) -> list[int]:
+        """Rows of each past KV buffer (``io.past_names`` order: key and value of layer 0, then layer 1, ...) in a
+        static cache for ``max_length`` tokens: max_length, or a window-sized layer's capacity (at most
+        max_length), as onnxruntime-genai allocates them."""
+        return [min(self.window_capacity, max_length) if i // 2 in self.window_layers else max_length
+                for i in range(len(self.io.past_names))]
+
     # -- fixed-address decode inputs ----------------------------------------------------------
     def _acquire_buffers(self, rows: int, max_length: int) -> DecodeBuffers:
         """A free set of decode inputs for ``rows`` x ``max_length`` (zeroed mask and KV), made if none is free."""
@@ -267,7 +279,8 @@ class Model:
             bufs = free.pop() if free else None
         if bufs is None:
             dec = self.config.model.decoder
-            bufs = DecodeBuffers(self.io, rows, max_length, dec.num_key_value_heads, dec.head_size, self.device)
+            bufs = DecodeBuffers(self.io, rows, max_length, self.kv_lengths(max_length), dec.num_key_value_heads,
+                                 dec.head_size, self.device)
         else:
             bufs.mask.zero_()
             for t in bufs.kv:

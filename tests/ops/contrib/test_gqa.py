@@ -284,3 +284,96 @@ def test_qk_norm(rotary):
     got = group_query_attention(*args, torch.from_numpy(wq), torch.from_numpy(wk), num_heads=N, kv_num_heads=Nk,
                                 do_rotary=int(rotary), qk_norm_epsilon=eps, ctx=ctx)
     compare(ref, [t.numpy() for t in got[:3]], [S, S], S, True, 1e-5)
+
+
+def _resident(total: int, capacity: int, window: int) -> int:
+    """onnxruntime's resident count L(T) of a window-sized cache (the formula of its operator description)."""
+    g = capacity - window + 1
+    return total if total <= capacity else total - g * -(-(total - capacity) // g)
+
+
+def _compare_windowed(ref, got, totals, rows, capacity, window, tol):
+    """Outputs of real rows, and the resident rows 0 .. L(T) of the present buffers (the rest is unspecified)."""
+    for b, tot in enumerate(totals):
+        n = _resident(tot, capacity, window)
+        for r, g in ((ref[0][b, :rows[b]], got[0][b, :rows[b]]), (ref[1][b, :, :n], got[1][b, :, :n]),
+                     (ref[2][b, :, :n], got[2][b, :, :n])):
+            np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(r, np.float64), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("capacity", [6, 9], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("extra", [{}, {"softcap": 2.0}, {"bias": True}], ids=["plain", "softcap", "bias"])
+def test_sliding_window_cache_generation(capacity, extra):
+    """sliding_window_cache=1: a prompt longer than the capacity, a later chunk, then decode steps across every
+    eviction boundary; outputs and the resident rows match onnxruntime, and the cache never grows."""
+    N, Nk, H, W = 4, 2, 16, 6
+    attrs = dict(do_rotary=1, local_window_size=W, sliding_window_cache=1,
+                 **({"softcap": extra["softcap"]} if "softcap" in extra else {}))
+    bias = "bias" in extra
+    pr = pg = past_cache(1, Nk, capacity, H)
+    total = 0
+    for S in [11, 3] + [1] * 14:  # prompt, a later chunk (batch 1), decode steps
+        total += S
+        ins = gqa_io(1, S, N, Nk, H, [total], past=pr, total=total, rotary=True, attention_bias=bias)
+        ref, _ = run_gqa(dict(ins), N, Nk, **attrs)
+        ins["past_key"], ins["past_value"] = pg
+        _, got = run_gqa(ins, N, Nk, **attrs)
+        got = [np.asarray(x) for x in got]
+        assert got[1].shape == (1, Nk, capacity, H)
+        _compare_windowed(ref, got, [total], [S], capacity, W, 1e-5)
+        pr, pg = ref[1:], got[1:]
+
+
+def test_sliding_window_cache_batch_decode_and_full_cache():
+    """A decode step of two entries at different lengths (one evicting this step) matches onnxruntime, and the
+    windowed cache gives the outputs of the same attention over a full-length cache (local_window_size alone)."""
+    import torch
+
+    from crossml.ops.contrib.attention import group_query_attention
+    from crossml.ops.registry import OpContext
+
+    N, Nk, H, W, C, L = 4, 2, 16, 5, 7, 24
+    totals = [20, 8]  # entry 0 evicts at T=20 (G=3: 7 -> ... ), entry 1 is one past the capacity
+    full_k, full_v = past_cache(2, Nk, L, H)
+    ins = gqa_io(2, 1, N, Nk, H, totals, rotary=True)
+    win = []
+    for full in (full_k, full_v):  # the resident rows of each entry before the step, taken from the full cache
+        buf = RNG.standard_normal((2, Nk, C, H)).astype(np.float32)
+        for b, tot in enumerate(totals):
+            n = _resident(tot - 1, C, W)
+            buf[b, :, :n] = full[b, :, tot - 1 - n:tot - 1]
+        win.append(buf)
+    ins["past_key"], ins["past_value"] = win
+    attrs = dict(do_rotary=1, local_window_size=W)
+    ref, got = run_gqa(dict(ins), N, Nk, sliding_window_cache=1, **attrs)
+    _compare_windowed(ref, [np.asarray(x) for x in got], totals, [1, 1], C, W, 1e-5)
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache"]
+    args = [torch.from_numpy(ins[n]) for n in names]
+    args[3], args[4] = torch.from_numpy(full_k), torch.from_numpy(full_v)
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    dense = group_query_attention(*args, num_heads=N, kv_num_heads=Nk, ctx=ctx, **attrs)
+    np.testing.assert_allclose(dense[0].numpy(), np.asarray(got[0]), atol=1e-5, rtol=1e-5)
+    for b, tot in enumerate(totals):  # the resident rows are the full cache's last L(T) positions
+        n = _resident(tot, C, W)
+        np.testing.assert_allclose(np.asarray(got[1])[b, :, :n], dense[1][b, :, tot - n:tot].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["small", "no_window", "no_past", "qk"])
+def test_sliding_window_cache_errors(case):
+    import crossml
+
+    N, Nk, H = 4, 2, 16
+    ins = gqa_io(1, 1, N, Nk, H, [5], past=past_cache(1, Nk, 3 if case == "small" else 8, H))
+    attrs = dict(sliding_window_cache=1, local_window_size=-1 if case == "no_window" else 4)
+    if case == "no_past":
+        ins["past_key"] = ins["past_value"] = None
+    order = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    outs = [("out", TP.FLOAT), ("pk", TP.FLOAT), ("pv", TP.FLOAT)] + ([("qk", TP.FLOAT)] if case == "qk" else [])
+    model, feeds = single_node_model("GroupQueryAttention", {n: ins[n] for n in order}, outs, num_heads=N,
+                                     kv_num_heads=Nk, qk_output=int(case == "qk"), **attrs)
+    sess = crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = {"small": r"capacity \(3\) must be at least local_window_size \(4\)", "no_window": "local_window_size > 0",
+            "no_past": "needs past_key and past_value", "qk": "qk_output is not supported"}[case]
+    with pytest.raises(Exception, match=want):
+        sess.run(None, feeds)

@@ -15,6 +15,10 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
   Rows past a batch entry's length are zeros in a grown cache and untouched in a shared one.
 * Query row s of entry b sees keys ``j <= past_b + s`` (and ``j > past_b + s - local_window_size``:
   ``local_window_size`` keys with a local window); rows of right padding in the first prompt are unspecified in onnxruntime.
+* ``sliding_window_cache=1`` (``_windowed``): ``past_key`` / ``past_value`` are window-sized buffers of
+  capacity C >= ``local_window_size`` holding each entry's most recent positions at rows ``0 .. L(T)``
+  (``resident_length``: onnxruntime's eviction rule, which frees ``C - window + 1`` rows at once). A ragged first
+  prompt is taken with the right-padding convention above (onnxruntime refuses it).
 * A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention runs
   one Triton kernel (``kernels/decode_attention.py``: rotary, cache write and attention) instead
   of the torch code below; a causal first prompt without a window there runs the rotary + cache write
@@ -220,7 +224,7 @@ def group_query_attention(
     if num_heads % kv_num_heads:
         raise ValueError(f"GroupQueryAttention: num_heads {num_heads} is not a multiple of kv_num_heads {kv_num_heads}")
     if sliding_window_cache:
-        raise ValueError("GroupQueryAttention: sliding_window_cache=1 (window-sized KV buffers) is not supported")
+        _check_windowed(past_key, past_value, local_window_size, causal, qk_output)
     if k_scale is not None or (past_key is not None and not past_key.dtype.is_floating_point) or \
             (past_key is not None and past_key.dtype.itemsize == 1):
         raise ValueError("GroupQueryAttention: quantized KV caches (int8/int4/float8 past_key) are not supported")
@@ -245,7 +249,8 @@ def group_query_attention(
     if not first_prompt and not subsequent and S != 1:
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
 
-    fast = (S == 1 and not first_prompt) or (first_prompt and S > 1 and causal and local_window_size <= 0)
+    fast = not sliding_window_cache and (
+        (S == 1 and not first_prompt) or (first_prompt and S > 1 and causal and local_window_size <= 0))
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
                          smooth_softmax, qk_output):
@@ -277,6 +282,11 @@ def group_query_attention(
         cos, sin = gather_cos_sin(cos_cache, sin_cache, pos)
         q = apply_rotary(q, cos, sin, bool(rotary_interleaved))
         k = apply_rotary(k, cos, sin, bool(rotary_interleaved))
+
+    if sliding_window_cache:
+        return _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, attention_bias, head_sink,
+                         scale=scale, softcap=softcap, smooth_softmax=smooth_softmax, window=local_window_size,
+                         inplace=bool(ctx.extra.get("kv_inplace")))
 
     # ---- KV cache: write the new rows at past_b .. past_b + S
     P = past_key.shape[2] if past_key is not None else 0
@@ -327,6 +337,86 @@ def group_query_attention(
     if qk is not None:
         qk = qk[..., :total].to(query.dtype)
     return out, kc, vc, qk
+
+
+def _check_windowed(past_key, past_value, window: int, causal: int, qk_output: int) -> None:
+    """The inputs and attributes ``sliding_window_cache=1`` needs (onnxruntime's conditions and wording)."""
+    if window <= 0 or not causal:
+        raise ValueError("GroupQueryAttention: sliding_window_cache=1 needs a causal local window "
+                         f"(local_window_size > 0 and causal=1), got local_window_size={window}, causal={causal}")
+    if qk_output:
+        raise ValueError("GroupQueryAttention: qk_output is not supported with sliding_window_cache=1 "
+                         "(the scores of a window-sized cache have no full-length layout); set qk_output=0")
+    if past_key is None or past_value is None or past_key.dim() != 4 or past_value.shape != past_key.shape:
+        got = "absent" if past_key is None or past_value is None else f"{tuple(past_key.shape)} / {tuple(past_value.shape)}"
+        raise ValueError("GroupQueryAttention: sliding_window_cache=1 needs past_key and past_value of the same "
+                         f"shape [batch, kv_num_heads, capacity, head_size] (the window-sized buffers), got {got}; "
+                         f"KV cache capacity (0) must be at least local_window_size ({window})")
+    if past_key.shape[2] < window:
+        raise ValueError(f"GroupQueryAttention: sliding_window_cache: KV cache capacity ({past_key.shape[2]}) must be "
+                         f"at least local_window_size ({window})")
+
+
+def resident_length(total: torch.Tensor, capacity: int, window: int) -> torch.Tensor:
+    """How many of the most recent positions a window-sized cache of ``capacity`` rows holds after ``total``
+    tokens (``sliding_window_cache=1``): all of them until it is full, then eviction frees
+    ``G = capacity - window + 1`` rows at once, so ``L = T - G * ceil((T - capacity) / G)``."""
+    g = capacity - window + 1
+    over = (total - capacity).clamp(min=0)
+    return total - g * torch.div(over + g - 1, g, rounding_mode="floor")
+
+
+def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, attention_bias, head_sink, *, scale,
+              softcap, smooth_softmax, window, inplace) -> tuple:
+    """GroupQueryAttention with ``sliding_window_cache=1``: ``past_key`` / ``past_value`` [B, Nk, C, H] hold,
+    at rows ``0 .. L(T_prev)``, entry b's most recent positions in increasing order (``resident_length``).
+
+    The resident rows and the new ones are joined into one sequence whose absolute positions are known per
+    entry; queries attend the keys of their local window there, and the present buffers take the last
+    ``L(T)`` positions of it at rows ``0 .. L(T)`` (the rows after them keep their old values: onnxruntime
+    leaves them unspecified). In a first prompt entry b's real tokens are its first ``seqlens_k[b] + 1`` rows
+    (right padding, as without the window). Everything stays on the device: the step can be captured."""
+    B, S, N, H = q.shape
+    Nk = k.shape[2]
+    C = past_key.shape[2]
+    dev = q.device
+    new_b = total_b if first_prompt else torch.full_like(total_b, S)  # real new rows per entry
+    prev = total_b - new_b  # positions processed before this step
+    lp, ln = resident_length(prev, C, window), resident_length(total_b, C, window)
+    rc, rs = torch.arange(C, device=dev), torch.arange(S, device=dev)
+    # absolute position of every row of [resident rows | new rows], and whether it holds a key
+    xpos = torch.cat([(prev - lp).unsqueeze(1) + rc, prev.unsqueeze(1) + rs], dim=1)  # [B, C + S]
+    # new padding rows stay visible to the padding queries after them (never to a real token), as without the window
+    held = torch.cat([rc < lp.unsqueeze(1), torch.ones(B, S, dtype=torch.bool, device=dev)], dim=1)
+    qpos = past_b.unsqueeze(1) + rs  # [B, S]
+    d = qpos.unsqueeze(2) - xpos.unsqueeze(1)  # [B, S, C + S]
+    allowed = (held.unsqueeze(1) & (d >= 0) & (d < window)).unsqueeze(1)
+    xk = torch.cat([past_key.to(q.dtype), k.transpose(1, 2).to(q.dtype)], dim=2)  # [B, Nk, C + S, H]
+    xv = torch.cat([past_value.to(q.dtype), v.transpose(1, 2).to(q.dtype)], dim=2)
+    bias = None
+    if attention_bias is not None:  # its columns are absolute positions
+        cols = xpos.clamp(0, attention_bias.shape[-1] - 1)
+        bias = torch.gather(attention_bias.expand(B, -1, S, -1), 3,
+                            cols.reshape(B, 1, 1, -1).expand(B, attention_bias.shape[1], S, -1))
+    groups = N // Nk
+    kh = xk.repeat_interleave(groups, dim=1) if groups > 1 else xk
+    vh = xv.repeat_interleave(groups, dim=1) if groups > 1 else xv
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sink = head_sink
+    if sink is None and smooth_softmax:
+        sink = torch.zeros(N, dtype=torch.float32, device=dev)
+    out, _ = _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink)
+    # present row i holds position total - L(total) + i: a resident row or a new one; rows >= L keep theirs
+    apos = (total_b - ln).unsqueeze(1) + rc  # [B, C]
+    src = torch.where(apos < prev.unsqueeze(1), apos - (prev - lp).unsqueeze(1), C + apos - prev.unsqueeze(1))
+    src = torch.where(rc < ln.unsqueeze(1), src, rc).clamp(0, C + S - 1)
+    idx = src.reshape(B, 1, C, 1).expand(B, Nk, C, H)
+    kc, vc = torch.gather(xk, 2, idx), torch.gather(xv, 2, idx)
+    if inplace:
+        past_key.copy_(kc)
+        past_value.copy_(vc)
+        kc, vc = past_key, past_value
+    return out.transpose(1, 2).reshape(B, S, N * H), kc, vc, None
 
 
 def _split_heads(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -1,0 +1,154 @@
+"""More builder architectures against onnxruntime-genai 0.18, and window-sized KV caches.
+
+Gemma2's local layers come out of the builder with window-sized KV caches: genai_config.json's
+``sliding_window.layers`` names them, their GroupQueryAttention has ``sliding_window_cache=1`` and evicts old
+positions itself. onnxruntime-genai refuses a batch of prompts of different lengths there (its operator takes no
+ragged first prompt with that cache), so the batch is checked against the same model turned into full-length
+caches (``full_cache_copy``: the attention is the same, only where the keys are kept differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+import crossml.genai as xg
+from tests.genai._build import MORE_CLASSES
+from tests.genai._generation import generate_with
+
+PROMPT = "Hello world! How are you"
+BATCH = ["The quick brown fox jumps over", "def f(x):"]
+#: long enough for gemma2's window-sized caches (capacity 8 + 16) to evict several times
+MAX_LENGTH = 64
+
+
+def full_cache_copy(folder: str, dst: str) -> str:
+    """``folder``'s model with full-length KV caches: no ``sliding_window_cache`` attribute, no
+    ``sliding_window`` section (the local layers keep their ``local_window_size``)."""
+    shutil.copytree(folder, dst)
+    path = os.path.join(dst, "model.onnx")
+    model = onnx.load(path, load_external_data=False)
+    for node in model.graph.node:
+        keep = [a for a in node.attribute if a.name != "sliding_window_cache"]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+    onnx.save(model, path)
+    cfg_path = os.path.join(dst, "genai_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["model"]["decoder"].pop("sliding_window", None)
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    return dst
+
+
+def _windowed_layers(folder: str) -> list[int]:
+    with open(os.path.join(folder, "genai_config.json")) as f:
+        return json.load(f)["model"]["decoder"].get("sliding_window", {}).get("layers", [])
+
+
+def _check(ref, got) -> None:
+    (ref_seq, ref_logits), (seq, logits) = ref, got
+    assert seq == ref_seq
+    assert len(logits) == len(ref_logits)
+    for step, (a, b) in enumerate(zip(logits, ref_logits)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0, err_msg=f"logits of step {step}")
+
+
+@pytest.mark.parametrize("arch", list(MORE_CLASSES))
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_more_architectures_match_onnxruntime_genai(more_models, og_ref, arch: str, prompts: list[str],
+                                                     tmp_path) -> None:
+    folder = more_models[arch]
+    ref_folder = folder
+    if len(prompts) > 1 and _windowed_layers(folder):
+        ref_folder = full_cache_copy(folder, str(tmp_path / "full"))
+    got = generate_with(xg, xg.Model(folder), prompts, MAX_LENGTH)
+    _check(generate_with(og_ref, og_ref.Model(ref_folder), prompts, MAX_LENGTH), got)
+
+
+def test_window_sized_caches_match_onnxruntime_genai(more_models, og_ref, tmp_path) -> None:
+    """The window-sized layers' buffers have onnxruntime-genai's capacity (window_size + cache_slack, 16 when it
+    is 0, at most max_length); the other layers stay max_length long."""
+    folder = more_models["gemma2"]
+    assert _windowed_layers(folder) == [0]
+    for slack, max_length in ((0, MAX_LENGTH), (5, MAX_LENGTH), (0, 20)):
+        dst = tmp_path / f"s{slack}_{max_length}"
+        shutil.copytree(folder, dst)
+        cfg = json.loads((dst / "genai_config.json").read_text())
+        cfg["model"]["decoder"]["sliding_window"]["cache_slack"] = slack
+        (dst / "genai_config.json").write_text(json.dumps(cfg))
+        shapes = []
+        for og in (og_ref, xg):
+            model = og.Model(str(dst))
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=max_length)
+            gen = og.Generator(model, params)
+            gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+            shapes.append([tuple(gen.get_output(f"present.{i}.key").shape) for i in range(2)])
+        assert shapes[1] == shapes[0], (slack, max_length)
+        assert shapes[1][0][2] == min(8 + (slack or 16), max_length)
+
+
+def test_window_rewind(more_models, og_ref) -> None:
+    """Before the window-sized cache fills, rewinding and going on gives the tokens of a fresh run; after it has
+    evicted, rewinding into the evicted range is refused as onnxruntime-genai refuses it; rewinding to 0 restarts."""
+    model = xg.Model(more_models["gemma2"])
+    tok = xg.Tokenizer(model)
+    ids = tok.encode(PROMPT)
+
+    def generator():
+        params = xg.GeneratorParams(model)
+        params.set_search_options(max_length=MAX_LENGTH)
+        gen = xg.Generator(model, params)
+        gen.append_tokens(ids)
+        return gen
+
+    fresh = generator()
+    while len(fresh.get_sequence(0)) < 40:
+        fresh.generate_next_token()
+    want = fresh.get_sequence(0).tolist()
+
+    gen = generator()
+    while len(gen.get_sequence(0)) < 16:  # 15 positions in the cache: capacity 24, nothing evicted
+        gen.generate_next_token()
+    gen.rewind_to(12)
+    while len(gen.get_sequence(0)) < 40:
+        gen.generate_next_token()
+    assert gen.get_sequence(0).tolist() == want  # and now 39 positions: evicted
+
+    ref_model = og_ref.Model(more_models["gemma2"])
+    ref = og_ref.Generator(ref_model, og_ref.GeneratorParams(ref_model))
+    ref.append_tokens(ids)
+    while len(ref.get_sequence(0)) < 40:
+        ref.generate_next_token()
+    for g in (gen, ref):
+        with pytest.raises(Exception, match="Cannot rewind to 30: the sliding-window KV cache holds only the last 24"):
+            g.rewind_to(30)
+    assert gen.get_sequence(0).tolist() == want  # a refused rewind changes nothing
+    gen.rewind_to(0)
+    gen.append_tokens(ids)
+    while len(gen.get_sequence(0)) < 40:
+        gen.generate_next_token()
+    assert gen.get_sequence(0).tolist() == want
+
+
+def test_window_errors(more_models, og_ref, tmp_path) -> None:
+    folder = more_models["gemma2"]
+    model = xg.Model(folder)
+    params = xg.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH, past_present_share_buffer=False)
+    with pytest.raises(xg.GenAIError, match=r"layers \[0\] .*need past_present_share_buffer=True"):
+        xg.Generator(model, params)
+    dst = tmp_path / "bad"
+    shutil.copytree(folder, dst)
+    cfg = json.loads((dst / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["sliding_window"]["layers"] = [0, 2]
+    (dst / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match=r"sliding_window.layers takes layer indices 0 .. 1, got \[0, 2\]"):
+        xg.Config(str(dst))
