@@ -25,7 +25,8 @@ from crossml.device.recording import Recording
 pytestmark = pytest.mark.gpu
 
 ARCHS = ("llama", "qwen2")
-SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")]
+SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + ["gemma2:fp32",
+                                                                                        "gemma2:fp16:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -292,3 +293,26 @@ def test_adapters_on_the_gpu_match_the_cpu(models: Path, tmp_path) -> None:
                                        err_msg=f"{case}, step {step}")
     recorded = [key for key, r in gpu_model.session._runners.items() if isinstance(r, Recording) and "lora_A" in key[0]]
     assert recorded  # runs fed the adapter's parameters and were recorded
+
+
+def test_window_sized_caches_on_the_gpu(models: Path) -> None:
+    """gemma2's local layer keeps a window-sized KV cache (sliding_window.layers): on the GPU the captured decode
+    replays one recorded graph across its evictions, gives the eager decode's tokens, and starts with the CPU
+    run's tokens."""
+    folder = str(models / "gemma2_fp16_cuda")
+    static = og.Model(folder)
+    assert static.window_layers == {0} and static._capture
+    eager = _captured(folder, "0")
+    cpu = og.Model(str(models / "gemma2_fp32"))
+    new = 44  # the prompt plus 44 tokens: the 24-row cache evicts twice
+    seq, logits = _generate(static, [PROMPT], new=new)
+    assert len(_decode_recordings(static)) == 1
+    ref_seq, ref_logits = _generate(eager, [PROMPT], new=new)
+    assert seq == ref_seq
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_allclose(a, b, atol=1e-2, rtol=0)
+    cpu_seq, cpu_logits = _generate(cpu, [PROMPT], new=new)
+    first = len(cpu_seq[0]) - new + 4
+    assert seq[0][:first] == cpu_seq[0][:first]
+    scale = float(np.abs(cpu_logits[0]).max())
+    np.testing.assert_allclose(logits[0], cpu_logits[0], atol=0.02 * scale, rtol=0)

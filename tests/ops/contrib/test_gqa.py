@@ -377,3 +377,27 @@ def test_sliding_window_cache_errors(case):
             "no_past": "needs past_key and past_value", "qk": "qk_output is not supported"}[case]
     with pytest.raises(Exception, match=want):
         sess.run(None, feeds)
+
+
+def test_sliding_window_cache_ignores_rows_it_does_not_hold():
+    """Rows past the resident ones are unspecified: NaN there changes neither the output nor the resident rows."""
+    import torch
+
+    from crossml.ops.contrib.attention import group_query_attention
+    from crossml.ops.registry import OpContext
+
+    N, Nk, H, W, C = 4, 2, 16, 4, 8
+    totals = [6, 3]  # entries hold 5 and 2 positions before the step
+    ins = gqa_io(2, 1, N, Nk, H, totals, past=past_cache(2, Nk, C, H), rotary=True)
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache"]
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    attrs = dict(num_heads=N, kv_num_heads=Nk, do_rotary=1, local_window_size=W, sliding_window_cache=1, ctx=ctx)
+    clean = group_query_attention(*[torch.from_numpy(ins[n]) for n in names], **attrs)
+    for b, tot in enumerate(totals):
+        for name in ("past_key", "past_value"):
+            ins[name][b, :, tot - 1:] = np.nan
+    dirty = group_query_attention(*[torch.from_numpy(ins[n]) for n in names], **attrs)
+    assert torch.equal(dirty[0], clean[0]) and not dirty[0].isnan().any()
+    for b, tot in enumerate(totals):
+        assert torch.equal(dirty[1][b, :, :tot], clean[1][b, :, :tot])

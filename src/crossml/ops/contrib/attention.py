@@ -393,6 +393,11 @@ def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, atte
     allowed = (held.unsqueeze(1) & (d >= 0) & (d < window)).unsqueeze(1)
     xk = torch.cat([past_key.to(q.dtype), k.transpose(1, 2).to(q.dtype)], dim=2)  # [B, Nk, C + S, H]
     xv = torch.cat([past_value.to(q.dtype), v.transpose(1, 2).to(q.dtype)], dim=2)
+    # rows that hold no position are unspecified (anything, NaN included): zero them, or a masked key's value
+    # would still reach the output as 0 * NaN
+    keep = held.reshape(B, 1, C + S, 1)
+    xk = torch.where(keep, xk, torch.zeros((), dtype=xk.dtype, device=dev))
+    xv = torch.where(keep, xv, torch.zeros((), dtype=xv.dtype, device=dev))
     bias = None
     if attention_bias is not None:  # its columns are absolute positions
         cols = xpos.clamp(0, attention_bias.shape[-1] - 1)
