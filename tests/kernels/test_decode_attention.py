@@ -181,7 +181,7 @@ def fast_path(monkeypatch):
     def enable() -> list[int]:
         if INTERPRET:
             monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
-        for name in ("_fast_decode", "_fast_prompt"):
+        for name in ("_fast_decode", "_fast_prompt", "_fast_windowed_decode"):
             original = getattr(attention, name)
 
             def spy(*a, _original=original, _name=name, **k):
@@ -291,6 +291,49 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0))
     _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_prompt", (B, S, N * H))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", capacity=9, window=6),
+    dict(dtype=torch.float16, heads=(8, 8), H=64, rotary="interleaved", capacity=6, window=6, packed=True),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="off", capacity=7, window=3, position_ids=True),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
+def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -> None:
+    """Decode steps on a window-sized cache (sliding_window_cache=1) on the kernels (evict_rows, then the decode
+    kernel) equal the torch path step by step across evictions: outputs, and the resident rows bit for bit."""
+    dtype, (N, Nk), H, C, W = case["dtype"], case["heads"], case["H"], case["capacity"], case["window"]
+    B = 2
+    do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
+    cos, sin = _caches(64, rot // 2, dtype, "cpu") if do_rotary else (None, None)
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
+              local_window_size=W, sliding_window_cache=1)
+    ref_k, ref_v = (rand(B, Nk, C, H, dtype=dtype, seed=s) for s in (30, 31))
+    dev_k, dev_v = ref_k.to(device), ref_v.to(device)
+    # the reference buffers' rows are not contiguous, which keeps them on the torch path (under the interpreter
+    # CPU tensors may take the kernels too)
+    ref_k, ref_v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (ref_k, ref_v))
+    calls = fast_path()
+    lens = torch.tensor([C - 2, 3])  # positions already held (the first entry evicts after 3 steps)
+    for step in range(2 * C):
+        q, k, v = (rand(B, 1, n * H, dtype=dtype, seed=100 + 3 * step + i) for i, n in enumerate((N, Nk, Nk)))
+        if case.get("packed"):
+            q, k, v = torch.cat([q, k, v], dim=-1), None, None
+        pos = (lens + 5).reshape(B, 1) if case.get("position_ids") else None
+        args = [q, k, v, ref_k, ref_v, lens.to(torch.int32), torch.tensor(int(lens.max()) + 1, dtype=torch.int32),
+                cos, sin, pos]
+        out_ref, ref_k, ref_v, _ = _gqa(args, kw, True)
+        dev_args = [None if a is None else a.to(device) for a in args]
+        dev_args[3], dev_args[4], dev_args[6] = dev_k, dev_v, args[6]
+        out, dev_k, dev_v, _ = _gqa(dev_args, kw, True)
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
+        held = attention.resident_length(lens + 1, C, W)
+        for b in range(B):
+            assert torch.equal(dev_k[b, :, :held[b]].cpu(), ref_k[b, :, :held[b]])
+            assert torch.equal(dev_v[b, :, :held[b]].cpu(), ref_v[b, :, :held[b]])
+        lens = lens + 1
+    assert calls == ["_fast_windowed_decode"] * (2 * C)
 
 
 def test_import_does_not_load_triton() -> None:

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, use_interpreter
 
-__all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "rotary_cache_write",
+__all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
            "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
            "supported_head_size"]
 
@@ -468,6 +468,46 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
     return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new)
+
+
+@triton.jit
+def _evict_kernel(kc_ptr, vc_ptr, shift_ptr, NK, L, HEAD_DIM, s_b, s_h, s_l, BLOCK_L: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """Rows ``shift[b] .. L`` of both caches of (entry, KV head) ``pid`` move to rows ``0 .. L - shift[b]``; a
+    program whose shift is 0 does nothing. One program walks its rows upwards, loading each block before storing
+    it, so the overlapping move never overwrites a row it has yet to read."""
+    pid = tl.program_id(0)
+    b = pid // NK
+    shift = tl.load(shift_ptr + b)
+    if shift > 0:
+        base = b.to(tl.int64) * s_b + (pid % NK).to(tl.int64) * s_h
+        d = tl.arange(0, BLOCK_D)
+        rows = tl.arange(0, BLOCK_L)
+        for r0 in range(0, L, BLOCK_L):
+            r = r0 + rows
+            ok = (r + shift < L)[:, None] & (d < HEAD_DIM)[None, :]
+            src = base + (r + shift).to(tl.int64)[:, None] * s_l + d[None, :]
+            dst = base + r.to(tl.int64)[:, None] * s_l + d[None, :]
+            kx = tl.load(kc_ptr + src, mask=ok)
+            vx = tl.load(vc_ptr + src, mask=ok)
+            tl.store(kc_ptr + dst, kx, mask=ok)
+            tl.store(vc_ptr + dst, vx, mask=ok)
+
+
+def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, shift: torch.Tensor) -> None:
+    """In place, for each entry b with ``shift[b] > 0``: rows ``shift[b] ..`` of ``k_cache`` / ``v_cache``
+    ``[B, Nk, L, H]`` (contiguous rows) move ``shift[b]`` rows down, to row 0 (the eviction of a window-sized
+    cache, GroupQueryAttention ``sliding_window_cache=1``). The last ``shift[b]`` rows keep their old values.
+    ``shift`` [B] device ints; nothing syncs with the host."""
+    B, Nk, L, H = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() or k_cache.stride(3) != 1:
+        raise ValueError(f"evict_rows: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} need one shape and "
+                         "contiguous rows")
+    interp = use_interpreter(k_cache, "GroupQueryAttention eviction")
+    block_d = triton.next_power_of_2(H)
+    with _on_device(k_cache, interp):
+        _evict_kernel[(B * Nk,)](k_cache, v_cache, shift, Nk, L, H, k_cache.stride(0), k_cache.stride(1),
+                                 k_cache.stride(2), BLOCK_L=max(1, 4096 // block_d), BLOCK_D=block_d)
 
 
 def rotary_decode_attention_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, scale,

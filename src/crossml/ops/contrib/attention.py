@@ -262,6 +262,15 @@ def group_query_attention(
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
 
+    if sliding_window_cache and S == 1 and not first_prompt and past_key.stride(3) == 1 and \
+            past_value.stride() == past_key.stride() and \
+            _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                     attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, 1, do_rotary, softcap,
+                     smooth_softmax, qk_output):
+        return _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                                     scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                                     window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")))
+
     total_b = seqlens_k.reshape(B).long() + 1
     past_b = torch.zeros_like(total_b) if first_prompt else total_b - S
     steps = torch.arange(S, device=query.device)
@@ -364,6 +373,30 @@ def resident_length(total: torch.Tensor, capacity: int, window: int) -> torch.Te
     g = capacity - window + 1
     over = (total - capacity).clamp(min=0)
     return total - g * torch.div(over + g - 1, g, rounding_mode="floor")
+
+
+def _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
+                          do_rotary, rotary_interleaved, window, inplace) -> tuple:
+    """A decode step on a window-sized cache with the Triton kernels: when this step evicts (``L(T) < L(T-1) + 1``)
+    ``evict_rows`` first moves the rows it keeps down to row 0 (a launch that does nothing otherwise), then the
+    decode kernel writes the new row at ``L(T) - 1`` and attends the ``window`` rows ending there, rotating at the
+    absolute position. Same results as ``_windowed``."""
+    kernels = load("decode_attention")
+    B, _, N, H = q.shape
+    C = past_key.shape[2]
+    kc = past_key if inplace else past_key.clone()
+    vc = past_value if inplace else past_value.clone()
+    total = seqlens_k.reshape(B).long() + 1
+    now = resident_length(total, C, window)
+    kernels.evict_rows(kc, vc, resident_length(total - 1, C, window) + 1 - now)
+    pos = None
+    if do_rotary:
+        pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
+                                          (now - 1).to(seqlens_k.dtype), sc, window,
+                                          interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
+    return out.reshape(B, 1, N * H), kc, vc, None
 
 
 def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, attention_bias, head_sink, *, scale,
