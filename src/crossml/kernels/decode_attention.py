@@ -471,14 +471,26 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 
 
 @triton.jit
-def _evict_kernel(kc_ptr, vc_ptr, shift_ptr, NK, L, HEAD_DIM, s_b, s_h, s_l, BLOCK_L: tl.constexpr,
-                  BLOCK_D: tl.constexpr):
-    """Rows ``shift[b] .. L`` of both caches of (entry, KV head) ``pid`` move to rows ``0 .. L - shift[b]``; a
-    program whose shift is 0 does nothing. One program walks its rows upwards, loading each block before storing
-    it, so the overlapping move never overwrites a row it has yet to read."""
+def _resident(t, L, WINDOW):
+    """Positions a window-sized cache of L rows holds after t tokens (``ops.contrib.attention.resident_length``)."""
+    g = L - WINDOW + 1
+    return t - g * ((tl.maximum(t - L, 0) + g - 1) // g)
+
+
+@triton.jit
+def _evict_kernel(kc_ptr, vc_ptr, seqlens_ptr, row_ptr, NK, L, WINDOW, HEAD_DIM, s_b, s_h, s_l,
+                  BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Entry b's decode step on a window-sized cache, for (entry, KV head) ``pid``: T = seqlens[b] + 1 tokens after
+    it; when it evicts (L(T) < L(T - 1) + 1) rows ``shift .. L`` of both caches move to rows ``0 .. L - shift``,
+    else nothing moves. One program walks its rows upwards, loading each block before storing it, so the
+    overlapping move never overwrites a row it has yet to read. Head 0 stores the new token's row L(T) - 1."""
     pid = tl.program_id(0)
     b = pid // NK
-    shift = tl.load(shift_ptr + b)
+    t = tl.load(seqlens_ptr + b).to(tl.int32) + 1
+    now = _resident(t, L, WINDOW)
+    shift = _resident(t - 1, L, WINDOW) + 1 - now
+    if pid % NK == 0:
+        tl.store(row_ptr + b, now - 1)
     if shift > 0:
         base = b.to(tl.int64) * s_b + (pid % NK).to(tl.int64) * s_h
         d = tl.arange(0, BLOCK_D)
@@ -494,20 +506,26 @@ def _evict_kernel(kc_ptr, vc_ptr, shift_ptr, NK, L, HEAD_DIM, s_b, s_h, s_l, BLO
             tl.store(vc_ptr + dst, vx, mask=ok)
 
 
-def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, shift: torch.Tensor) -> None:
-    """In place, for each entry b with ``shift[b] > 0``: rows ``shift[b] ..`` of ``k_cache`` / ``v_cache``
-    ``[B, Nk, L, H]`` (contiguous rows) move ``shift[b]`` rows down, to row 0 (the eviction of a window-sized
-    cache, GroupQueryAttention ``sliding_window_cache=1``). The last ``shift[b]`` rows keep their old values.
-    ``shift`` [B] device ints; nothing syncs with the host."""
+def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor, window: int) -> torch.Tensor:
+    """The cache side of a decode step on window-sized caches (GroupQueryAttention ``sliding_window_cache=1``):
+    ``k_cache`` / ``v_cache`` ``[B, Nk, L, H]`` (contiguous rows) hold entry b's most recent positions at rows
+    ``0 .. L(T - 1)``, T = ``seqlens[b] + 1``; when the step evicts, the rows kept move down to row 0 in place (the
+    rows after them keep their old values). Returns the rows ``L(T) - 1`` [B] int32 where the new token goes.
+    Nothing syncs with the host."""
     B, Nk, L, H = k_cache.shape
     if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() or k_cache.stride(3) != 1:
         raise ValueError(f"evict_rows: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} need one shape and "
                          "contiguous rows")
+    if not 0 < window <= L:
+        raise ValueError(f"evict_rows: window {window} must be in 1 .. the capacity {L}")
     interp = use_interpreter(k_cache, "GroupQueryAttention eviction")
+    rows = torch.empty(B, dtype=torch.int32, device=k_cache.device)
     block_d = triton.next_power_of_2(H)
     with _on_device(k_cache, interp):
-        _evict_kernel[(B * Nk,)](k_cache, v_cache, shift, Nk, L, H, k_cache.stride(0), k_cache.stride(1),
-                                 k_cache.stride(2), BLOCK_L=max(1, 4096 // block_d), BLOCK_D=block_d)
+        _evict_kernel[(B * Nk,)](k_cache, v_cache, seqlens, rows, Nk, L, window, H, k_cache.stride(0),
+                                 k_cache.stride(1), k_cache.stride(2), BLOCK_L=max(1, 4096 // block_d),
+                                 BLOCK_D=block_d)
+    return rows
 
 
 def rotary_decode_attention_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, scale,

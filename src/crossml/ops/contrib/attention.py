@@ -377,24 +377,21 @@ def resident_length(total: torch.Tensor, capacity: int, window: int) -> torch.Te
 
 def _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
                           do_rotary, rotary_interleaved, window, inplace) -> tuple:
-    """A decode step on a window-sized cache with the Triton kernels: when this step evicts (``L(T) < L(T-1) + 1``)
-    ``evict_rows`` first moves the rows it keeps down to row 0 (a launch that does nothing otherwise), then the
-    decode kernel writes the new row at ``L(T) - 1`` and attends the ``window`` rows ending there, rotating at the
-    absolute position. Same results as ``_windowed``."""
+    """A decode step on a window-sized cache with the Triton kernels: ``evict_rows`` moves the rows kept down to
+    row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch moves nothing) and gives the new
+    token's row ``L(T) - 1``; the decode kernel writes the new row there and attends the ``window`` rows ending
+    there, rotating at the absolute position. Same results as ``_windowed``."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
-    C = past_key.shape[2]
     kc = past_key if inplace else past_key.clone()
     vc = past_value if inplace else past_value.clone()
-    total = seqlens_k.reshape(B).long() + 1
-    now = resident_length(total, C, window)
-    kernels.evict_rows(kc, vc, resident_length(total - 1, C, window) + 1 - now)
+    rows = kernels.evict_rows(kc, vc, seqlens_k.reshape(B), window)
     pos = None
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
-                                          (now - 1).to(seqlens_k.dtype), sc, window,
+                                          rows, sc, window,
                                           interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
     return out.reshape(B, 1, N * H), kc, vc, None
 
