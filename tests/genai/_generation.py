@@ -22,3 +22,14 @@ def generate_with(og: Any, model: Any, prompts: list[str], max_length: int,
             logits.append(gen.get_logits().copy())
     count = len(prompts) * int(options.get("num_return_sequences", 1))
     return [gen.get_sequence(i).tolist() for i in range(count)], logits
+
+
+def run_steps(og: Any, model: Any, steps: int, max_length: int, prompt: str, **options: Any) -> Any:
+    """A generator of module ``og`` on ``model`` after ``prompt`` and ``steps`` generate_next_token calls."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length, **options)
+    gen = og.Generator(model, params)
+    gen.append_tokens(og.Tokenizer(model).encode(prompt))
+    for _ in range(steps):
+        gen.generate_next_token()
+    return gen

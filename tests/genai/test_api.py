@@ -10,6 +10,7 @@ import pytest
 
 import crossml.genai as og
 from crossml.genai.config import translate_gpu_options
+from tests.genai._generation import run_steps
 
 PROMPT = "Hello world! How are you"
 
@@ -36,13 +37,7 @@ def _copy(folder: str, tmp_path, edit=None) -> str:
 
 
 def _greedy(model: og.Model, n: int = 8, **options) -> og.Generator:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=64, **options)
-    gen = og.Generator(model, params)
-    gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
-    for _ in range(n):
-        gen.generate_next_token()
-    return gen
+    return run_steps(og, model, n, 64, PROMPT, **options)
 
 
 # -- errors -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 
 import crossml.genai as xg
 from tests.genai._build import MORE_CLASSES
-from tests.genai._generation import generate_with
+from tests.genai._generation import generate_with, run_steps
 
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -103,11 +103,7 @@ def test_window_rewind(more_models, og_ref) -> None:
     ids = tok.encode(PROMPT)
 
     def generator():
-        params = xg.GeneratorParams(model)
-        params.set_search_options(max_length=MAX_LENGTH)
-        gen = xg.Generator(model, params)
-        gen.append_tokens(ids)
-        return gen
+        return run_steps(xg, model, 0, MAX_LENGTH, PROMPT)
 
     fresh = generator()
     while len(fresh.get_sequence(0)) < 40:

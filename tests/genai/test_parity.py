@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import crossml.genai as xg
-from tests.genai._generation import generate_with
+from tests.genai._generation import generate_with, run_steps
 from tests.genai.conftest import ARCHS, PRECISIONS
 
 PROMPT = "Hello world! How are you"
@@ -314,13 +314,7 @@ def _logged(og, folder: str, steps: int = 4, **search) -> list[str]:
     og.set_log_callback(lines.append)
     og.set_log_options(enabled=True, generate_next_token=True, append_next_tokens=True)
     try:
-        model = og.Model(folder)
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=24, **search)
-        gen = og.Generator(model, params)
-        gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
-        for _ in range(steps):
-            gen.generate_next_token()
+        run_steps(og, og.Model(folder), steps, 24, PROMPT, **search)
     finally:
         og.set_log_options(enabled=False, generate_next_token=False, append_next_tokens=False)
         og.set_log_callback(None)

@@ -98,6 +98,23 @@ def _attend(
     return out, qk
 
 
+def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed: torch.Tensor, scale: float, *,
+                   bias: torch.Tensor | None, softcap: float, head_sink: torch.Tensor | None, smooth_softmax: int,
+                   want_qk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GroupQueryAttention's attention for q [B, S, N, H] over caches kc / vc [B, Nk, L, H]: key heads shared by
+    query groups, scale 0 meaning 1/sqrt(H), smooth_softmax as a zero sink per head; ``_attend`` for the rest.
+    Returns the output [B, N, S, H] and the scores ``want_qk`` asks for."""
+    N, H = q.shape[2], q.shape[3]
+    groups = N // kc.shape[1]
+    kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
+    vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sink = head_sink
+    if sink is None and smooth_softmax:
+        sink = torch.zeros(N, dtype=torch.float32, device=q.device)
+    return _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink, want_qk=want_qk)
+
+
 def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
              attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
              smooth_softmax, qk_output) -> bool:
@@ -265,7 +282,9 @@ def group_query_attention(
     if sliding_window_cache and S == 1 and not first_prompt and past_key.stride(3) == 1 and \
             past_value.stride() == past_key.stride() and \
             _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                     attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, 1, do_rotary, softcap,
+                     attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H,
+                     1,  # total: a window-sized cache is shorter than the sequence by design (capacity >= window is checked)
+                     do_rotary, softcap,
                      smooth_softmax, qk_output):
         return _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                                      scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
@@ -333,15 +352,8 @@ def group_query_attention(
             bias = F.pad(bias, (0, L - bias.shape[-1]))
         bias = bias[..., :L]
 
-    groups = N // Nk
-    kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
-    vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    sink = head_sink
-    if sink is None and smooth_softmax:
-        sink = torch.zeros(N, dtype=torch.float32, device=query.device)
-    out, qk = _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink,
-                      want_qk=qk_output)
+    out, qk = _attend_groups(q, kc, vc, allowed, scale, bias=bias, softcap=softcap, head_sink=head_sink,
+                             smooth_softmax=smooth_softmax, want_qk=qk_output)
     out = out.transpose(1, 2).reshape(B, S, N * H)
     if qk is not None:
         qk = qk[..., :total].to(query.dtype)
@@ -433,14 +445,8 @@ def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, atte
         cols = xpos.clamp(0, attention_bias.shape[-1] - 1)
         bias = torch.gather(attention_bias.expand(B, -1, S, -1), 3,
                             cols.reshape(B, 1, 1, -1).expand(B, attention_bias.shape[1], S, -1))
-    groups = N // Nk
-    kh = xk.repeat_interleave(groups, dim=1) if groups > 1 else xk
-    vh = xv.repeat_interleave(groups, dim=1) if groups > 1 else xv
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    sink = head_sink
-    if sink is None and smooth_softmax:
-        sink = torch.zeros(N, dtype=torch.float32, device=dev)
-    out, _ = _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink)
+    out, _ = _attend_groups(q, xk, xv, allowed, scale, bias=bias, softcap=softcap, head_sink=head_sink,
+                            smooth_softmax=smooth_softmax)
     # present row i holds position total - L(total) + i: a resident row or a new one; rows >= L keep theirs
     apos = (total_b - ln).unsqueeze(1) + rc  # [B, C]
     src = torch.where(apos < prev.unsqueeze(1), apos - (prev - lp).unsqueeze(1), C + apos - prev.unsqueeze(1))
