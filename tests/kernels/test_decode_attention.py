@@ -181,7 +181,7 @@ def fast_path(monkeypatch):
     def enable() -> list[int]:
         if INTERPRET:
             monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
-        for name in ("_fast_decode", "_fast_prompt", "_fast_windowed_decode"):
+        for name in ("_fast_decode", "_fast_prompt"):
             original = getattr(attention, name)
 
             def spy(*a, _original=original, _name=name, **k):
@@ -333,7 +333,7 @@ def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -
             assert torch.equal(dev_k[b, :, :held[b]].cpu(), ref_k[b, :, :held[b]])
             assert torch.equal(dev_v[b, :, :held[b]].cpu(), ref_v[b, :, :held[b]])
         lens = lens + 1
-    assert calls == ["_fast_windowed_decode"] * (2 * C)
+    assert calls == ["_fast_decode"] * (2 * C)
 
 
 def test_import_does_not_load_triton() -> None:

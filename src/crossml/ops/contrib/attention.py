@@ -157,20 +157,26 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
-                 do_rotary, rotary_interleaved, local_window, inplace) -> tuple:
+                 do_rotary, rotary_interleaved, local_window, inplace, windowed: bool = False) -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
-    rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended."""
+    rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended.
+
+    ``windowed``: a window-sized cache (``sliding_window_cache=1``, what ``_windowed`` computes): ``evict_rows``
+    first moves the rows kept down to row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch
+    moves nothing) and gives the new token's row ``L(T) - 1``, where the new row goes and the ``local_window``
+    attended rows end; rotary positions stay absolute."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
     kc = past_key if inplace else past_key.clone()
     vc = past_value if inplace else past_value.clone()
+    rows = kernels.evict_rows(kc, vc, seqlens_k.reshape(B), local_window) if windowed else seqlens_k.reshape(B)
     pos = None
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
-                                          seqlens_k.reshape(B), sc, local_window,
+                                          rows, sc, local_window,
                                           interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
     return out.reshape(B, 1, N * H), kc, vc, None
 
@@ -286,9 +292,9 @@ def group_query_attention(
                      1,  # total: a window-sized cache is shorter than the sequence by design (capacity >= window is checked)
                      do_rotary, softcap,
                      smooth_softmax, qk_output):
-        return _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                                     scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                                     window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")))
+        return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                            scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                            local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")), windowed=True)
 
     total_b = seqlens_k.reshape(B).long() + 1
     past_b = torch.zeros_like(total_b) if first_prompt else total_b - S
@@ -387,27 +393,6 @@ def resident_length(total: torch.Tensor, capacity: int, window: int) -> torch.Te
     return total - g * torch.div(over + g - 1, g, rounding_mode="floor")
 
 
-def _fast_windowed_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
-                          do_rotary, rotary_interleaved, window, inplace) -> tuple:
-    """A decode step on a window-sized cache with the Triton kernels: ``evict_rows`` moves the rows kept down to
-    row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch moves nothing) and gives the new
-    token's row ``L(T) - 1``; the decode kernel writes the new row there and attends the ``window`` rows ending
-    there, rotating at the absolute position. Same results as ``_windowed``."""
-    kernels = load("decode_attention")
-    B, _, N, H = q.shape
-    kc = past_key if inplace else past_key.clone()
-    vc = past_value if inplace else past_value.clone()
-    rows = kernels.evict_rows(kc, vc, seqlens_k.reshape(B), window)
-    pos = None
-    if do_rotary:
-        pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
-                                          rows, sc, window,
-                                          interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
-    return out.reshape(B, 1, N * H), kc, vc, None
-
-
 def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, attention_bias, head_sink, *, scale,
               softcap, smooth_softmax, window, inplace) -> tuple:
     """GroupQueryAttention with ``sliding_window_cache=1``: ``past_key`` / ``past_value`` [B, Nk, C, H] hold,
@@ -415,8 +400,8 @@ def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, atte
 
     The resident rows and the new ones are joined into one sequence whose absolute positions are known per
     entry; queries attend the keys of their local window there, and the present buffers take the last
-    ``L(T)`` positions of it at rows ``0 .. L(T)`` (the rows after them keep their old values: onnxruntime
-    leaves them unspecified). In a first prompt entry b's real tokens are its first ``seqlens_k[b] + 1`` rows
+    ``L(T)`` positions of it at rows ``0 .. L(T)`` (the rows after them are unspecified, as in onnxruntime: here
+    old resident rows, or zeros). In a first prompt entry b's real tokens are its first ``seqlens_k[b] + 1`` rows
     (right padding, as without the window). Everything stays on the device: the step can be captured."""
     B, S, N, H = q.shape
     Nk = k.shape[2]
@@ -447,7 +432,8 @@ def _windowed(q, k, v, past_key, past_value, total_b, past_b, first_prompt, atte
                             cols.reshape(B, 1, 1, -1).expand(B, attention_bias.shape[1], S, -1))
     out, _ = _attend_groups(q, xk, xv, allowed, scale, bias=bias, softcap=softcap, head_sink=head_sink,
                             smooth_softmax=smooth_softmax)
-    # present row i holds position total - L(total) + i: a resident row or a new one; rows >= L keep theirs
+    # present row i holds position total - L(total) + i: a resident row or a new one; rows >= L take row i of
+    # the joined sequence
     apos = (total_b - ln).unsqueeze(1) + rc  # [B, C]
     src = torch.where(apos < prev.unsqueeze(1), apos - (prev - lp).unsqueeze(1), C + apos - prev.unsqueeze(1))
     src = torch.where(rc < ln.unsqueeze(1), src, rc).clamp(0, C + S - 1)
