@@ -56,7 +56,14 @@ MORE_CLASSES = {
     "llama3rope": ("LlamaConfig", "LlamaForCausalLM",
                    dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    # mixture of experts (MoE / QMoE nodes), attention sinks, window-sized caches on the even layers, YaRN
+    # (gpt-oss' own rope settings: the builder's YaRN needs a long original context for head size 16)
+    "gptoss": ("GptOssConfig", "GptOssForCausalLM",
+               dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"])),
 }
+#: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
+MORE_INT4 = ("gptoss",)
 
 
 def make_tokenizer(out: str, vocab: int = 400) -> int:
@@ -99,6 +106,27 @@ def make_hf_model(arch: str, out: str) -> None:
             else:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out)
+    if arch == "gptoss":
+        add_mxfp4_experts(out, config)
+
+
+def add_mxfp4_experts(out: str, config) -> None:
+    """Random MXFP4 expert tensors beside the float ones, as the published gpt-oss checkpoints hold them: the
+    builder's int4 export reads its experts from these (``*_blocks`` [E, N, K/32, 16] fp4 codes, ``*_scales``
+    [E, N, K/32] power-of-two exponents)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    gen = torch.Generator().manual_seed(1)
+    E, H, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
+    for layer in range(config.num_hidden_layers):
+        for name, N, K in (("gate_up_proj", 2 * inter, H), ("down_proj", H, inter)):
+            pre = f"model.layers.{layer}.mlp.experts.{name}"
+            tensors[f"{pre}_blocks"] = torch.randint(0, 256, (E, N, K // 32, 16), generator=gen, dtype=torch.uint8)
+            tensors[f"{pre}_scales"] = torch.randint(123, 127, (E, N, K // 32), generator=gen, dtype=torch.uint8)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def main(out_dir: str, specs: list[str]) -> None:

@@ -45,19 +45,21 @@ def genai_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
 
 @pytest.fixture(scope="session")
 def more_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """arch -> fp32 CPU model folder of each architecture in ``_build.MORE_CLASSES``."""
+    """arch -> fp32 CPU model folder of each architecture in ``_build.MORE_CLASSES``, and "arch:int4" -> the int4
+    one of those in ``_build.MORE_INT4``."""
     missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if not _have(m)]
     if missing:
         pytest.skip(f"building genai test models needs {', '.join(missing)} (pip install crossml[test])")
-    from tests.genai._build import MORE_CLASSES
+    from tests.genai._build import MORE_CLASSES, MORE_INT4
 
     out = tmp_path_factory.mktemp("genai_more_models")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, str(BUILD), str(out), *(f"{a}:fp32" for a in MORE_CLASSES)],
+    specs = [f"{a}:fp32" for a in MORE_CLASSES] + [f"{a}:int4" for a in MORE_INT4]
+    proc = subprocess.run([sys.executable, str(BUILD), str(out), *specs],
                           capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
-    return {a: str(out / f"{a}_fp32") for a in MORE_CLASSES}
+    return {**{a: str(out / f"{a}_fp32") for a in MORE_CLASSES}, **{f"{a}:int4": str(out / f"{a}_int4") for a in MORE_INT4}}
 
 
 @pytest.fixture(scope="session")
