@@ -10,6 +10,9 @@ once the cache is full: capacity = window + 16, so it evicts 17 rows every 17 st
 * ``full cache``: the same attention over a max-length cache (``local_window_size`` alone, no eviction) on the
   decode kernel, what the model would cost without window-sized caches.
 
+The Gemma-2 layer runs twice: without a softcap, and with its model's ``attn_logit_softcapping`` of 50 (the
+decode kernel caps the scores; the torch path caps them in float32 before the softmax).
+
     python benchmarks/windowed_decode.py [--out DIR]
 """
 
@@ -29,17 +32,19 @@ from _common import RESULTS, in_graph_us, machine, write  # noqa: E402
 from crossml.ops.contrib import attention  # noqa: E402
 from crossml.ops.registry import OpContext  # noqa: E402
 
-#: name -> (query heads, KV heads, head size, window)
-SHAPES = {"gemma-2-2b local layer": (8, 4, 256, 4096), "mistral-7b layer": (32, 8, 128, 4096)}
+#: name -> (query heads, KV heads, head size, window, softcap)
+SHAPES = {"gemma-2-2b local layer": (8, 4, 256, 4096, 0.0),
+          "gemma-2-2b local layer, softcap 50": (8, 4, 256, 4096, 50.0),
+          "mistral-7b layer": (32, 8, 128, 4096, 0.0)}
 STEPS = 17
 
 
-def _steps(N: int, Nk: int, H: int, W: int, start: int, path: str) -> list:
+def _steps(N: int, Nk: int, H: int, W: int, softcap: float, start: int, path: str) -> list:
     dev = torch.device("cuda")
     C = W + 16 if path != "full cache" else start + STEPS + 1
     ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
     ctx.extra["kv_inplace"] = True
-    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=1, local_window_size=W, ctx=ctx,
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=1, local_window_size=W, softcap=softcap, ctx=ctx,
               sliding_window_cache=int(path != "full cache"))
     kc = torch.randn(1, Nk, C, H, device=dev, dtype=torch.float16)
     vc = torch.randn_like(kc)
@@ -61,15 +66,16 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     fast_ok = attention._fast_ok
-    for name, (N, Nk, H, W) in SHAPES.items():
+    for name, (N, Nk, H, W, softcap) in SHAPES.items():
         for start in (1024, 3 * W):
             for path in ("kernels", "torch", "full cache"):
                 attention._fast_ok = fast_ok if path != "torch" else (lambda *a, **k: False)
                 try:
-                    us = in_graph_us(_steps(N, Nk, H, W, start, path))
+                    us = in_graph_us(_steps(N, Nk, H, W, softcap, start, path))
                 finally:
                     attention._fast_ok = fast_ok
-                rows.append({"shape": name, "position": start, "path": path, "us_per_step": us})
+                rows.append({"shape": name, "softcap": softcap, "position": start, "path": path,
+                             "us_per_step": us})
                 print(rows[-1], flush=True)
     lines = ["# GroupQueryAttention decode steps on window-sized KV caches (one layer, batch 1, fp16)", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. µs per step, mean over graphs of {STEPS} "

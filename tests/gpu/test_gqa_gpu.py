@@ -1,27 +1,35 @@
 """GroupQueryAttention with window-sized KV buffers (sliding_window_cache=1) on the GPU: a decode step captured
-in a CUDA graph and replayed across eviction boundaries gives the CPU op's outputs and resident rows."""
+in a CUDA graph and replayed across eviction boundaries gives the CPU op's outputs and resident rows, with and
+without a softcap (Gemma-2), on the Triton decode kernels."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from crossml.ops.contrib import attention
 from crossml.ops.contrib.attention import group_query_attention, resident_length
 from crossml.ops.registry import OpContext
 
 pytestmark = pytest.mark.gpu
 
 
-def test_windowed_decode_step_captured_matches_cpu() -> None:
+@pytest.mark.parametrize("softcap", [0.0, 2.0])
+def test_windowed_decode_step_captured_matches_cpu(softcap: float, monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("triton")
+    from tests.kernels._common import record_calls
+
+    calls = record_calls(monkeypatch, attention, "_fast_decode")
     B, N, Nk, H, W, C, steps = 2, 4, 2, 32, 6, 9, 30
     g = torch.Generator().manual_seed(0)
     cos = torch.rand(128, H // 2, generator=g)
     sin = torch.rand(128, H // 2, generator=g)
     ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
     ctx.extra["kv_inplace"] = True
-    attrs = dict(num_heads=N, kv_num_heads=Nk, do_rotary=1, local_window_size=W, sliding_window_cache=1, ctx=ctx)
+    attrs = dict(num_heads=N, kv_num_heads=Nk, do_rotary=1, local_window_size=W, sliding_window_cache=1, ctx=ctx,
+                 softcap=softcap)
     # both entries start past a prompt the CPU ran: entry 1 is 3 tokens behind entry 0
     start = torch.tensor([12, 9])
     cpu_k, cpu_v = torch.randn(B, Nk, C, H, generator=g), torch.randn(B, Nk, C, H, generator=g)
@@ -48,6 +56,7 @@ def test_windowed_decode_step_captured_matches_cpu() -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = step()[0]
+    assert calls == ["_fast_decode"] * 2, "the decode step did not run on the kernels"
     for i in range(steps):
         x = torch.randn(B, 1, (N + 2 * Nk) * H, generator=g)
         lens = (start + i).to(torch.int32)

@@ -86,24 +86,30 @@ def test_rotary_cache_write(device: str, dtype: torch.dtype, heads: tuple[int, i
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("dtype", "heads", "H", "window", "splits"), [
-    (torch.float32, (4, 2), 16, -1, 1),
-    (torch.float32, (14, 2), 64, 5, 3),
-    (torch.float32, (8, 8), 16, -1, 3),
-    (torch.float16, (4, 2), 64, 5, 1),
-    (torch.float16, (14, 2), 16, -1, 3),
-    (torch.float16, (8, 8), 64, 5, 1),
+@pytest.mark.parametrize(("dtype", "heads", "H", "window", "splits", "softcap"), [
+    (torch.float32, (4, 2), 16, -1, 1, 0.0),
+    (torch.float32, (14, 2), 64, 5, 3, 0.0),
+    (torch.float32, (8, 8), 16, -1, 3, 0.0),
+    (torch.float16, (4, 2), 64, 5, 1, 0.0),
+    (torch.float16, (14, 2), 16, -1, 3, 0.0),
+    (torch.float16, (8, 8), 64, 5, 1, 0.0),
+    (torch.float32, (4, 2), 16, -1, 1, 1.5),
+    (torch.float32, (14, 2), 64, 5, 3, 2.0),
+    (torch.float16, (8, 8), 64, -1, 3, 1.5),
+    (torch.bfloat16, (4, 2), 16, 5, 1, 2.0),
 ], ids=_ids)
 def test_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, window: int,
-                          splits: int) -> None:
+                          splits: int, softcap: float) -> None:
+    """The kernel against its fp64 reference; ``softcap`` cases cap scores of about unit size (a cap that matters:
+    uncapped, the outputs differ by far more than the tolerance)."""
     N, Nk = heads
     B, L = 2, 40
     q = rand(B, N, H, dtype=dtype, device=device, seed=4)
     kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (5, 6))
     seqlens_k = torch.tensor([6, 37], dtype=torch.int32, device=device)  # totals 7 and 38 of 40 rows
     scale = 1.0 / math.sqrt(H)
-    out = decode_attention(q, kc, vc, seqlens_k, scale, window, len_offset=1, num_splits=splits)
-    ref = decode_attention_reference(q, kc, vc, seqlens_k, scale, window, len_offset=1)
+    out = decode_attention(q, kc, vc, seqlens_k, scale, window, len_offset=1, num_splits=splits, softcap=softcap)
+    ref = decode_attention_reference(q, kc, vc, seqlens_k, scale, window, len_offset=1, softcap=softcap)
     assert out.dtype == dtype and out.device.type == device
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
@@ -125,17 +131,35 @@ def test_decode_attention_edges(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("dtype", "heads", "H", "mode", "window", "splits"), [
-    (torch.float32, (4, 2), 16, "halves", -1, 1),
-    (torch.float32, (14, 2), 64, "interleaved", 5, 3),
-    (torch.float32, (8, 8), 16, "partial", -1, 4),
-    (torch.float16, (14, 2), 64, "halves", -1, 3),
-    (torch.float16, (4, 2), 64, "partial_interleaved", 5, 1),
-    (torch.float16, (4, 2), 16, "off", -1, 3),
-    (torch.bfloat16, (6, 2), 24, "interleaved", -1, 2),
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_attention_softcap_saturates(device: str, splits: int) -> None:
+    """Scores hundreds of times the cap: tanh saturates to +-1 (no overflow, no NaN), and keys tied at the cap
+    share the weight as in the reference."""
+    B, N, Nk, H, L = 2, 4, 2, 32, 40
+    q = rand(B, N, H, device=device, seed=40) * 100.0
+    kc, vc = (rand(B, Nk, L, H, device=device, seed=s) for s in (41, 42))
+    total = torch.tensor([9, 40], device=device)
+    out = decode_attention(q, kc, vc, total, 1.0 / math.sqrt(H), num_splits=splits, softcap=1.0)
+    ref = decode_attention_reference(q, kc, vc, total, 1.0 / math.sqrt(H), softcap=1.0)
+    assert not out.isnan().any()
+    rtol, atol = TOL[torch.float32]
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "heads", "H", "mode", "window", "splits", "softcap"), [
+    (torch.float32, (4, 2), 16, "halves", -1, 1, 0.0),
+    (torch.float32, (14, 2), 64, "interleaved", 5, 3, 0.0),
+    (torch.float32, (8, 8), 16, "partial", -1, 4, 0.0),
+    (torch.float16, (14, 2), 64, "halves", -1, 3, 0.0),
+    (torch.float16, (4, 2), 64, "partial_interleaved", 5, 1, 0.0),
+    (torch.float16, (4, 2), 16, "off", -1, 3, 0.0),
+    (torch.bfloat16, (6, 2), 24, "interleaved", -1, 2, 0.0),
+    (torch.float32, (4, 2), 16, "halves", 5, 1, 2.0),
+    (torch.float16, (14, 2), 64, "interleaved", -1, 3, 3.0),
 ], ids=_ids)
 def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, mode: str,
-                                 window: int, splits: int) -> None:
+                                 window: int, splits: int, softcap: float) -> None:
     """The one-launch decode step equals rotary_cache_write + decode_attention's references: cache rows bit for
     bit (written and untouched), the attention output within the dtype's tolerance. Entry 1's length is past
     the buffer (its row is clamped to the last), entry 2 attends only its new row."""
@@ -150,9 +174,9 @@ def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[i
     kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (32, 33))
     kc_ref, vc_ref = kc.clone(), vc.clone()
     ref = rotary_decode_attention_reference(q, k, v, cos, sin, pos, kc_ref, vc_ref, seqlens, 0.3, window,
-                                            interleaved=interleaved, do_rotary=do_rotary)
+                                            interleaved=interleaved, do_rotary=do_rotary, softcap=softcap)
     out = rotary_decode_attention(q, k, v, cos, sin, pos, kc, vc, seqlens, 0.3, window, interleaved=interleaved,
-                                  do_rotary=do_rotary, num_splits=splits)
+                                  do_rotary=do_rotary, num_splits=splits, softcap=softcap)
     assert out.shape == (B, N, H) and out.dtype == dtype
     if dtype == torch.bfloat16 and INTERPRET:  # the interpreter rounds fp32 -> bf16 toward zero: 1 ulp
         torch.testing.assert_close(kc, kc_ref, rtol=2 ** -7, atol=1e-3)
@@ -227,10 +251,14 @@ def _check_fast_path(args: list, kw: dict, device: str, inplace: bool, fast_path
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="partial_interleaved", position_ids=True, packed=True,
          local_window_size=3, inplace=True),
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", causal=0, local_window_size=3),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", softcap=2.0, inplace=True),
+    dict(dtype=torch.float16, heads=(8, 4), H=64, rotary="interleaved", packed=True, local_window_size=4,
+         softcap=3.0),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
 def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None:
     """group_query_attention's decode step on the kernels equals its torch path (run on CPU copies):
-    the attention output, the present buffers (new rows bit for bit, other rows untouched), in place or not."""
+    the attention output, the present buffers (new rows bit for bit, other rows untouched), in place or not;
+    softcapped scores (Gemma-2) included."""
     dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
     B, L, max_pos = 2, 20, 32
     do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
@@ -244,27 +272,31 @@ def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None
     args = [q, k, v, pk, pv, seqlens_k, torch.tensor(18, dtype=torch.int32), cos, sin, pos]
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1),
-              causal=case.get("causal", 1))
+              causal=case.get("causal", 1), softcap=case.get("softcap", 0.0))
     _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_decode", (B, 1, N * H))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_fast_path_declines(device: str, fast_path) -> None:
-    """Prompts, grown caches, softcap, bias and sinks stay on the torch path."""
+    """Grown caches, bias, sinks, one-token prompts and softcapped prompts stay on the torch path; a softcapped
+    decode step takes the kernels."""
     fast_path_calls = fast_path()
     B, N, Nk, H = 1, 4, 2, 16
     pk, pv = (rand(B, Nk, 8, H, seed=s, device=device) for s in (1, 2))
     q, k, v = (rand(B, 1, n * H, seed=s, device=device) for s, n in ((3, N), (4, Nk), (5, Nk)))
     seqlens_k = torch.tensor([4], dtype=torch.int32, device=device)
     base = [q, k, v, pk, pv, seqlens_k, torch.tensor(5, dtype=torch.int32)]
+    prompt = [t.expand(B, 3, -1) for t in (q, k, v)] + [pk, pv, torch.tensor([2], dtype=torch.int32, device=device),
+                                                       torch.tensor(3, dtype=torch.int32)]
     kw = dict(num_heads=N, kv_num_heads=Nk)
-    _gqa(base, dict(kw, softcap=2.0), False)
     _gqa(base[:3] + [pk[:, :, :4], pv[:, :, :4]] + base[5:], kw, False)  # past shorter than total: grown
     _gqa(base + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # head_sink
     _gqa(base[:6] + [torch.tensor(1, dtype=torch.int32)], kw, False)  # first prompt of one token
+    _gqa(prompt, dict(kw, softcap=2.0), False)  # SDPA has no softcap
     assert not fast_path_calls
-    _gqa(base, kw, False)
-    assert fast_path_calls
+    _gqa(prompt, kw, False)
+    _gqa(base, dict(kw, softcap=2.0), False)
+    assert fast_path_calls == ["_fast_prompt", "_fast_decode"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -298,6 +330,7 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", capacity=9, window=6),
     dict(dtype=torch.float16, heads=(8, 8), H=64, rotary="interleaved", capacity=6, window=6, packed=True),
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="off", capacity=7, window=3, position_ids=True),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", capacity=7, window=5, softcap=1.5),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
 def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -> None:
     """Decode steps on a window-sized cache (sliding_window_cache=1) on the kernels (evict_rows, then the decode
@@ -307,7 +340,7 @@ def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -
     do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
     cos, sin = _caches(64, rot // 2, dtype, "cpu") if do_rotary else (None, None)
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
-              local_window_size=W, sliding_window_cache=1)
+              local_window_size=W, sliding_window_cache=1, softcap=case.get("softcap", 0.0))
     ref_k, ref_v = (rand(B, Nk, C, H, dtype=dtype, seed=s) for s in (30, 31))
     dev_k, dev_v = ref_k.to(device), ref_v.to(device)
     # the reference buffers' rows are not contiguous, which keeps them on the torch path (under the interpreter

@@ -10,7 +10,9 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     rotated queries. The op's first prompt uses it for all of its tokens.
 ``decode_attention``
     ``out[b, h] = softmax(scale * q[b, h] . k[j]) v[j]`` over key rows ``j <= total_len[b] - 1``
-    (and ``j > total_len[b] - 1 - local_window`` with a window), key head ``h // (N // Nk)``. One
+    (and ``j > total_len[b] - 1 - local_window`` with a window), key head ``h // (N // Nk)``; with
+    ``softcap > 0`` the scores are ``softcap * tanh(scale * q . k / softcap)`` (Gemma-2), tanh built from
+    ``exp2`` (no tanh in Triton's language, and the same code in its interpreter). One
     program holds all query heads of a KV head (padded to a 16-row ``tl.dot`` tile), so each key
     and value row is read once per group. Online softmax in float32 over ``BLOCK_L``-row chunks.
     Each program requests its first key/value chunk as soon as it knows the length, before the new token's
@@ -51,6 +53,7 @@ __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference",
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
+_LOG2E_C = tl.constexpr(_LOG2E)
 #: most query heads one attention program holds (more heads per KV head: several programs)
 _MAX_BLOCK_G = 64
 #: most key-range splits of one (batch entry, KV head)
@@ -221,14 +224,24 @@ def rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_
 
 
 @triton.jit
+def _softcap(s, softcap):
+    """``softcap * tanh(x / softcap)`` of the scores ``s = x * LOG2E`` (log2 units), in log2 units. tanh from
+    ``e = exp(-2 |x| / softcap) = exp2(-2 |s| / softcap)`` in (0, 1] as ``sign(x) (1 - e) / (1 + e)``: no
+    overflow, +-1 for large |x|."""
+    e = tl.exp2(-2.0 * tl.abs(s) / softcap)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(s < 0.0, -t, t) * (softcap * _LOG2E_C)
+
+
+@triton.jit
 def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, mo_ptr,
                         ml_ptr,
-                        NK, HB, G, L, MAX_POS, HEAD_DIM, HALF, LEN_OFFSET, WINDOW, qk_scale,
+                        NK, HB, G, L, MAX_POS, HEAD_DIM, HALF, LEN_OFFSET, WINDOW, qk_scale, softcap,
                         s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
                         s_kcb, s_kch, s_kcl, s_kcd, s_vcb, s_vch, s_vcl, s_vcd, s_ob, s_oh, s_od,
                         s_mb, s_mh, s_ms, s_lb, s_lh,
                         NEW: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-                        DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
+                        SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
     split ``program_id(1)`` of batch entry b's key range.
@@ -237,7 +250,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     (rotated) and value go to cache row ``w = clamp(len[b], 0, L - 1)``, written by the (split 0, head block
     0) program of each KV head; every program reads row w from its registers, never from the cache, so no
     program waits for that write. SPLIT: each split stores its partial output and log-sum-exp for
-    ``_combine_kernel``."""
+    ``_combine_kernel``. SOFTCAP: the scores are capped (``_softcap``) before the mask."""
     pdl_wait(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -310,6 +323,8 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
         s = tl.dot(q, tl.trans(kt), input_precision=PRECISION) * qk_scale  # log2 units
+        if SOFTCAP:
+            s = _softcap(s, softcap)
         s = tl.where(j_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
@@ -381,9 +396,11 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"{what}: head size {H} is outside 16..256")
 
 
-def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new) -> torch.Tensor:
-    """Launch the attention kernel; ``new`` None (the caches hold every key) or (k, v, cos, sin, pos, half,
-    max_pos, rotary, interleaved) of the step's own token (see ``rotary_decode_attention``)."""
+def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new,
+            softcap: float = 0.0) -> torch.Tensor:
+    """Launch the attention kernel (``softcap > 0``: capped scores); ``new`` None (the caches hold every key) or
+    (k, v, cos, sin, pos, half, max_pos, rotary, interleaved) of the step's own token (see
+    ``rotary_decode_attention``)."""
     B, N, H = q.shape
     Nk, L = k_cache.shape[1], k_cache.shape[2]
     out = torch.empty((B, N, H), dtype=q.dtype, device=q.device)
@@ -419,12 +436,14 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
         s_mid = (0, 0, 0, 0, 0)
     args = (q, k, v, cos, sin, pos, k_cache, v_cache, total_len, out, mid_o, mid_l,
             Nk, hb, G, L, max_pos, H, half, int(len_offset), int(local_window), float(scale) * _LOG2E,
+            float(softcap) if softcap > 0.0 else 1.0,
             *q.stride(), *s_k, *s_v, *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *out.stride(), *s_mid)
     warps = 4 if block_d * block_l >= 64 * 64 else 2
     with _on_device(q, interp):
         # no FMA contraction with a new token: its rotation rounds each product as the torch code does
         _decode_attn_kernel[(programs, splits)](*args, NEW=new is not None, ROTARY=bool(rotary),
-                                                INTERLEAVED=bool(interleaved), SPLIT=splits > 1, **meta,
+                                                INTERLEAVED=bool(interleaved), SPLIT=splits > 1,
+                                                SOFTCAP=softcap > 0.0, **meta,
                                                 num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
@@ -435,27 +454,28 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, total_len: torch.Tensor,
                      scale: float, local_window: int = -1, *, len_offset: int = 0,
-                     num_splits: int | None = None) -> torch.Tensor:
+                     num_splits: int | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Attention of one query token per sequence over a KV cache: ``q [B, N, H]``, caches ``[B, Nk, L, H]``,
     ``total_len [B]`` (device ints; ``total_len[b] + len_offset`` keys of entry b count, so onnxruntime's
     ``seqlens_k`` goes in with ``len_offset=1``). Key rows ``j`` with ``j <= total - 1`` (and ``j < L``) are
-    attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. Returns ``[B, N, H]`` in q's
+    attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. ``softcap > 0``: the scores are
+    ``softcap * tanh(scale * q . k / softcap)`` (GroupQueryAttention's softcap). Returns ``[B, N, H]`` in q's
     dtype. ``num_splits`` None: chosen from the shapes (flash-decoding when ``B * Nk`` programs are few)."""
     _check_attention(q, k_cache, v_cache, "decode_attention")
-    return _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, None)
+    return _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, None, softcap)
 
 
 def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
                             sin_cache: torch.Tensor | None, pos: torch.Tensor | None, k_cache: torch.Tensor,
                             v_cache: torch.Tensor, seqlens: torch.Tensor, scale: float, local_window: int = -1, *,
                             interleaved: bool = False, do_rotary: bool = True,
-                            num_splits: int | None = None) -> torch.Tensor:
+                            num_splits: int | None = None, softcap: float = 0.0) -> torch.Tensor:
     """A whole GroupQueryAttention decode step in one launch: ``rotary_cache_write(q, k, v, cos_cache,
     sin_cache, pos, k_cache, v_cache, seqlens, interleaved, do_rotary)`` followed by ``decode_attention(
-    rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1)``, with the same cache contents and
-    attention output. ``q [B, N, H]``, ``k`` / ``v [B, Nk, H]`` (one new token per entry, read through their
-    strides), ``seqlens [B]`` device ints: entry b's new row is ``seqlens[b]`` (clamped to the buffer) and keys
-    ``j <= seqlens[b]`` are attended."""
+    rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1, softcap=softcap)``, with the same
+    cache contents and attention output. ``q [B, N, H]``, ``k`` / ``v [B, Nk, H]`` (one new token per entry, read
+    through their strides), ``seqlens [B]`` device ints: entry b's new row is ``seqlens[b]`` (clamped to the
+    buffer) and keys ``j <= seqlens[b]`` are attended."""
     _check_attention(q, k_cache, v_cache, "rotary_decode_attention")
     B, N, H = q.shape
     Nk = k_cache.shape[1]
@@ -467,7 +487,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
-    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new)
+    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap)
 
 
 @triton.jit
@@ -529,17 +549,20 @@ def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tens
 
 
 def rotary_decode_attention_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, scale,
-                                      local_window=-1, *, interleaved=False, do_rotary=True) -> torch.Tensor:
+                                      local_window=-1, *, interleaved=False, do_rotary=True,
+                                      softcap=0.0) -> torch.Tensor:
     """What ``rotary_decode_attention`` computes: the two reference steps (caches written in place)."""
     qr = rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, interleaved,
                                       do_rotary)
-    return decode_attention_reference(qr, k_cache, v_cache, seqlens, scale, local_window, len_offset=1)
+    return decode_attention_reference(qr, k_cache, v_cache, seqlens, scale, local_window, len_offset=1,
+                                      softcap=softcap)
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                total_len: torch.Tensor, scale: float, local_window: int = -1, *,
-                               len_offset: int = 0) -> torch.Tensor:
-    """What ``decode_attention`` computes, in float64 on the CPU."""
+                               len_offset: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """What ``decode_attention`` computes, in float64 on the CPU (SDPA; with a softcap the scores explicitly,
+    capped as ``_attend`` of ``ops/contrib/attention.py`` caps them: after the scale, before the mask)."""
     B, N, H = q.shape
     Nk, L = k_cache.shape[1], k_cache.shape[2]
     last = total_len.reshape(B).long().cpu() + len_offset - 1
@@ -550,6 +573,11 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     groups = N // Nk
     kh = k_cache.double().cpu().repeat_interleave(groups, dim=1)
     vh = v_cache.double().cpu().repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q.double().cpu().unsqueeze(2), kh, vh,
-                                         attn_mask=allowed.reshape(B, 1, 1, L), scale=scale)
-    return out.squeeze(2)
+    qd = q.double().cpu().unsqueeze(2)  # [B, N, 1, H]
+    allowed = allowed.reshape(B, 1, 1, L)
+    if softcap > 0.0:
+        s = (qd @ kh.transpose(-1, -2)) * scale
+        s = (softcap * torch.tanh(s / softcap)).masked_fill(~allowed, float("-inf"))
+        p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # no key: 0, as SDPA
+        return (p @ vh).squeeze(2)
+    return F.scaled_dot_product_attention(qd, kh, vh, attn_mask=allowed, scale=scale).squeeze(2)

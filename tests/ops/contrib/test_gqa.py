@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+import torch
 from onnx import TensorProto as TP
+
+if not torch.cuda.is_available():  # before triton's first import: the kernel-path tests interpret the kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.ops.contrib._ort import run_both, single_node_model
 
@@ -401,3 +407,44 @@ def test_sliding_window_cache_ignores_rows_it_does_not_hold():
     assert torch.equal(dirty[0], clean[0]) and not dirty[0].isnan().any()
     for b, tot in enumerate(totals):
         assert torch.equal(dirty[1][b, :, :tot], clean[1][b, :, :tot])
+
+
+@pytest.mark.parametrize("windowed", [False, True], ids=["shared", "windowed"])
+def test_softcap_decode_on_kernels(windowed, monkeypatch):
+    """A softcapped decode step (Gemma-2's attention) runs the Triton decode kernel (on a max-length shared cache,
+    and on a window-sized one with an eviction this step) and matches onnxruntime, as the torch path does. The op
+    runs on the GPU, or without one on CPU tensors in Triton's interpreter."""
+    pytest.importorskip("triton")
+    from crossml.kernels._launch import INTERPRET
+    from crossml.ops.contrib import attention
+    from crossml.ops.registry import OpContext
+    from tests.kernels._common import record_calls
+
+    if not INTERPRET and not torch.cuda.is_available():
+        pytest.skip("needs a GPU, or Triton interpreting (TRITON_INTERPRET=1 before triton's first import)")
+    device = "cpu" if INTERPRET else "cuda"
+    N, Nk, H, C, W = 4, 2, 16, 7, 5
+    totals = [20, 8] if windowed else [9, 6]  # windowed: entry 0 evicts this step, entry 1 one past the capacity
+    past = past_cache(2, Nk, C if windowed else 12, H)
+    ins = gqa_io(2, 1, N, Nk, H, totals, past=past, rotary=True)
+    attrs = dict(do_rotary=1, softcap=2.0)  # scores of about unit size: the cap matters
+    if windowed:
+        attrs.update(local_window_size=W, sliding_window_cache=1)
+    ref, torch_path = run_gqa(dict(ins), N, Nk, **attrs)  # onnxruntime, and crossml's CPU (torch) path
+
+    if INTERPRET:
+        monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
+    calls = record_calls(monkeypatch, attention, "_fast_decode")
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+             "sin_cache"]
+    args = [torch.from_numpy(ins[n]).to(device) for n in names]
+    args[6] = torch.from_numpy(ins["total_sequence_length"])  # a host input
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    got = [t.cpu().numpy() for t in attention.group_query_attention(*args, num_heads=N, kv_num_heads=Nk, ctx=ctx,
+                                                                     **attrs)[:3]]
+    assert calls == ["_fast_decode"]
+    for outs, tol in ((torch_path, 1e-5), (got, 1e-4)):
+        if windowed:
+            _compare_windowed(ref, [np.asarray(x) for x in outs], totals, [1, 1], C, W, tol)
+        else:
+            compare(ref, outs, totals, 1, False, tol)

@@ -19,10 +19,10 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
   capacity C >= ``local_window_size`` holding each entry's most recent positions at rows ``0 .. L(T)``
   (``resident_length``: onnxruntime's eviction rule, which frees ``C - window + 1`` rows at once). A ragged first
   prompt is taken with the right-padding convention above (onnxruntime refuses it).
-* A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention runs
-  one Triton kernel (``kernels/decode_attention.py``: rotary, cache write and attention) instead
-  of the torch code below; a causal first prompt without a window there runs the rotary + cache write
-  kernel for all its tokens, then causal SDPA over the new rows. ``_fast_ok`` lists the conditions.
+* A token-generation step on a CUDA/XPU device with a shared buffer and plain softmax attention (softcap
+  included) runs one Triton kernel (``kernels/decode_attention.py``: rotary, cache write and attention)
+  instead of the torch code below; a causal first prompt without a window or softcap there runs the rotary +
+  cache write kernel for all its tokens, then causal SDPA over the new rows. ``_fast_ok`` lists the conditions.
 """
 
 from __future__ import annotations
@@ -116,15 +116,16 @@ def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed:
 
 
 def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-             attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
+             attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
              smooth_softmax, qk_output) -> bool:
     """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
     shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
-    device."""
+    device. A softcap is not looked at: the decode kernel caps the scores, the prompt's SDPA does not (its
+    caller checks)."""
     dev = query.device
     if dev.type not in TRITON_DEVICES or past_key is None or past_value is None:
         return False
-    if attention_bias is not None or head_sink is not None or smooth_softmax or softcap != 0.0 or qk_output:
+    if attention_bias is not None or head_sink is not None or smooth_softmax or qk_output:
         return False
     if q_norm_weight is not None or k_norm_weight is not None:
         return False
@@ -156,11 +157,12 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
     return kernels is not None and kernels.supported_head_size(H)
 
 
-def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale,
+def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
                  do_rotary, rotary_interleaved, local_window, inplace, windowed: bool = False) -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
-    rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended.
+    rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended, their
+    scores capped with ``softcap > 0``.
 
     ``windowed``: a window-sized cache (``sliding_window_cache=1``, what ``_windowed`` computes): ``evict_rows``
     first moves the rows kept down to row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch
@@ -176,8 +178,8 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
-                                          rows, sc, local_window,
-                                          interleaved=bool(rotary_interleaved), do_rotary=bool(do_rotary))
+                                          rows, sc, local_window, interleaved=bool(rotary_interleaved),
+                                          do_rotary=bool(do_rotary), softcap=float(softcap))
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
@@ -272,15 +274,17 @@ def group_query_attention(
     if not first_prompt and not subsequent and S != 1:
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
 
-    fast = not sliding_window_cache and (
-        (S == 1 and not first_prompt) or (first_prompt and S > 1 and causal and local_window_size <= 0))
+    # the decode kernel caps the scores, the prompt's SDPA does not
+    fast_prompt = first_prompt and S > 1 and causal and local_window_size <= 0 and softcap == 0.0
+    fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt)
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                         attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, softcap,
+                         attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
                          smooth_softmax, qk_output):
         inplace = bool(ctx.extra.get("kv_inplace"))
         if S == 1:
             return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                                scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                                scale=scale, softcap=softcap, do_rotary=do_rotary,
+                                rotary_interleaved=rotary_interleaved,
                                 local_window=local_window_size if causal else -1, inplace=inplace)
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
@@ -290,10 +294,9 @@ def group_query_attention(
             _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                      attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H,
                      1,  # total: a window-sized cache is shorter than the sequence by design (capacity >= window is checked)
-                     do_rotary, softcap,
-                     smooth_softmax, qk_output):
+                     do_rotary, smooth_softmax, qk_output):
         return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                            scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                            scale=scale, softcap=softcap, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                             local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")), windowed=True)
 
     total_b = seqlens_k.reshape(B).long() + 1
