@@ -1,6 +1,6 @@
 """GroupQueryAttention with window-sized KV buffers (sliding_window_cache=1) on the GPU: a decode step captured
 in a CUDA graph and replayed across eviction boundaries gives the CPU op's outputs and resident rows, with and
-without a softcap (Gemma-2), on the Triton decode kernels."""
+without a softcap (Gemma-2), with attention sinks (gpt-oss), on the Triton decode kernels."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from crossml.ops.registry import OpContext
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("softcap", [0.0, 2.0])
-def test_windowed_decode_step_captured_matches_cpu(softcap: float, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("softcap", "sinks"), [(0.0, False), (2.0, False), (0.0, True)])
+def test_windowed_decode_step_captured_matches_cpu(softcap: float, sinks: bool, monkeypatch: pytest.MonkeyPatch
+                                                   ) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     pytest.importorskip("triton")
@@ -40,9 +41,12 @@ def test_windowed_decode_step_captured_matches_cpu(softcap: float, monkeypatch: 
     total = torch.tensor(int(start.max()) + 1, dtype=torch.int32)  # a host input: the same for every step here
 
     cos_d, sin_d = cos.to(dev), sin.to(dev)
+    sink = torch.linspace(-1.0, 2.0, N) if sinks else None
+    sink_d = sink.to(dev) if sinks else None
 
     def step():
-        return group_query_attention(q, None, None, gk, gv, seqlens, total, cos_d, sin_d, **attrs)
+        return group_query_attention(q, None, None, gk, gv, seqlens, total, cos_d, sin_d, None, None, sink_d,
+                                     **attrs)
 
     seqlens.copy_(start.to(torch.int32))
     torch.cuda.synchronize()
@@ -64,7 +68,7 @@ def test_windowed_decode_step_captured_matches_cpu(softcap: float, monkeypatch: 
         seqlens.copy_(lens.to(dev))
         graph.replay()
         ref = group_query_attention(x, None, None, cpu_k, cpu_v, lens, torch.tensor(int(lens.max()) + 1), cos, sin,
-                                    **attrs)
+                                    None, None, sink, **attrs)
         torch.testing.assert_close(out.cpu(), ref[0], atol=2e-3, rtol=2e-3)  # TF32 products on the GPU
         resident = resident_length(lens.long() + 1, C, W)
         for b in range(B):

@@ -147,6 +147,36 @@ def test_decode_attention_softcap_saturates(device: str, splits: int) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "splits", "window", "softcap"), [
+    (torch.float32, 1, -1, 0.0), (torch.float32, 3, -1, 0.0), (torch.float16, 4, 5, 0.0), (torch.float32, 3, -1, 2.0),
+])
+def test_sinks(device: str, dtype: torch.dtype, splits: int, window: int, softcap: float) -> None:
+    """Attention sinks (one more logit per head in the softmax denominator, GroupQueryAttention's head_sink) in
+    decode_attention and the one-launch step, split or not: large sinks take most of the weight, so a sink counted
+    twice or dropped moves the output. Entry 2 attends no key: its output is 0 (all weight on the sink)."""
+    B, N, Nk, H, L = 3, 8, 2, 32, 40
+    q = rand(B, N, H, dtype=dtype, device=device, seed=50)
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (51, 52))
+    sink = (torch.arange(N, dtype=torch.float32, device=device) - 2.0).to(dtype)
+    total = torch.tensor([9, 40, 0], device=device)
+    out = decode_attention(q, kc, vc, total, 0.3, window, num_splits=splits, softcap=softcap, sink=sink)
+    ref = decode_attention_reference(q, kc, vc, total, 0.3, window, softcap=softcap, sink=sink)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+    assert not ref[2].any()
+    no_sink = decode_attention_reference(q, kc, vc, total, 0.3, window, softcap=softcap)
+    assert (ref[:2] - no_sink[:2]).abs().max() > 0.05  # the sinks matter at this tolerance
+    k, v = (rand(B, Nk, H, dtype=dtype, device=device, seed=s) for s in (53, 54))
+    seqlens = torch.tensor([6, 39, 0], dtype=torch.int32, device=device)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ref = rotary_decode_attention_reference(q, k, v, None, None, None, kc_ref, vc_ref, seqlens, 0.3, window,
+                                            do_rotary=False, softcap=softcap, sink=sink)
+    out = rotary_decode_attention(q, k, v, None, None, None, kc, vc, seqlens, 0.3, window, do_rotary=False,
+                                  num_splits=splits, softcap=softcap, sink=sink)
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("dtype", "heads", "H", "mode", "window", "splits", "softcap"), [
     (torch.float32, (4, 2), 16, "halves", -1, 1, 0.0),
     (torch.float32, (14, 2), 64, "interleaved", 5, 3, 0.0),
@@ -254,6 +284,8 @@ def _check_fast_path(args: list, kw: dict, device: str, inplace: bool, fast_path
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", softcap=2.0, inplace=True),
     dict(dtype=torch.float16, heads=(8, 4), H=64, rotary="interleaved", packed=True, local_window_size=4,
          softcap=3.0),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", head_sink=True, inplace=True),
+    dict(dtype=torch.float16, heads=(8, 4), H=64, rotary="interleaved", packed=True, smooth_softmax=1),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
 def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None:
     """group_query_attention's decode step on the kernels equals its torch path (run on CPU copies):
@@ -269,17 +301,19 @@ def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None
     pos = torch.tensor([[9], [2]]) if case.get("position_ids") else None
     if case.get("packed"):
         q, k, v = torch.cat([q, k, v], dim=-1), None, None
-    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(18, dtype=torch.int32), cos, sin, pos]
+    sink = (torch.arange(N, dtype=torch.float32) * 0.5 - 1.0).to(dtype) if case.get("head_sink") else None
+    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(18, dtype=torch.int32), cos, sin, pos, None, sink]
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1),
-              causal=case.get("causal", 1), softcap=case.get("softcap", 0.0))
+              causal=case.get("causal", 1), softcap=case.get("softcap", 0.0),
+              smooth_softmax=case.get("smooth_softmax", 0))
     _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_decode", (B, 1, N * H))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_fast_path_declines(device: str, fast_path) -> None:
-    """Grown caches, bias, sinks, one-token prompts and softcapped prompts stay on the torch path; a softcapped
-    decode step takes the kernels."""
+    """Grown caches, bias, one-token prompts and softcapped or sinked prompts stay on the torch path; softcapped
+    and sinked decode steps take the kernels."""
     fast_path_calls = fast_path()
     B, N, Nk, H = 1, 4, 2, 16
     pk, pv = (rand(B, Nk, 8, H, seed=s, device=device) for s in (1, 2))
@@ -290,13 +324,17 @@ def test_gqa_fast_path_declines(device: str, fast_path) -> None:
                                                        torch.tensor(3, dtype=torch.int32)]
     kw = dict(num_heads=N, kv_num_heads=Nk)
     _gqa(base[:3] + [pk[:, :, :4], pv[:, :, :4]] + base[5:], kw, False)  # past shorter than total: grown
-    _gqa(base + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # head_sink
+    _gqa(base + [None, None, None, torch.zeros(B, 1, 1, 5, device=device)], kw, False)  # attention_bias
     _gqa(base[:6] + [torch.tensor(1, dtype=torch.int32)], kw, False)  # first prompt of one token
     _gqa(prompt, dict(kw, softcap=2.0), False)  # SDPA has no softcap
+    _gqa(prompt + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # nor sinks
+    _gqa(prompt, dict(kw, smooth_softmax=1), False)
     assert not fast_path_calls
     _gqa(prompt, kw, False)
     _gqa(base, dict(kw, softcap=2.0), False)
-    assert fast_path_calls == ["_fast_prompt", "_fast_decode"]
+    _gqa(base + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # head_sink
+    _gqa(base, dict(kw, smooth_softmax=1), False)
+    assert fast_path_calls == ["_fast_prompt"] + ["_fast_decode"] * 3
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -331,6 +369,7 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     dict(dtype=torch.float16, heads=(8, 8), H=64, rotary="interleaved", capacity=6, window=6, packed=True),
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="off", capacity=7, window=3, position_ids=True),
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", capacity=7, window=5, softcap=1.5),
+    dict(dtype=torch.float16, heads=(4, 2), H=16, rotary="halves", capacity=8, window=5, head_sink=True),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
 def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -> None:
     """Decode steps on a window-sized cache (sliding_window_cache=1) on the kernels (evict_rows, then the decode
@@ -353,8 +392,9 @@ def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -
         if case.get("packed"):
             q, k, v = torch.cat([q, k, v], dim=-1), None, None
         pos = (lens + 5).reshape(B, 1) if case.get("position_ids") else None
+        sink = (torch.arange(N, dtype=torch.float32) - 1.0).to(dtype) if case.get("head_sink") else None
         args = [q, k, v, ref_k, ref_v, lens.to(torch.int32), torch.tensor(int(lens.max()) + 1, dtype=torch.int32),
-                cos, sin, pos]
+                cos, sin, pos, None, sink]
         out_ref, ref_k, ref_v, _ = _gqa(args, kw, True)
         dev_args = [None if a is None else a.to(device) for a in args]
         dev_args[3], dev_args[4], dev_args[6] = dev_k, dev_v, args[6]

@@ -235,13 +235,13 @@ def _softcap(s, softcap):
 
 @triton.jit
 def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, vc_ptr, len_ptr, o_ptr, mo_ptr,
-                        ml_ptr,
+                        ml_ptr, sink_ptr,
                         NK, HB, G, L, MAX_POS, HEAD_DIM, HALF, LEN_OFFSET, WINDOW, qk_scale, softcap,
                         s_qb, s_qh, s_qd, s_kb, s_kh, s_kd, s_vb, s_vh, s_vd, s_cp, s_cd, s_sp, s_sd,
                         s_kcb, s_kch, s_kcl, s_kcd, s_vcb, s_vch, s_vcl, s_vcd, s_ob, s_oh, s_od,
                         s_mb, s_mh, s_ms, s_lb, s_lh,
                         NEW: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
-                        SOFTCAP: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
+                        SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
     split ``program_id(1)`` of batch entry b's key range.
@@ -250,7 +250,9 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     (rotated) and value go to cache row ``w = clamp(len[b], 0, L - 1)``, written by the (split 0, head block
     0) program of each KV head; every program reads row w from its registers, never from the cache, so no
     program waits for that write. SPLIT: each split stores its partial output and log-sum-exp for
-    ``_combine_kernel``. SOFTCAP: the scores are capped (``_softcap``) before the mask."""
+    ``_combine_kernel``. SOFTCAP: the scores are capped (``_softcap``) before the mask. SINK: each head's
+    ``sink_ptr[h]`` is one more logit in its softmax denominator (attention sinks), which split 0 starts from: its
+    running max is the sink and its denominator 1, so the combine counts the sink once."""
     pdl_wait(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -304,6 +306,10 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
 
     m = tl.full((BLOCK_G,), float("-inf"), tl.float32)
     den = tl.zeros((BLOCK_G,), tl.float32)
+    if SINK:
+        if split == 0:
+            m = tl.load(sink_ptr + heads).to(tl.float32) * _LOG2E_C
+            den = tl.full((BLOCK_G,), 1.0, tl.float32)
     acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)
     # every chunk holds at least one allowed key, so the running max is finite after the first
     for j0 in range(start, end, BLOCK_L):
@@ -397,8 +403,9 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new,
-            softcap: float = 0.0) -> torch.Tensor:
-    """Launch the attention kernel (``softcap > 0``: capped scores); ``new`` None (the caches hold every key) or
+            softcap: float = 0.0, sink: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch the attention kernel (``softcap > 0``: capped scores; ``sink [N]``: one more logit per head in the
+    softmax denominator); ``new`` None (the caches hold every key) or
     (k, v, cos, sin, pos, half, max_pos, rotary, interleaved) of the step's own token (see
     ``rotary_decode_attention``)."""
     B, N, H = q.shape
@@ -434,7 +441,11 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
     else:
         mid_o = mid_l = out
         s_mid = (0, 0, 0, 0, 0)
+    if sink is not None and (sink.shape != (N,) or sink.device != q.device or not sink.is_floating_point()):
+        raise ValueError(f"decode attention: sink {tuple(sink.shape)} {sink.dtype} on {sink.device} must be one float "
+                         f"per query head, [{N}], on {q.device}")
     args = (q, k, v, cos, sin, pos, k_cache, v_cache, total_len, out, mid_o, mid_l,
+            sink if sink is not None else out,
             Nk, hb, G, L, max_pos, H, half, int(len_offset), int(local_window), float(scale) * _LOG2E,
             float(softcap) if softcap > 0.0 else 1.0,
             *q.stride(), *s_k, *s_v, *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *out.stride(), *s_mid)
@@ -443,7 +454,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
         # no FMA contraction with a new token: its rotation rounds each product as the torch code does
         _decode_attn_kernel[(programs, splits)](*args, NEW=new is not None, ROTARY=bool(rotary),
                                                 INTERLEAVED=bool(interleaved), SPLIT=splits > 1,
-                                                SOFTCAP=softcap > 0.0, **meta,
+                                                SOFTCAP=softcap > 0.0, SINK=sink is not None, **meta,
                                                 num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
@@ -454,25 +465,28 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, total_len: torch.Tensor,
                      scale: float, local_window: int = -1, *, len_offset: int = 0,
-                     num_splits: int | None = None, softcap: float = 0.0) -> torch.Tensor:
+                     num_splits: int | None = None, softcap: float = 0.0,
+                     sink: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query token per sequence over a KV cache: ``q [B, N, H]``, caches ``[B, Nk, L, H]``,
     ``total_len [B]`` (device ints; ``total_len[b] + len_offset`` keys of entry b count, so onnxruntime's
     ``seqlens_k`` goes in with ``len_offset=1``). Key rows ``j`` with ``j <= total - 1`` (and ``j < L``) are
     attended, with ``local_window > 0`` only ``j > total - 1 - local_window``. ``softcap > 0``: the scores are
-    ``softcap * tanh(scale * q . k / softcap)`` (GroupQueryAttention's softcap). Returns ``[B, N, H]`` in q's
+    ``softcap * tanh(scale * q . k / softcap)`` (GroupQueryAttention's softcap). ``sink [N]``: attention sinks,
+    one more logit per head in the softmax denominator (GroupQueryAttention's head_sink). Returns ``[B, N, H]`` in q's
     dtype. ``num_splits`` None: chosen from the shapes (flash-decoding when ``B * Nk`` programs are few)."""
     _check_attention(q, k_cache, v_cache, "decode_attention")
-    return _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, None, softcap)
+    return _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, None, softcap, sink)
 
 
 def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_cache: torch.Tensor | None,
                             sin_cache: torch.Tensor | None, pos: torch.Tensor | None, k_cache: torch.Tensor,
                             v_cache: torch.Tensor, seqlens: torch.Tensor, scale: float, local_window: int = -1, *,
                             interleaved: bool = False, do_rotary: bool = True,
-                            num_splits: int | None = None, softcap: float = 0.0) -> torch.Tensor:
+                            num_splits: int | None = None, softcap: float = 0.0,
+                            sink: torch.Tensor | None = None) -> torch.Tensor:
     """A whole GroupQueryAttention decode step in one launch: ``rotary_cache_write(q, k, v, cos_cache,
     sin_cache, pos, k_cache, v_cache, seqlens, interleaved, do_rotary)`` followed by ``decode_attention(
-    rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1, softcap=softcap)``, with the same
+    rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1, softcap=softcap, sink=sink)``, with the same
     cache contents and attention output. ``q [B, N, H]``, ``k`` / ``v [B, Nk, H]`` (one new token per entry, read
     through their strides), ``seqlens [B]`` device ints: entry b's new row is ``seqlens[b]`` (clamped to the
     buffer) and keys ``j <= seqlens[b]`` are attended."""
@@ -487,7 +501,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
-    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap)
+    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap, sink)
 
 
 @triton.jit
@@ -550,19 +564,21 @@ def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tens
 
 def rotary_decode_attention_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, scale,
                                       local_window=-1, *, interleaved=False, do_rotary=True,
-                                      softcap=0.0) -> torch.Tensor:
+                                      softcap=0.0, sink=None) -> torch.Tensor:
     """What ``rotary_decode_attention`` computes: the two reference steps (caches written in place)."""
     qr = rotary_cache_write_reference(q, k, v, cos_cache, sin_cache, pos, k_cache, v_cache, seqlens, interleaved,
                                       do_rotary)
     return decode_attention_reference(qr, k_cache, v_cache, seqlens, scale, local_window, len_offset=1,
-                                      softcap=softcap)
+                                      softcap=softcap, sink=sink)
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                total_len: torch.Tensor, scale: float, local_window: int = -1, *,
-                               len_offset: int = 0, softcap: float = 0.0) -> torch.Tensor:
-    """What ``decode_attention`` computes, in float64 on the CPU (SDPA; with a softcap the scores explicitly,
-    capped as ``_attend`` of ``ops/contrib/attention.py`` caps them: after the scale, before the mask)."""
+                               len_offset: int = 0, softcap: float = 0.0,
+                               sink: torch.Tensor | None = None) -> torch.Tensor:
+    """What ``decode_attention`` computes, in float64 on the CPU (SDPA; with a softcap or sinks the scores
+    explicitly, capped as ``_attend`` of ``ops/contrib/attention.py`` caps them: after the scale, before the mask;
+    a sink adds ``exp(sink[h])`` to head h's denominator)."""
     B, N, H = q.shape
     Nk, L = k_cache.shape[1], k_cache.shape[2]
     last = total_len.reshape(B).long().cpu() + len_offset - 1
@@ -575,9 +591,17 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     vh = v_cache.double().cpu().repeat_interleave(groups, dim=1)
     qd = q.double().cpu().unsqueeze(2)  # [B, N, 1, H]
     allowed = allowed.reshape(B, 1, 1, L)
-    if softcap > 0.0:
+    if softcap > 0.0 or sink is not None:
         s = (qd @ kh.transpose(-1, -2)) * scale
-        s = (softcap * torch.tanh(s / softcap)).masked_fill(~allowed, float("-inf"))
-        p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # no key: 0, as SDPA
+        if softcap > 0.0:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~allowed, float("-inf"))
+        if sink is not None:
+            snk = sink.double().cpu().reshape(1, N, 1, 1).expand(B, N, 1, 1)
+            m = torch.maximum(s.amax(-1, keepdim=True), snk)
+            e = torch.exp(s - m)
+            p = e / (e.sum(-1, keepdim=True) + torch.exp(snk - m))
+        else:
+            p = torch.softmax(s, dim=-1).masked_fill(~allowed.any(-1, keepdim=True), 0.0)  # no key: 0, as SDPA
         return (p @ vh).squeeze(2)
     return F.scaled_dot_product_attention(qd, kh, vh, attn_mask=allowed, scale=scale).squeeze(2)

@@ -120,12 +120,15 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
              smooth_softmax, qk_output) -> bool:
     """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
     shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
-    device. A softcap is not looked at: the decode kernel caps the scores, the prompt's SDPA does not (its
-    caller checks)."""
+    device. A softcap and sinks are not looked at: the decode kernel caps the scores and takes sinks, the prompt's
+    SDPA does neither (its caller checks)."""
     dev = query.device
     if dev.type not in TRITON_DEVICES or past_key is None or past_value is None:
         return False
-    if attention_bias is not None or head_sink is not None or smooth_softmax or qk_output:
+    if attention_bias is not None or qk_output:
+        return False
+    if head_sink is not None and (head_sink.numel() != N or head_sink.device != dev
+                                  or not head_sink.is_floating_point()):
         return False
     if q_norm_weight is not None or k_norm_weight is not None:
         return False
@@ -158,11 +161,13 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
-                 do_rotary, rotary_interleaved, local_window, inplace, windowed: bool = False) -> tuple:
+                 head_sink, smooth_softmax, do_rotary, rotary_interleaved, local_window, inplace,
+                 windowed: bool = False) -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
     rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended, their
-    scores capped with ``softcap > 0``.
+    scores capped with ``softcap > 0``, with ``head_sink`` (or zeros for ``smooth_softmax``) as one more logit per
+    head in the softmax denominator.
 
     ``windowed``: a window-sized cache (``sliding_window_cache=1``, what ``_windowed`` computes): ``evict_rows``
     first moves the rows kept down to row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch
@@ -177,9 +182,12 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sink = head_sink.reshape(N) if head_sink is not None else None
+    if sink is None and smooth_softmax:
+        sink = torch.zeros(N, dtype=torch.float32, device=q.device)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
-                                          do_rotary=bool(do_rotary), softcap=float(softcap))
+                                          do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink)
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
@@ -274,8 +282,9 @@ def group_query_attention(
     if not first_prompt and not subsequent and S != 1:
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
 
-    # the decode kernel caps the scores, the prompt's SDPA does not
-    fast_prompt = first_prompt and S > 1 and causal and local_window_size <= 0 and softcap == 0.0
+    # the decode kernel caps the scores and takes sinks, the prompt's SDPA does neither
+    fast_prompt = first_prompt and S > 1 and causal and local_window_size <= 0 and softcap == 0.0 and \
+        head_sink is None and not smooth_softmax
     fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt)
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
@@ -283,8 +292,8 @@ def group_query_attention(
         inplace = bool(ctx.extra.get("kv_inplace"))
         if S == 1:
             return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                                scale=scale, softcap=softcap, do_rotary=do_rotary,
-                                rotary_interleaved=rotary_interleaved,
+                                scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
+                                do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                 local_window=local_window_size if causal else -1, inplace=inplace)
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
@@ -296,8 +305,9 @@ def group_query_attention(
                      1,  # total: a window-sized cache is shorter than the sequence by design (capacity >= window is checked)
                      do_rotary, smooth_softmax, qk_output):
         return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                            scale=scale, softcap=softcap, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                            local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")), windowed=True)
+                            scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
+                            do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, local_window=local_window_size,
+                            inplace=bool(ctx.extra.get("kv_inplace")), windowed=True)
 
     total_b = seqlens_k.reshape(B).long() + 1
     past_b = torch.zeros_like(total_b) if first_prompt else total_b - S
