@@ -64,6 +64,9 @@ MORE_CLASSES = {
 }
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
 MORE_INT4 = ("gptoss",)
+#: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
+#: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
+EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
 
 
 def make_tokenizer(out: str, vocab: int = 400) -> int:
@@ -141,7 +144,7 @@ def main(out_dir: str, specs: list[str]) -> None:
             make_hf_model(arch, hf)
         dst = os.path.join(out_dir, f"{arch}_{precision}" + ("" if ep == "cpu" else f"_{ep}"))
         args = (None, hf, dst, precision, ep, os.path.join(out_dir, "cache"))
-        create_model(*args, **parse_extra_options(*args, None))
+        create_model(*args, **parse_extra_options(*args, EXTRA_OPTIONS.get((arch, precision, ep))))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ from crossml.device.recording import Recording
 pytestmark = pytest.mark.gpu
 
 ARCHS = ("llama", "qwen2")
-SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + ["gemma2:fp32",
-                                                                                        "gemma2:fp16:cuda"]
+SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + [
+    "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -295,15 +295,18 @@ def test_adapters_on_the_gpu_match_the_cpu(models: Path, tmp_path) -> None:
     assert recorded  # runs fed the adapter's parameters and were recorded
 
 
-def test_window_sized_caches_on_the_gpu(models: Path) -> None:
-    """gemma2's local layer keeps a window-sized KV cache (sliding_window.layers): on the GPU the captured decode
-    replays one recorded graph across its evictions, gives the eager decode's tokens, and starts with the CPU
-    run's tokens."""
-    folder = str(models / "gemma2_fp16_cuda")
+@pytest.mark.parametrize(("gpu_build", "cpu_build"), [("gemma2_fp16_cuda", "gemma2_fp32"),
+                                                      ("gptoss_fp16_cuda", "gptoss_fp32"),
+                                                      ("gptoss_int4_cuda", "gptoss_int4")])
+def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build: str) -> None:
+    """gemma2's and gpt-oss' local layer keeps a window-sized KV cache (sliding_window.layers; gpt-oss also has
+    attention sinks and MoE / QMoE experts): on the GPU the captured decode replays one recorded graph across its
+    evictions, gives the eager decode's tokens, and starts with the CPU run's tokens."""
+    folder = str(models / gpu_build)
     static = og.Model(folder)
     assert static.window_layers == {0} and static._capture
     eager = _captured(folder, "0")
-    cpu = og.Model(str(models / "gemma2_fp32"))
+    cpu = og.Model(str(models / cpu_build))
     new = 44  # the prompt plus 44 tokens: the 24-row cache evicts twice
     seq, logits = _generate(static, [PROMPT], new=new)
     assert len(_decode_recordings(static)) == 1
