@@ -7,15 +7,20 @@ so float16 is checked against onnxruntime's float32 result on the float16-rounde
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto as TP
 
-from crossml.ops.contrib.moe import route
-from tests.ops.contrib._ort import check, run_both, single_node_model
-from tests.ops.contrib.test_matmul_nbits import pack
+if not torch.cuda.is_available():  # before triton's first import: the expert-kernel tests interpret the kernel
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from crossml.ops.contrib.moe import route  # noqa: E402
+from tests.ops.contrib._ort import check, run_both, single_node_model  # noqa: E402
+from tests.ops.contrib.test_matmul_nbits import pack  # noqa: E402
 
 RNG = np.random.default_rng(5)
 MOE_ORDER = ("input", "router_probs", "fc1", "b1", "fc2", "b2", "fc3", "b3")
@@ -242,6 +247,9 @@ def test_moe_errors_name_the_input_and_the_fix():
     assert "needs fc3_experts_weights" in _error("MoE", moe_inputs(fusion=0), **dict(base, swiglu_fusion=0))
     assert "quant_type 'fp4' is not supported" in _error("QMoE", qmoe_inputs(), quant_type="fp4", block_size=32, **base)
     assert "fc1_scales (4, 64, 2) must be [4, 64, 4]" in _error("QMoE", qmoe_inputs(), block_size=16, **base)
+    prepacked = qmoe_inputs()  # onnxruntime CUDA's layout: [E, K, N / 2]
+    prepacked["fc2"] = np.ascontiguousarray(np.zeros((4, 32, 32), np.uint8))
+    assert "qmoe_weights_prepacked=0" in _error("QMoE", prepacked, block_size=32, **base)
     assert "weight bits 2 are not supported" in _error("QMoE", qmoe_inputs(), expert_weight_bits=2, block_size=32,
                                                        **base)
 
@@ -262,3 +270,44 @@ def test_device_modes_match_onnxruntime(mode, op_type, monkeypatch):
     else:
         check("QMoE", qmoe_inputs(T=T, E=4, zero_points=True), [("out", TP.FLOAT)], atol=2e-5, rtol=1e-5,
               expert_weight_bits=4, block_size=32, **attrs)
+
+
+@pytest.mark.parametrize("case", ["MoE", "MoE_fc3", "QMoE_zero_points", "QMoE_int8_per_row"])
+def test_gather_mode_on_the_expert_kernel_matches_onnxruntime(case, monkeypatch):
+    """"gather" mode through the Triton expert GEMV (what a GPU decode step runs), forced on CPU tensors in Triton's
+    interpreter: onnxruntime's result (fc3: the float64 reference), and every projection went through the kernel."""
+    pytest.importorskip("triton")
+    from crossml.kernels._launch import INTERPRET
+
+    if not INTERPRET:
+        pytest.skip("Triton is not interpreting (a GPU is present): tests/gpu/test_moe_gpu.py runs the kernel there")
+    import crossml
+    from crossml.kernels import moe as moe_kernels
+    from crossml.ops.contrib import moe as moe_module
+    from tests.kernels._common import record_calls
+
+    monkeypatch.setattr(moe_module, "expert_mode", lambda *args: "gather")
+    monkeypatch.setattr(moe_module, "use_expert_kernel", lambda device: True)
+    calls = record_calls(monkeypatch, moe_kernels, "expert_gemv")
+    attrs = dict(k=2, activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, swiglu_limit=2.0,
+                 activation_alpha=1.702, activation_beta=1.0)
+    if case == "MoE":
+        check("MoE", moe_inputs(T=2, E=4), [("out", TP.FLOAT)], atol=2e-5, rtol=1e-5, **attrs)
+    elif case == "MoE_fc3":
+        ins = moe_inputs(T=3, E=6, fusion=0)
+        ins.update(fc3=(RNG.standard_normal((6, 16, 32)) * 0.3).astype(np.float32),
+                   b3=(RNG.standard_normal((6, 16)) * 0.1).astype(np.float32))
+        model, feeds = single_node_model("MoE", ins, [("out", TP.FLOAT)], **dict(attrs, swiglu_fusion=0))
+        got = crossml.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        want = _moe_reference(ins, 2, True, 0, alpha=1.702, beta=1.0, limit=2.0)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    elif case == "QMoE_zero_points":
+        check("QMoE", qmoe_inputs(T=2, E=4, zero_points=True), [("out", TP.FLOAT)], atol=2e-5, rtol=1e-5,
+              expert_weight_bits=4, block_size=32, **attrs)
+    else:
+        ins = qmoe_inputs(T=2, E=4, bits=8, block_size=0, zero_points=True)
+        scale = float(np.abs(run_both(*single_node_model("QMoE", ins, [("out", TP.FLOAT)], expert_weight_bits=8,
+                                                          **attrs))[0][0]).max())
+        check("QMoE", ins, [("out", TP.FLOAT)], atol=2e-6 * max(scale, 1.0), rtol=1e-5, expert_weight_bits=8, **attrs)
+    # fc1 and fc2 per crossml run (fc1, fc3 and fc2 with fc3; the int8 case runs crossml twice)
+    assert len(calls) == {"MoE": 2, "MoE_fc3": 3, "QMoE_zero_points": 2, "QMoE_int8_per_row": 4}[case], calls

@@ -24,9 +24,18 @@ result at levels 0 and 4 (checked in the tests). The float formats
 
 How the experts run, with no device-to-host copy so that a GPU step can be captured: on the CPU
 each expert takes the rows routed to it; on a device, a decode-sized call (tokens x k at most the
-number of experts) gathers the chosen experts' weights per (token, slot) and multiplies in one
-batched product, and a larger call runs every expert over every row and weights the rows it was not
-chosen for by zero.
+number of experts) runs each (token, slot) row through its chosen expert ("gather"), and a larger call
+runs every expert over every row and weights the rows it was not chosen for by zero ("dense").
+
+What a decode step reads in "gather" mode: on a Triton device the expert GEMV kernel
+(``crossml.kernels.moe.expert_gemv``) computes fc1 (fc3) and fc2 for every (token, slot) row reading
+that expert's weights in place, packed ones dequantized in registers, so a step reads the k chosen
+experts' fc1 + fc2 weights once per token (gpt-oss-20b int4, block 32: 14.0 MB an expert with its
+scales, 56 MB a layer at k=4). The torch fallback (other devices) first gathers the chosen experts'
+weights into a new [tokens * k, N, K] tensor, dequantized to the compute type for QMoE, and multiplies
+that: it reads the weights, writes the copy and reads it again, about three times the bytes for MoE and
+far more for QMoE (an fp16 copy is four times the packed int4, and the dequantization goes through
+float32 intermediates). The activation and the slot-ordered weighted sum run in torch either way.
 """
 
 from __future__ import annotations
@@ -35,11 +44,16 @@ import math
 
 import torch
 
+from crossml import kernels
 from crossml.ops.contrib.matmul_nbits import unpack_bits
 from crossml.ops.registry import MS_DOMAIN, op
 
 _ACTIVATIONS = ("relu", "gelu", "silu", "identity", "swiglu")
 _QUANT_TYPES = ("int", "fp4", "nvfp4", "fp8", "wfp4afp8")
+#: added to QMoE's weight-shape errors: the builder's CUDA exports prepack the experts unless told not to
+_PREPACKED_HINT = (". An int4/int8 export of the model builder for CUDA writes onnxruntime CUDA's CUTLASS-prepacked "
+                   "layout unless built with --extra_options qmoe_weights_prepacked=0 (the raw layout read here); "
+                   "re-export with it, or for -e cpu")
 
 
 def _attr_str(v) -> str:
@@ -90,6 +104,13 @@ class _Experts:
     def bias_rows(self, idx: torch.Tensor | int) -> torch.Tensor | None:
         return None if self.bias is None else self.bias[idx].float()
 
+    def gemv(self, x: torch.Tensor, idx: torch.Tensor, rows_per_token: int) -> torch.Tensor:
+        """``apply`` of experts ``idx [R]`` to rows ``x[r // rows_per_token]`` through the expert GEMV kernel, which
+        reads the weights in place: ``[R, N]`` in x's dtype (bias added before the one rounding)."""
+        return kernels.load("moe").expert_gemv(
+            x, idx, self.weight, self.bias, scales=self.scales, zero_points=self.zero_points, bits=self.bits,
+            block_size=self.block_size, N=self.N, K=self.K, rows_per_token=rows_per_token)
+
     def apply(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         """``x [..., K] @ w[..., N, K]^T (+ b)`` rounded to the compute type (x broadcast over w's experts)."""
         y = torch.matmul(x.unsqueeze(-2), w.transpose(-1, -2)).squeeze(-2) if w.dim() > 2 else x @ w.T
@@ -132,6 +153,13 @@ def expert_mode(device: torch.device, tokens: int, k: int, num_experts: int) -> 
     return "gather" if tokens * k <= num_experts else "dense"
 
 
+def use_expert_kernel(device: torch.device) -> bool:
+    """Whether "gather" mode runs the Triton expert GEMV: on Triton devices where its module compiles (not where
+    Triton only interprets, which copies through the host). Tests patch it to run the kernel on CPU tensors in
+    the interpreter."""
+    return device.type in kernels.TRITON_DEVICES and kernels.load_compiled("moe") is not None
+
+
 def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, fc1: _Experts, fc2: _Experts,
                  fc3: _Experts | None, act, mode: str | None = None) -> torch.Tensor:
     """sum over the k slots of weight * fc2(act(fc1(x))) for x [T, H]; float32 [T, H]. ``mode``: see
@@ -152,12 +180,18 @@ def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, 
             y = fc2.apply(act(h, h3), fc2.rows(e), fc2.bias_rows(e))
             out.index_add_(0, rows, y.float() * weights[rows, slots].unsqueeze(1))
         return out
-    if mode == "gather":  # decode sizes: the chosen experts' weights, one batched product per projection
+    if mode == "gather":  # decode sizes: each (token, slot) row through its chosen expert
         flat = experts.reshape(-1)
-        xr = x.repeat_interleave(k, dim=0)
-        h = fc1.apply(xr, fc1.rows(flat), fc1.bias_rows(flat))
-        h3 = fc3.apply(xr, fc3.rows(flat), fc3.bias_rows(flat)) if fc3 is not None else None
-        y = fc2.apply(act(h, h3), fc2.rows(flat), fc2.bias_rows(flat)).float().reshape(T, k, -1)
+        if use_expert_kernel(x.device):  # the weights read in place
+            h = fc1.gemv(x, flat, k)
+            h3 = fc3.gemv(x, flat, k) if fc3 is not None else None
+            y = fc2.gemv(act(h, h3), flat, 1)
+        else:  # the chosen experts' weights gathered, one batched product per projection
+            xr = x.repeat_interleave(k, dim=0)
+            h = fc1.apply(xr, fc1.rows(flat), fc1.bias_rows(flat))
+            h3 = fc3.apply(xr, fc3.rows(flat), fc3.bias_rows(flat)) if fc3 is not None else None
+            y = fc2.apply(act(h, h3), fc2.rows(flat), fc2.bias_rows(flat))
+        y = y.float().reshape(T, k, -1)
         for s in range(k):  # slot order, as a per-row loop over the chosen experts adds them
             out += y[:, s] * weights[:, s:s + 1]
         return out
@@ -266,7 +300,7 @@ def _quantized(what: str, name: str, weight: torch.Tensor, scales: torch.Tensor 
     row_bytes = K * bits // 8
     if weight.dtype != torch.uint8 or tuple(weight.shape) != (E, N, row_bytes):
         raise ValueError(f"{what}: {name}_experts_weights {weight.dtype} {tuple(weight.shape)} must be uint8 "
-                         f"[{E}, {N}, {row_bytes}] ({K} values of {bits} bits per row)")
+                         f"[{E}, {N}, {row_bytes}] ({K} values of {bits} bits per row)" + _PREPACKED_HINT)
     if scales is None:
         raise ValueError(f"{what}: {name}_scales is required with quant_type 'int'")
     blocks = K // block_size if block_size else 1
@@ -352,6 +386,9 @@ def qmoe(
     if fc1_experts_weights.dim() != 3 or fc2_experts_weights.dim() != 3:
         raise ValueError(f"QMoE: fc1/fc2_experts_weights {tuple(fc1_experts_weights.shape)} / "
                          f"{tuple(fc2_experts_weights.shape)} must be 3-D [num_experts, N, K * bits / 8]")
+    if fc2_experts_weights.shape[1] != H:
+        raise ValueError(f"QMoE: fc2_experts_weights {tuple(fc2_experts_weights.shape)} must be [num_experts, "
+                         f"hidden_size={H}, inter_size * bits / 8]" + _PREPACKED_HINT)
     inter = fc2_experts_weights.shape[2] * 8 // bits["fc2"]
     if bs and inter % bs:
         raise ValueError(f"QMoE: inter_size {inter} is not a multiple of block_size {bs}")
