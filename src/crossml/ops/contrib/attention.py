@@ -98,6 +98,13 @@ def _attend(
     return out, qk
 
 
+def _sinks(head_sink: torch.Tensor | None, smooth_softmax: int, N: int, device: torch.device) -> torch.Tensor | None:
+    """GroupQueryAttention's extra softmax logit per head [N]: ``head_sink``, zeros for ``smooth_softmax``, or None."""
+    if head_sink is not None:
+        return head_sink.reshape(N)
+    return torch.zeros(N, dtype=torch.float32, device=device) if smooth_softmax else None
+
+
 def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed: torch.Tensor, scale: float, *,
                    bias: torch.Tensor | None, softcap: float, head_sink: torch.Tensor | None, smooth_softmax: int,
                    want_qk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -109,10 +116,8 @@ def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed:
     kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
     vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    sink = head_sink
-    if sink is None and smooth_softmax:
-        sink = torch.zeros(N, dtype=torch.float32, device=q.device)
-    return _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap, sink=sink, want_qk=want_qk)
+    return _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap,
+                   sink=_sinks(head_sink, smooth_softmax, N, q.device), want_qk=want_qk)
 
 
 def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
@@ -182,9 +187,7 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    sink = head_sink.reshape(N) if head_sink is not None else None
-    if sink is None and smooth_softmax:
-        sink = torch.zeros(N, dtype=torch.float32, device=q.device)
+    sink = _sinks(head_sink, smooth_softmax, N, q.device)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
                                           do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink)

@@ -78,10 +78,10 @@ class _Experts:
     """One projection (fc1, fc2 or fc3) of every expert: dense ``[E, N, K]`` weights, or QMoE's packed ones
     dequantized on use; ``rows(idx)`` gives the dense weights of experts ``idx`` (any shape of indices)."""
 
-    def __init__(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, N: int, K: int, dtype: torch.dtype,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, N: int, K: int, dtype: torch.dtype,
                  *, scales: torch.Tensor | None = None, zero_points: torch.Tensor | None = None, bits: int = 0,
                  block_size: int = 0) -> None:
-        self.name, self.weight, self.bias, self.N, self.K = name, weight, bias, N, K
+        self.weight, self.bias, self.N, self.K = weight, bias, N, K
         self.dtype, self.scales, self.zero_points, self.bits, self.block_size = dtype, scales, zero_points, bits, block_size
 
     def rows(self, idx: torch.Tensor | int) -> torch.Tensor:
@@ -284,9 +284,9 @@ def moe(
     inter, n1 = _shapes("MoE", kind, swiglu_fusion, fc1_experts_weights.shape[1], tuple(fc2_experts_weights.shape), H,
                         fc3_experts_weights is not None)
     dt = x_in.dtype
-    fc1 = _Experts("fc1", fc1_experts_weights, fc1_experts_bias, n1, H, dt)
-    fc2 = _Experts("fc2", fc2_experts_weights, fc2_experts_bias, H, inter, dt)
-    fc3 = None if fc3_experts_weights is None else _Experts("fc3", fc3_experts_weights, fc3_experts_bias, inter, H, dt)
+    fc1 = _Experts(fc1_experts_weights, fc1_experts_bias, n1, H, dt)
+    fc2 = _Experts(fc2_experts_weights, fc2_experts_bias, H, inter, dt)
+    fc3 = None if fc3_experts_weights is None else _Experts(fc3_experts_weights, fc3_experts_bias, inter, H, dt)
     return _moe("MoE", x_in, router_probs, fc1, fc2, fc3, k=k, activation_type=kind,
                 activation_alpha=activation_alpha, activation_beta=activation_beta,
                 normalize_routing_weights=normalize_routing_weights, swiglu_fusion=swiglu_fusion,
@@ -313,7 +313,7 @@ def _quantized(what: str, name: str, weight: torch.Tensor, scales: torch.Tensor 
         if zero_points.dtype != torch.uint8 or tuple(zero_points.shape) != zwant:
             raise ValueError(f"{what}: {name}_zero_points {zero_points.dtype} {tuple(zero_points.shape)} must be uint8 "
                              f"{list(zwant)}")
-    return _Experts(name, weight, bias, N, K, dtype, scales=scales, zero_points=zero_points, bits=bits,
+    return _Experts(weight, bias, N, K, dtype, scales=scales, zero_points=zero_points, bits=bits,
                     block_size=block_size)
 
 
@@ -359,12 +359,11 @@ def qmoe(
     weights_prepacked: int = -1,
 ) -> torch.Tensor:
     qt = _attr_str(quant_type)
+    if qt not in _QUANT_TYPES:
+        raise ValueError(f"QMoE: quant_type '{qt}' is not one of {', '.join(_QUANT_TYPES)}")
     if qt != "int":
-        accepted = "'int' (integer weights with scales)"
-        if qt not in _QUANT_TYPES:
-            raise ValueError(f"QMoE: quant_type '{qt}' is not one of {', '.join(_QUANT_TYPES)}")
-        raise ValueError(f"QMoE: quant_type '{qt}' is not supported by crossml; supported: {accepted}. Export the "
-                         "experts as int4/int8 (the builder's default QMoE) instead")
+        raise ValueError(f"QMoE: quant_type '{qt}' is not supported by crossml; supported: 'int' (integer weights with "
+                         "scales). Export the experts as int4/int8 (the builder's default QMoE) instead")
     if weights_prepacked == 1:
         raise ValueError("QMoE: weights_prepacked=1 (an execution provider's CUTLASS layout) is not supported; export "
                          "the raw [E, N, K * bits / 8] layout (weights_prepacked 0 or -1)")
