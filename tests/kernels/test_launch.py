@@ -69,3 +69,33 @@ def test_warm_compiler_hashes_the_key_once_in_a_child() -> None:
     interp = "import torch, crossml.kernels as k; assert k.warm_compiler(torch.device('cuda')) is None"
     subprocess.run([sys.executable, "-c", interp], check=True,
                    env={**env, "TRITON_INTERPRET": "1", "PYTHONPATH": "src"})
+
+
+def test_warm_compiler_keeps_the_childs_key_for_later_processes(tmp_path) -> None:  # noqa: ANN001
+    """The child's key is kept in Triton's cache directory; a later process with the same Triton files takes it
+    without a child, and a kept key whose file signature differs is not used (the child computes it again)."""
+    code = ("import sys, torch, crossml.kernels as k\n"
+            "from triton.runtime import cache\n"
+            "original = cache.triton_key\n"
+            "children = []\n"
+            "child = k._key_in_child\n"
+            "k._key_in_child = lambda t: children.append(1) or child(t)\n"
+            "k.warm_compiler(torch.device('cuda')).join(300)\n"
+            "assert cache.triton_key() == original()\n"
+            "print(len(children))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH="src", TRITON_CACHE_DIR=str(tmp_path))
+
+    def children() -> int:
+        out = subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True, text=True)
+        return int(out.stdout.strip())
+
+    kept = tmp_path / "crossml-triton-key.json"
+    assert children() == 1 and kept.is_file()
+    assert children() == 0
+    import json
+
+    data = json.loads(kept.read_text())
+    kept.write_text(json.dumps({"signature": "other files", "key": data["key"]}))
+    assert children() == 1
+    assert json.loads(kept.read_text()) == data

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 #: unsigned types whose arithmetic torch only partly implements; ops compute in a wider signed type.
 WIDEN = {torch.uint16: torch.int32, torch.uint32: torch.int64}
@@ -96,3 +99,31 @@ def via_numpy(fn: Callable[..., np.ndarray], *args: torch.Tensor, device: torch.
 
 def is_float(t: torch.Tensor) -> bool:
     return t.dtype.is_floating_point or t.dtype.is_complex
+
+
+#: CROSSML_CUDNN_SDPA=1 leaves torch free to pick its cuDNN attention backend (for A/B measurements)
+_CUDNN_SDPA = os.environ.get("CROSSML_CUDNN_SDPA", "0") == "1"
+#: held while torch's process-wide cuDNN attention switch is off for one call
+_SDPA_SWITCH = threading.Lock()
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` without torch's cuDNN backend on CUDA devices.
+
+    torch prefers cuDNN's attention on Hopper GPUs, and cuDNN builds an execution plan for every new query / key
+    length on the host before the first call of that shape runs: 45-65 ms on an H200 host, against 2-4 ms of GPU
+    work for a whole 100-token continuation of the GenAI benchmark's Qwen2.5-0.5B model (its 24 SDPA calls share
+    one plan). A generator's every continuation prompt and every new prompt width meet a new shape, so that plan
+    was most of their time. Flash and memory-efficient attention plan nothing per shape. Switching cuDNN off is
+    process-wide in torch, so the switch is taken under a lock (calls from several threads wait for each other
+    only on the host) and put back after the call; where the user already switched cuDNN attention off, or
+    CROSSML_CUDNN_SDPA=1, the call goes to torch as it is."""
+    sdp = F.scaled_dot_product_attention
+    if q.device.type != "cuda" or _CUDNN_SDPA or not torch.backends.cuda.cudnn_sdp_enabled():
+        return sdp(q, k, v, **kwargs)
+    with _SDPA_SWITCH:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            return sdp(q, k, v, **kwargs)
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(True)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
+from crossml.ops._util import sdpa
 from crossml.ops.registry import OpContext, op
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -190,15 +191,15 @@ def attention(
         left_window_size < 0 and right_window_size < 0
     if plain_causal and isinstance(offset, int) and offset >= kv_len - 1:
         causal = plain_causal = False
-    sdpa = _sdpa_ok(q, softcap, want_qk, softmax_dtype)
-    if sdpa and plain_causal and offset == 0:
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale_v, enable_gqa=groups > 1)
+    use_sdpa = _sdpa_ok(q, softcap, want_qk, softmax_dtype)
+    if use_sdpa and plain_causal and offset == 0:
+        y = sdpa(q, k, v, is_causal=True, scale=scale_v, enable_gqa=groups > 1)
     else:
         structural = _structural_mask(q_len, kv_len, offset, causal, left_window_size, right_window_size,
                                       nonpad_kv_seqlen, q.device)
         mask = _combine_masks(attn_mask, structural, kv_len, q.dtype)
-        if sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale_v, enable_gqa=groups > 1)
+        if use_sdpa:
+            y = sdpa(q, k, v, attn_mask=mask, scale=scale_v, enable_gqa=groups > 1)
             if mask is not None:
                 y = torch.where(_fully_masked_rows(mask), torch.zeros((), dtype=y.dtype, device=y.device), y)
             qk_out = None

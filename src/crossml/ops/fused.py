@@ -23,6 +23,7 @@ import torch
 from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
+from crossml.ops._util import sdpa
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
@@ -81,7 +82,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             return kernel.attention(q, k, v, mask, scale=scale)
     if mask is not None and mask.dtype != q.dtype and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return sdpa(q, k, v, attn_mask=mask, scale=scale)
 
 
 @op("FastGeluErf", since=1, domain=DOMAIN)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.kernels import TRITON_DEVICES, load
-from crossml.ops._util import scalar
+from crossml.ops._util import scalar, sdpa
 from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
@@ -72,7 +72,7 @@ def _attend(
         if bias is not None:
             neg = torch.finfo(q.dtype).min if q.dtype != torch.float32 else float("-inf")
             mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, neg)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale), None
+        return sdpa(q, k, v, attn_mask=mask, scale=scale), None
     qf, kf, vf = q.float(), k.float(), v.float()
     s = (qf @ kf.transpose(-1, -2)) * scale
     if bias is not None:
@@ -214,8 +214,8 @@ def _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_i
                                     cos_cache, sin_cache, pos, kc, vc, steps.repeat(B), bool(rotary_interleaved),
                                     bool(do_rotary), tokens=S)
     sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
-    out = F.scaled_dot_product_attention(qr.reshape(B, S, N, H).transpose(1, 2), kc[:, :, :S], vc[:, :, :S],
-                                         is_causal=True, scale=sc, enable_gqa=N != Nk)
+    out = sdpa(qr.reshape(B, S, N, H).transpose(1, 2), kc[:, :, :S], vc[:, :, :S], is_causal=True, scale=sc,
+               enable_gqa=N != Nk)
     return out.transpose(1, 2).reshape(B, S, N * H), kc, vc, None
 
 
