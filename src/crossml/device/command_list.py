@@ -15,7 +15,7 @@ import torch
 
 from crossml.device.operator import CompiledOperator
 from crossml.device.queue import Fence, Queue
-from crossml.device.recording import _capture_lock, capture_supported
+from crossml.device.recording import _capture_lock, capture_supported, capturing
 from crossml.device.tensor import DeviceTensor
 from crossml.runtime.errors import InvalidArgument
 
@@ -64,7 +64,7 @@ class CommandList:
             self._replay(Queue(self.device, side))  # warm-up: kernel selection, lazy inits
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with capturing(graph, self.device):
                 self._replay(Queue(self.device, torch.cuda.current_stream(self.device)))
             self._graph = graph
         q.synchronize()

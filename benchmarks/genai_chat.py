@@ -1,0 +1,185 @@
+"""A chat session's latencies on one GPU, in a fresh process: crossml.genai vs onnxruntime-genai (CUDA).
+
+The GenAI benchmark (``genai_bench.py``) measures steady-state prefill and decode. An interactive caller also
+waits for what comes once: the process's first prompt, each chat turn appended to a running generator (a
+continuation prompt: new tokens on top of the KV cache), and each new generator's prompt of a width not seen
+before. This benchmark times those, each phase ending when the host holds the phase's first new token:
+
+* ``load``: ``Model(config)``;
+* ``first prompt``: a new generator, a --prompt-token prompt and its first token (the process's first run);
+* ``turns``: five continuation prompts of 100, 57, 130, 88 and 100 tokens on that generator, 15 tokens
+  generated after each (the median of the five, and the first);
+* ``new widths``: five new generators in turn, prompts of 300, 300, 300, 1000 and 37 tokens (the first, second
+  and third prompt of one width, then two new widths; crossml runs a width's first prompt eagerly, records its
+  graph on the second and replays it from the third).
+
+Every generator asks for max_length 2048. Each (model, precision, runtime) runs in its own process, twice: the
+first run warms the on-disk caches (Triton's kernels; the model files) and is not reported, the second is the
+"warm process" a user's next start would be. Models are the GenAI benchmark's (random weights, builder folders
+under --workdir, built on first use).
+
+    PYTHONPATH=src:$ORT_GENAI_CUDA python benchmarks/genai_chat.py --out benchmarks/results
+
+Writes OUT/genai_chat.json and OUT/genai_chat.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph")
+TURNS = (100, 57, 130, 88, 100)
+WIDTHS = (300, 300, 300, 1000, 37)
+MAX_LENGTH = 2048
+
+
+def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
+    """One chat session in this process: the phases' wall times in ms (and load in s)."""
+    import numpy as np
+    import torch
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    sys.path.insert(0, HERE)
+    if runtime == "crossml":
+        import crossml.genai as og
+
+        config = og.Config(folder)
+    else:
+        import genai_bench
+
+        og = genai_bench._import_ortgenai()
+        config = og.Config(folder)
+        config.clear_providers()
+        config.append_provider("cuda")
+        config.set_provider_option("cuda", "enable_cuda_graph", "1" if runtime == "ortgenai-graph" else "0")
+    t0 = time.perf_counter()
+    model = og.Model(config)
+    out: dict[str, Any] = {"load_s": time.perf_counter() - t0}
+
+    def generator() -> Any:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=MAX_LENGTH, min_length=MAX_LENGTH, do_sample=False)
+        return og.Generator(model, params)
+
+    def timed(gen: Any, tokens: int) -> float:
+        """ms from appending ``tokens`` ids to the host holding the next token."""
+        ids = np.arange(3, 3 + tokens, dtype=np.int32)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        gen.append_tokens(ids)
+        gen.generate_next_token()
+        gen.get_next_tokens()
+        return (time.perf_counter() - t) * 1e3
+
+    def more(gen: Any, n: int) -> None:
+        for _ in range(n):
+            gen.generate_next_token()
+            gen.get_next_tokens()
+
+    gen = generator()
+    out["first_prompt_ms"] = timed(gen, prompt)
+    more(gen, 15)
+    out["turn_ms"] = []
+    for n in TURNS:
+        out["turn_ms"].append(timed(gen, n))
+        more(gen, 15)
+    del gen
+    out["width_ms"] = []
+    for n in WIDTHS:
+        gen = generator()
+        out["width_ms"].append(timed(gen, n))
+        del gen
+    return out
+
+
+def run_child(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, __file__, "--child", runtime, folder, str(prompt)],
+                          capture_output=True, text=True, timeout=600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    m = payload["machine"]
+    lines = [
+        "# A chat session's latencies in a fresh process: crossml.genai vs onnxruntime-genai", "",
+        f"GPU: {m.get('gpu')}; torch {m.get('torch')}; onnxruntime-genai {payload.get('ortgenai_version')}. "
+        f"Batch 1, greedy, max_length {MAX_LENGTH}; random-weight builder models. Each runtime in its own process, "
+        "the second of two (on-disk caches warm); ms until the host holds the phase's first new token.", "",
+        f"Turns: continuation prompts of {', '.join(map(str, TURNS))} tokens on the first generator. New widths: "
+        f"new generators with prompts of {', '.join(map(str, WIDTHS))} tokens.", "",
+        "| model | precision | runtime | load s | first prompt ms | first turn ms | turns median ms "
+        "| width 300: 1st / 2nd / 3rd ms | width 1000 ms | width 37 ms |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in payload["rows"]:
+        head = f"| {r['model']} | {r['precision']} | {r['runtime']} |"
+        if "error" in r:
+            lines.append(f"{head} error: {r['error'].replace('|', '/')[:160]} | | | | | | |")
+            continue
+        w = r["width_ms"]
+        lines.append(f"{head} {r['load_s']:.2f} | {r['first_prompt_ms']:.0f} | {r['turn_ms'][0]:.1f} | "
+                     f"{statistics.median(r['turn_ms']):.1f} | {w[0]:.1f} / {w[1]:.1f} / {w[2]:.1f} | {w[3]:.1f} | "
+                     f"{w[4]:.1f} |")
+    lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_chat.py.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print("RESULT " + json.dumps(session(sys.argv[2], sys.argv[3], int(sys.argv[4]))), flush=True)
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
+    ap.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b")
+    ap.add_argument("--precisions", default="fp16,int4")
+    ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
+    ap.add_argument("--prompt", type=int, default=512)
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    sys.path.insert(0, HERE)
+    import genai_bench as gb
+    from _common import machine, write
+
+    names = [n for n in args.models.split(",") if n]
+    precisions = [p for p in args.precisions.split(",") if p]
+    runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = [n for n in names if n not in gb.SHAPES] + [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        ap.error(f"unknown model/runtime {unknown}; models: {list(gb.SHAPES)}, runtimes: {list(RUNTIMES)}")
+    os.makedirs(args.workdir, exist_ok=True)
+    folders = gb.build_all(args.workdir, names, precisions, print)
+    try:
+        ort_version = gb._import_ortgenai().__version__
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        ort_version = f"unavailable ({type(exc).__name__})"
+    rows: list[dict[str, Any]] = []
+    for (name, prec), folder in folders.items():
+        for rt in runtimes:
+            row: dict[str, Any] = {"model": name, "precision": prec, "runtime": rt}
+            try:
+                run_child(rt, folder, args.prompt)  # warms the on-disk caches
+                row.update(run_child(rt, folder, args.prompt))
+            except Exception as exc:  # noqa: BLE001 - one row's failure is reported in the table
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    payload = {"machine": machine(), "ortgenai_version": ort_version, "prompt": args.prompt,
+               "wall_s": time.perf_counter() - t_start, "rows": rows}
+    write("genai_chat", payload, markdown(payload), args.out)
+
+
+if __name__ == "__main__":
+    main()
