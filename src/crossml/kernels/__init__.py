@@ -83,9 +83,8 @@ def warm_compiler(device: torch.device) -> threading.Thread | None:
         log.debug("no Triton compiler key to warm: %s", e)
         return None
     found: list[str | None] = []
-    kept = _KeptKey(triton)
-    thread = threading.Thread(target=lambda: found.append(kept.read() or kept.write(_key_in_child(triton))),
-                              name="crossml-triton-key", daemon=True)
+    thread = threading.Thread(target=lambda: found.append(_kept_or_child_key(triton)), name="crossml-triton-key",
+                              daemon=True)
 
     @functools.wraps(original)
     def triton_key() -> str:
@@ -165,6 +164,13 @@ class _KeptKey:
                 with contextlib.suppress(OSError):
                     os.remove(tmp)
         return key
+
+
+def _kept_or_child_key(triton: ModuleType) -> str | None:
+    """The kept key of these Triton files, else the child's (then kept): the key thread's work, so the files'
+    signature is taken off the session's start-up path too."""
+    kept = _KeptKey(triton)
+    return kept.read() or kept.write(_key_in_child(triton))
 
 
 _KEY_SCRIPT = ("import sys, triton\nfrom triton.runtime.cache import triton_key\n"
