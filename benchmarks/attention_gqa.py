@@ -1,5 +1,5 @@
 """The ONNX Attention op's grouped-query calls on one GPU: SDPA's ``enable_gqa`` against key/value heads repeated
-for their groups (what ``crossml.ops.attention._sdpa_heads`` picks), per call.
+for their groups (what ``crossml.ops._util.sdpa_heads`` picks), per call.
 
 Of torch's fused CUDA attention kernels only flash attention (fp16 / bf16, no mask) broadcasts key/value heads;
 with a mask or in float32 ``enable_gqa`` sends the call to the math backend. Each row times the op both ways in
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("attention_gqa needs a CUDA GPU")
     ctx = OpContext("attention", "Attention", 23, 1, (None,), (True,))
-    rule = A._sdpa_heads
+    rule = A.sdpa_heads
 
     def broadcast(q, k, v, groups, masked):  # noqa: ANN001, ANN202
         return k, v, groups > 1
@@ -62,12 +62,12 @@ def main(argv: list[str] | None = None) -> None:
             mask = torch.ones(tokens, tokens, dtype=torch.bool, device="cuda").tril()
             for kind, call in (("boolean mask", lambda q=q, k=k, v=v, m=mask: A.attention(q, k, v, m, ctx=ctx)),
                                ("is_causal", lambda q=q, k=k, v=v: A.attention(q, k, v, None, is_causal=1, ctx=ctx))):
-                A._sdpa_heads = broadcast
+                A.sdpa_heads = broadcast
                 try:
                     before = per_call_us(call)
                     y0 = call()
                 finally:
-                    A._sdpa_heads = rule
+                    A.sdpa_heads = rule
                 after = per_call_us(call)
                 diff = (call().float() - y0.float()).abs().max().item()
                 rows.append({"dtype": str(dtype).removeprefix("torch."), "tokens": tokens, "mask": kind,
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     m = machine()
     lines = ["# ONNX Attention, grouped-query calls: SDPA's enable_gqa vs repeated key/value heads", "",
              f"GPU: {m.get('gpu')}; torch {m.get('torch')}. 32 query heads over 8, head size 64, batch 1; µs per "
-             "call (CUDA events, 20 calls). Rule: what `_sdpa_heads` picks (repeated heads with a mask or in "
+             "call (CUDA events, 20 calls). Rule: what `sdpa_heads` picks (repeated heads with a mask or in "
              "float32, `enable_gqa` otherwise, so the is_causal fp16 rows run the same code both ways).", "",
              "| dtype | tokens | mask | enable_gqa µs | rule µs | max abs diff |", "| --- | ---: | --- | ---: | ---: | ---: |"]
     lines += [f"| {r['dtype']} | {r['tokens']} | {r['mask']} | {r['enable_gqa_us']:.1f} | {r['rule_us']:.1f} | "

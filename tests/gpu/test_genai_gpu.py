@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import crossml.genai as og
+import crossml.runtime.session
 from crossml.device.recording import Recording
 
 pytestmark = pytest.mark.gpu
@@ -150,9 +151,9 @@ def test_captured_and_eager_decode_agree(models: Path) -> None:
 
 
 def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
-    """A bucket's first prompt runs eagerly, the second records the bucket's graph and later generators replay it
-    (the session does not keep it), with the same logits and tokens as the recording run and close to an eager
-    model's."""
+    """A bucket's first prompt runs the bucket's plan eagerly, the second records the bucket's graph without a
+    warm-up run and later generators replay it (the session does not keep it), with the same logits and tokens as
+    the recording run and close to an eager model's."""
     folder = str(models / "qwen2_fp16_cuda")
     model = og.Model(folder)
     eager = _captured(folder, "0")
@@ -168,14 +169,24 @@ def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
             gen.generate_next_token()
         return first, gen.get_sequence(0).tolist()
 
-    results = [run(model)]
-    bufs = model._buffers[(1, 128)][0]
-    assert not bufs.prompts  # the bucket's first prompt ran eagerly
-    runners = len(model.session._runners)
-    for _ in range(3):
-        results.append(run(model))
+    warm_ups: list[bool] = []
+    class Spy(Recording):
+        def __init__(self, *a: Any, warm: bool = True, **k: Any) -> None:
+            warm_ups.append(warm)
+            super().__init__(*a, warm=warm, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(crossml.runtime.session, "Recording", Spy)
+        results = [run(model)]
+        bufs = model._buffers[(1, 128)][0]
+        assert list(bufs.prompts) == [64] and bufs.prompts[64].replay is None  # ran eagerly, not recorded
+        assert warm_ups == [False]  # the decode step's recording (its first step ran the plan eagerly)
+        runners = len(model.session._runners)
+        for _ in range(3):
+            results.append(run(model))
+    assert warm_ups == [False, False]  # the bucket's second prompt recorded it, with no warm-up run
     assert list(bufs.prompts) == [64] and bufs.prompts[64].replay is not None
-    assert len(model.session._runners) == runners  # the recording belongs to the buffers alone
+    assert len(model.session._runners) == runners - 1  # the recording belongs to the buffers alone
     for first, seq in results[2:]:
         assert seq == results[1][1]
         np.testing.assert_array_equal(first, results[1][0])
@@ -316,8 +327,8 @@ def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build:
     assert len(_decode_recordings(static)) == 1
     ref_seq, ref_logits = _generate(eager, [PROMPT], new=new)
     assert seq == ref_seq
-    for a, b in zip(logits, ref_logits):
-        np.testing.assert_allclose(a, b, atol=1e-2, rtol=0)
+    for a, b in zip(logits, ref_logits):  # the static prompt is padded to its bucket: other GEMM tiles (int4 experts)
+        np.testing.assert_allclose(a, b, atol=1e-2 * max(1.0, float(np.abs(b).max())), rtol=0)
     cpu_seq, cpu_logits = _generate(cpu, [PROMPT], new=new)
     first = len(cpu_seq[0]) - new + 4
     assert seq[0][:first] == cpu_seq[0][:first]

@@ -67,6 +67,34 @@ def test_capture_on_and_off_match_cpu(capture):
     assert (Recording in kinds) == (capture == "true")
 
 
+def test_deferred_capture_records_on_the_next_run(monkeypatch):
+    """Run config ``crossml.graph_capture_defer=1``: a new signature's specialised plan runs eagerly; the next run
+    without it records the plan with no warm-up run (the first run warmed it), and later runs replay it."""
+    from crossml.device.recording import Recording
+    from crossml.runtime import session as session_module
+
+    m = conv_model()
+    s = ort.InferenceSession(m, providers=GPU)
+    defer = ort.RunOptions()
+    defer.add_run_config_entry("crossml.graph_capture_defer", "1")
+    calls: list[bool] = []
+
+    class Spy(Recording):
+        def __init__(self, *a, warm: bool = True, **k) -> None:
+            calls.append(warm)
+            super().__init__(*a, warm=warm, **k)
+
+    monkeypatch.setattr(session_module, "Recording", Spy)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((2, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    outs = [s.run(None, {"x": xs[0]}, defer)[0], s.run(None, {"x": xs[1]}, defer)[0]]
+    assert not calls and [type(r).__name__ for r in s._runners.values()] == ["_Warmed"]
+    outs += [s.run(None, {"x": x})[0] for x in xs[2:]]
+    assert calls == [False] and [type(r) for r in s._runners.values()] == [Spy]
+    for x, got in zip(xs, outs):
+        np.testing.assert_allclose(got, cpu_reference(m, {"x": x})[0], rtol=2e-3, atol=2e-3)
+
+
 def test_ortvalue_on_device_and_dlpack():
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     v = ort.OrtValue.ortvalue_from_numpy(x, "cuda", 0)

@@ -235,7 +235,7 @@ def fast_path(monkeypatch):
     def enable() -> list[int]:
         if INTERPRET:
             monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
-        for name in ("_fast_decode", "_fast_prompt"):
+        for name in ("_fast_decode", "_fast_prompt", "_fast_continue"):
             original = getattr(attention, name)
 
             def spy(*a, _original=original, _name=name, **k):
@@ -312,8 +312,8 @@ def test_gqa_fast_path_matches_torch(device: str, case: dict, fast_path) -> None
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gqa_fast_path_declines(device: str, fast_path) -> None:
-    """Grown caches, bias, one-token prompts and softcapped or sinked prompts stay on the torch path; softcapped
-    and sinked decode steps take the kernels."""
+    """Grown caches, bias, one-token prompts and softcapped, sinked or non-causal prompts and prompt chunks stay on
+    the torch path; softcapped and sinked decode steps take the kernels."""
     fast_path_calls = fast_path()
     B, N, Nk, H = 1, 4, 2, 16
     pk, pv = (rand(B, Nk, 8, H, seed=s, device=device) for s in (1, 2))
@@ -329,7 +329,14 @@ def test_gqa_fast_path_declines(device: str, fast_path) -> None:
     _gqa(prompt, dict(kw, softcap=2.0), False)  # SDPA has no softcap
     _gqa(prompt + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # nor sinks
     _gqa(prompt, dict(kw, smooth_softmax=1), False)
+    chunk = [t.expand(B, 3, -1) for t in (q, k, v)] + [pk, pv, seqlens_k, torch.tensor(5, dtype=torch.int32)]
+    _gqa(chunk, dict(kw, softcap=2.0), False)  # a later prompt chunk: SDPA has no softcap
+    _gqa(chunk, dict(kw, causal=0), False)
+    _gqa(chunk[:3] + [pk[:, :, :4], pv[:, :, :4]] + chunk[5:], kw, False)  # grown cache
     assert not fast_path_calls
+    _gqa(chunk, kw, False)
+    assert fast_path_calls == ["_fast_continue"]
+    fast_path_calls.clear()
     _gqa(prompt, kw, False)
     _gqa(base, dict(kw, softcap=2.0), False)
     _gqa(base + [None, None, None, None, torch.zeros(N, device=device)], kw, False)  # head_sink
@@ -361,6 +368,35 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0))
     _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_prompt", (B, S, N * H))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", inplace=True),
+    dict(dtype=torch.float32, heads=(14, 2), H=64, rotary="interleaved", packed=True, position_ids=True),
+    dict(dtype=torch.float16, heads=(8, 8), H=16, rotary="partial", inplace=True, scale=0.3, total=16),
+    dict(dtype=torch.float16, heads=(4, 2), H=64, rotary="off", packed=True, local_window_size=3),
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="partial_interleaved", local_window_size=5, total=13),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
+def test_gqa_fast_continue_matches_torch(device: str, case: dict, fast_path) -> None:
+    """A later prompt chunk (a chat turn: batch 1, 1 < S < total) on the rotary/cache-write kernel + masked SDPA
+    over the first ``total`` rows equals the torch path over the whole buffer (run on CPU copies): the output, the
+    written cache rows bit for bit, other rows untouched; ``total`` past the real length (a max-length mask's
+    width) and local windows included."""
+    dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
+    S, L, max_pos, past = 4, 16, 32, 6
+    do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
+    seqlens_k = torch.tensor([past + S - 1], dtype=torch.int32)
+    q, k, v = (rand(1, S, n * H, dtype=dtype, seed=s) for s, n in ((40, N), (41, Nk), (42, Nk)))
+    pk, pv = (rand(1, Nk, L, H, dtype=dtype, seed=s) for s in (43, 44))
+    cos, sin = _caches(max_pos, rot // 2, dtype, "cpu") if do_rotary else (None, None)
+    pos = torch.arange(past + 2, past + 2 + S).reshape(1, S) if case.get("position_ids") else None
+    if case.get("packed"):
+        q, k, v = torch.cat([q, k, v], dim=-1), None, None
+    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(case.get("total", past + S), dtype=torch.int32), cos, sin, pos]
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
+              scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1))
+    _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_continue", (1, S, N * H))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -65,10 +65,13 @@ class Recording:
     output buffers themselves, valid until the next replay — onnxruntime's CUDA-graph contract of
     inputs and outputs bound at fixed addresses. ``bind_outputs`` (default: as ``bind_inputs``) can
     keep the output copies of a recording that reads its inputs in place (IOBinding's stable bindings).
+    ``warm=False``: ``fn`` already ran eagerly on inputs of these shapes (kernels compiled and chosen, lazy caches
+    filled), so it is captured without running it first.
     """
 
     def __init__(self, fn: Callable[[list[Any]], list[Any]], example: Sequence[torch.Tensor],
-                 device: torch.device, *, bind_inputs: bool = False, bind_outputs: bool | None = None) -> None:
+                 device: torch.device, *, bind_inputs: bool = False, bind_outputs: bool | None = None,
+                 warm: bool = True) -> None:
         self.device = device
         self.fn = fn  # what the graph reads (plan constants, weights) must outlive every replay
         self.bound = bind_inputs if bind_outputs is None else bind_outputs
@@ -76,11 +79,12 @@ class Recording:
         self.lock = threading.Lock()
         self.done: torch.cuda.Event | None = None
         with _capture_lock:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                fn(list(self.inputs))  # warm-up: allocator, kernel selection, lazy inits
-            torch.cuda.current_stream(device).wait_stream(side)
+            if warm:
+                side = torch.cuda.Stream(device)
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    fn(list(self.inputs))  # warm-up: allocator, kernel selection, lazy inits
+                torch.cuda.current_stream(device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
             # thread-local: other threads keep launching (and syncing) while this one records;
             # a host sync inside fn makes the capture fail here, and the caller runs eagerly

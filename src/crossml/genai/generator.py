@@ -301,7 +301,7 @@ class Generator:
             if isinstance(shown, _Shown):
                 shown.keep()  # a live logits buffer this run may overwrite
         width = end  # columns fed (a recorded prompt is padded to its bucket)
-        slot = None  # a first prompt's bucket buffers (None: the bucket's first prompt, run eagerly)
+        slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         if bufs is not None and start == 0 and self._model._prompt_graphs:
             slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
         if start == 0 and self._model._compile_ahead:
@@ -327,7 +327,7 @@ class Generator:
             if slot.pos is not None:
                 slot.pos.copy_(_positions(mask))
             outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
-        else:  # continuation prompts, a bucket's first prompt and growing-cache steps: not worth recording
+        else:  # continuation prompts and growing-cache steps: not worth recording
             mask = self._mask[:, :end]
             pos = _positions(mask)[:, start:end] if io.position_ids is not None else None
             outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)

@@ -9,7 +9,8 @@ decode step feeds the same shapes at the same addresses: input_ids / position_id
 attention_mask [rows, max_length] with zeros after the real tokens and the max-length KV buffers, all
 from a ``DecodeBuffers`` set the model lends to one generator at a time. The session's per-signature
 command list (graph capture, on by default; off with the session config entry
-``ep.dml.enable_graph_capture=0``) is recorded on the first decode step and replayed on the others;
+``ep.dml.enable_graph_capture=0``) is recorded on the second decode step (the first runs the plan
+specialised for these shapes eagerly, which warms it for the capture) and replayed on the others;
 with the session entry ``crossml.graph_capture_bind_io`` the replay reads those buffers in place and
 GroupQueryAttention writes the new keys and values into the KV buffers in place, so a step copies
 nothing. Sets are reused by later generators of the same shape, so their steps replay the same
@@ -20,9 +21,8 @@ max_length (rows past the real length are masked by causality).
 Prompts are recorded too: a first prompt (``append_tokens`` on an empty sequence) is right-padded
 to a bucket width (``prompt_bucket``: a multiple of a quarter of its power-of-two octave, at least 64,
 at most max_length) with attention-mask zeros, fed from ``PromptBuffers`` of that width at fixed
-addresses; the first prompt of a bucket runs eagerly, the second records the bucket's graph and
-later ones replay it. A
-padded prompt computes exactly what the batch path computes for a row shorter than its batch: the
+addresses; the first prompt of a bucket runs the bucket's plan eagerly, the second records its graph
+(no warm-up run: the first did it) and later ones replay it. A padded prompt computes exactly what the batch path computes for a row shorter than its batch: the
 pad columns come after the real tokens, so causality keeps them out of every real row, their keys
 and values land past the real length (overwritten by the next steps, never attended), and the
 generator takes each row's logits at its last real token. A set keeps ``MAX_PROMPT_GRAPHS``
@@ -48,7 +48,7 @@ from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
-from crossml.runtime.session import CAPTURE_BIND_IO, KV_INPLACE, InferenceSession
+from crossml.runtime.session import CAPTURE_BIND_IO, DEFER_CAPTURE, KV_INPLACE, InferenceSession
 
 log = logging.getLogger("crossml.genai")
 
@@ -113,6 +113,7 @@ class PromptBuffers:
         self.ids = torch.zeros((rows, width), dtype=io.input_ids_dtype, device=device)
         self.pos = torch.zeros((rows, width), dtype=io.position_dtype, device=device) if io.position_ids else None
         self.replay: Any = None
+        self.warmed = False  # a run on these buffers has run the specialised plan eagerly (see Model.run_bound)
 
 
 class DecodeBuffers:
@@ -129,9 +130,9 @@ class DecodeBuffers:
                    for n in kv_lengths]
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
+        self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly
         self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
-        self.seen: set[int] = set()  # bucket widths asked for at least once
         #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
         self.extras: dict[str, torch.Tensor] = {}
 
@@ -143,18 +144,15 @@ class DecodeBuffers:
                                               for k, v in values.items()):
             self.extras = {k: torch.empty_like(v, device=self._device) for k, v in values.items()}
             self.replay = None
+            self.warmed = False
             self.prompts.clear()
-            self.seen.clear()
         for k, v in values.items():
             self.extras[k].copy_(v)
 
-    def prompt(self, width: int) -> PromptBuffers | None:
-        """The prompt buffers of one bucket width; None the first time the width is asked for (that prompt runs
-        eagerly: a width seen once may never come again, and recording costs several eager runs). Made on the
-        second request; the least recently used beyond MAX_PROMPT_GRAPHS are dropped with their recordings."""
-        if width not in self.seen:
-            self.seen.add(width)
-            return None
+    def prompt(self, width: int) -> PromptBuffers:
+        """The prompt buffers of one bucket width (a width's first prompt runs its plan eagerly, the second records
+        it: see ``Model.run_bound``); the least recently used beyond MAX_PROMPT_GRAPHS are dropped with their
+        recordings."""
         slot = self.prompts.pop(width, None)
         if slot is None:
             slot = PromptBuffers(self._io, self.rows, width, self._device)
@@ -216,6 +214,8 @@ class Model:
 
         self._eager = RunOptions()
         self._eager.add_run_config_entry(GRAPH_ID, "-1")
+        self._defer = RunOptions()
+        self._defer.add_run_config_entry(DEFER_CAPTURE, "1")
 
     @property
     def type(self) -> str:
@@ -329,23 +329,30 @@ class Model:
 
     def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
                   output_names: list[str]) -> list[torch.Tensor]:
-        """A run on ``slot``'s fixed-address buffers (``feed`` holds exactly those tensors): the first run
-        records the graph (when the session captures); later runs replay it directly. Prompt recordings
-        belong to their slot alone (the session forgets them), so dropping a bucket frees its memory."""
+        """A run on ``slot``'s fixed-address buffers (``feed`` holds exactly those tensors). The first run runs
+        the plan specialised for these shapes eagerly (the session defers its recording); the second records
+        the graph without a warm-up run of its own, the first having set the plan's lazy state (when the
+        session captures); later runs replay it directly. Prompt recordings belong to their slot alone (the
+        session forgets them), so dropping a bucket frees its memory."""
         if slot.replay is not None:
             return slot.replay()
-        outs = self.run(feed, output_names)
-        slot.replay = self.session._bound_replay(feed, output_names, detach=isinstance(slot, PromptBuffers))
+        first = not slot.warmed
+        slot.warmed = True
+        outs = self.run(feed, output_names, defer=first)
+        if not first:
+            slot.replay = self.session._bound_replay(feed, output_names, detach=isinstance(slot, PromptBuffers))
         return outs
 
-    def run(self, feed: dict[str, torch.Tensor], output_names: list[str], *, eager: bool = False) -> list[torch.Tensor]:
+    def run(self, feed: dict[str, torch.Tensor], output_names: list[str], *, eager: bool = False,
+            defer: bool = False) -> list[torch.Tensor]:
         """Run the decoder on device tensors; returns device tensors.
 
         ``eager``: a run whose shapes will not come again (a prompt): asks the session not to record it
-        (run config entry gpu_graph_id=-1, as onnxruntime's CUDA provider)."""
+        (run config entry gpu_graph_id=-1, as onnxruntime's CUDA provider). ``defer``: a new signature runs
+        its specialised plan eagerly, to be recorded on the next run (``crossml.graph_capture_defer``)."""
+        options = self._eager if eager else self._defer if defer else None
         outs = self.session.run_with_ort_values(output_names, {k: OrtValue.ortvalue_from_torch(v)
-                                                               for k, v in feed.items()},
-                                                self._eager if eager else None)
+                                                               for k, v in feed.items()}, options)
         return [o.as_torch() for o in outs]
 
 

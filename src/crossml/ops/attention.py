@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.ops._util import sdpa
+from crossml.ops._util import sdpa, sdpa_heads
 from crossml.ops.registry import OpContext, op
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -94,21 +94,6 @@ def _fully_masked_rows(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return ~mask.any(dim=-1, keepdim=True)
     return torch.isneginf(mask.amax(dim=-1, keepdim=True))
-
-
-def _sdpa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int,
-                masked: bool) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(k, v, enable_gqa) for SDPA. Of torch's fused CUDA kernels only flash attention (fp16 / bf16, no mask)
-    broadcasts key/value heads over their query groups; with a mask or in float32 ``enable_gqa`` sends the call to
-    the math backend, which holds every score. There the heads are repeated for their groups instead, so the
-    memory-efficient kernel takes the call; elsewhere SDPA's ``enable_gqa`` broadcasts them. On an H200 (32 query
-    heads over 8, head size 64; benchmarks/attention_gqa.py): fp16 with a boolean mask, 512 tokens 294 -> 125 us,
-    2048 tokens 2731 -> 465 us; fp32 2048 tokens 2396 -> 1277 us masked, 2382 -> 703 us causal."""
-    if groups == 1:
-        return k, v, False
-    if q.device.type == "cuda" and (masked or q.dtype not in (torch.float16, torch.bfloat16)):
-        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
-    return k, v, True
 
 
 def _sdpa_ok(q: torch.Tensor, softcap: float, want_qk: bool, softmax_dtype: torch.dtype | None) -> bool:
@@ -208,14 +193,14 @@ def attention(
         causal = plain_causal = False
     use_sdpa = _sdpa_ok(q, softcap, want_qk, softmax_dtype)
     if use_sdpa and plain_causal and offset == 0:
-        kh, vh, gqa = _sdpa_heads(q, k, v, groups, masked=False)
+        kh, vh, gqa = sdpa_heads(q, k, v, groups, masked=False)
         y = sdpa(q, kh, vh, is_causal=True, scale=scale_v, enable_gqa=gqa)
     else:
         structural = _structural_mask(q_len, kv_len, offset, causal, left_window_size, right_window_size,
                                       nonpad_kv_seqlen, q.device)
         mask = _combine_masks(attn_mask, structural, kv_len, q.dtype)
         if use_sdpa:
-            kh, vh, gqa = _sdpa_heads(q, k, v, groups, masked=mask is not None)
+            kh, vh, gqa = sdpa_heads(q, k, v, groups, masked=mask is not None)
             y = sdpa(q, kh, vh, attn_mask=mask, scale=scale_v, enable_gqa=gqa)
             if mask is not None:
                 y = torch.where(_fully_masked_rows(mask), torch.zeros((), dtype=y.dtype, device=y.device), y)

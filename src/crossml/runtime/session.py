@@ -361,7 +361,7 @@ class InferenceSession:
         if self._capture and not _eager_requested(run_options):
             # in place only where every input is the caller's own device tensor (not a copy made here)
             stable = stable and all(isinstance(v, OrtValue) and converted[n] is v._value for n, v in feed.items())
-            outs = self._run_specialized(converted, stable, into)
+            outs = self._run_specialized(converted, stable, into, defer=_defer_requested(run_options))
             if outs is not None:
                 return outs
         plan = self._plan
@@ -404,11 +404,13 @@ class InferenceSession:
         return self._input_names + tuple(a.name for a in self._overridable if a.name in feed)
 
     def _run_specialized(self, feed: dict[str, Any], stable: bool = False,
-                         into: Sequence[torch.Tensor | None] | None = None) -> list[Any] | None:
+                         into: Sequence[torch.Tensor | None] | None = None, defer: bool = False) -> list[Any] | None:
         """Run the plan specialised for these input shapes, replaying its captured command list. ``stable``
         inputs (an IOBinding's, unchanged since its last run) get a recording of their own that reads them in
         place — no input copies — keyed by their addresses, while outputs are still copied out. Overridable
-        initializers fed to the run (LoRA adapter parameters) are inputs of the recording too."""
+        initializers fed to the run (LoRA adapter parameters) are inputs of the recording too. ``defer`` (the run
+        config entry ``crossml.graph_capture_defer``): a new signature's plan runs eagerly and is recorded on its
+        next run, without the recording's own warm-up run (``_Warmed``)."""
         names = self._fed_names(feed)
         tensors = [feed[n] for n in names]
         if not all(isinstance(t, torch.Tensor) and t.device == self._device for t in tensors):
@@ -416,14 +418,16 @@ class InferenceSession:
         in_place = stable and not self._bind_io
         key = self._signature(names, tensors, addresses=in_place) + (("in place",) if in_place else ())
         runner = self._runners.get(key)
-        if runner is None:
+        if runner is None or (isinstance(runner, _Warmed) and not defer):
             with self._lock:
                 runner = self._runners.get(key)
                 if runner is None:
-                    runner = self._make_runner(key, tensors, in_place)
-                    self._runners[key] = runner
-                    while len(self._runners) > MAX_SIGNATURES:
-                        self._runners.popitem(last=False)
+                    runner = self._make_runner(key, tensors, in_place, defer=defer and not in_place)
+                elif isinstance(runner, _Warmed) and not defer:
+                    runner = self._record_warmed(runner, tensors, key)
+                self._runners[key] = runner
+                while len(self._runners) > MAX_SIGNATURES:
+                    self._runners.popitem(last=False)
         if isinstance(runner, Recording):
             return runner.run(tensors, into)
         return runner(tensors)
@@ -461,7 +465,8 @@ class InferenceSession:
 
         return replay
 
-    def _make_runner(self, key: tuple, example: list[torch.Tensor], in_place: bool = False) -> Any:
+    def _make_runner(self, key: tuple, example: list[torch.Tensor], in_place: bool = False,
+                     defer: bool = False) -> Any:
         names = key[0]
         shapes = {n: shape for n, (shape, _) in zip(names, key[1:])}
         if in_place:
@@ -491,12 +496,24 @@ class InferenceSession:
         if plan.capture_blockers:
             log.info("input shapes %s run without graph capture: %s", shapes, "; ".join(plan.capture_blockers[:5]))
             return run_plan
+        if defer:
+            return _Warmed(run_plan, shapes)
         try:
             return Recording(run_plan, example, self._device, bind_inputs=self._bind_io or in_place,
                              bind_outputs=self._bind_io)
         except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
             return run_plan
+
+    def _record_warmed(self, warmed: _Warmed, example: list[torch.Tensor], key: tuple) -> Any:
+        """The recording of a plan that ran eagerly on these shapes (a deferred signature's second run), captured
+        without a warm-up run; the eager plan where capture fails."""
+        try:
+            return Recording(warmed.fn, example, self._device, bind_inputs=self._bind_io, bind_outputs=self._bind_io,
+                             warm=False)
+        except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
+            log.info("input shapes %s run without graph capture: %s", warmed.shapes, exc)
+            return warmed.fn
 
     def _specialized_types(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, onnx.TypeProto]:
         """Value types inferred with the inputs' concrete shapes (so shape computations fold)."""
@@ -600,6 +617,26 @@ KV_INPLACE = "crossml.kv_cache_in_place"
 def _eager_requested(run_options: RunOptions | None) -> bool:
     """onnxruntime's run config ``gpu_graph_id=-1``: run this call without graph capture."""
     return run_options is not None and run_options._config.get("gpu_graph_id") == "-1"
+
+
+#: crossml run config entry: "1" runs a new input signature's specialised plan eagerly and records it on the
+#: signature's next run, which then needs no warm-up run of its own (what GenAI's bound buffers ask for)
+DEFER_CAPTURE = "crossml.graph_capture_defer"
+
+
+def _defer_requested(run_options: RunOptions | None) -> bool:
+    return run_options is not None and run_options._config.get(DEFER_CAPTURE) == "1"
+
+
+class _Warmed:
+    """A signature's specialised plan that ran eagerly once, so its lazy state (kernels compiled and selected,
+    caches filled) is set: its next run that does not defer records it without the recording's warm-up run."""
+
+    def __init__(self, fn: Callable[[list[Any]], list[Any]], shapes: dict[str, tuple[int, ...]]) -> None:
+        self.fn, self.shapes = fn, shapes
+
+    def __call__(self, inputs: list[Any]) -> list[Any]:
+        return self.fn(inputs)
 
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.kernels import TRITON_DEVICES, load
-from crossml.ops._util import scalar, sdpa
+from crossml.ops._util import scalar, sdpa, sdpa_heads
 from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
@@ -219,6 +219,37 @@ def _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_i
     return out.transpose(1, 2).reshape(B, S, N * H), kc, vc, None
 
 
+def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, total, *, scale,
+                   do_rotary, rotary_interleaved, local_window, inplace) -> tuple:
+    """A later prompt chunk of one sequence (B == 1, 1 < S != total: a chat turn appended to a generator) on a
+    shared buffer: one Triton launch rotates the chunk's queries and keys at their positions and writes keys and
+    values into rows ``past .. past + S - 1`` of the caches (``past = seqlens_k + 1 - S``, on the device), then
+    SDPA of the chunk over the first ``total`` rows with the causal (and local window) mask of those positions.
+    The torch code below computes the same over all the buffer's rows (the rows from ``total`` on are masked
+    for every query, ``seqlens_k < total``), with some 40 launches a layer instead of about 8. q [1, S, N, H],
+    k/v [1, S, Nk, H]; rotary positions are ``position_ids`` or the rows."""
+    kernels = load("decode_attention")
+    _, S, N, H = q.shape
+    Nk = k.shape[2]
+    kc = past_key if inplace else past_key.clone()
+    vc = past_value if inplace else past_value.clone()
+    rows = seqlens_k.reshape(1).long() + (1 - S) + torch.arange(S, device=q.device)  # absolute positions [S]
+    pos = None
+    if do_rotary:
+        pos = rows if position_ids is None else position_ids.reshape(S)
+    qr = kernels.rotary_cache_write(q.reshape(S, N, H), k.reshape(S, Nk, H), v.reshape(S, Nk, H), cos_cache,
+                                    sin_cache, pos, kc, vc, rows, bool(rotary_interleaved), bool(do_rotary), tokens=S)
+    kpos = torch.arange(total, device=q.device)
+    allowed = kpos <= rows.unsqueeze(1)
+    if local_window > 0:
+        allowed &= kpos > rows.unsqueeze(1) - local_window
+    qh = qr.reshape(1, S, N, H).transpose(1, 2)
+    keys, values, gqa = sdpa_heads(qh, kc[:, :, :total], vc[:, :, :total], N // Nk, masked=True)
+    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    out = sdpa(qh, keys, values, attn_mask=allowed.reshape(1, 1, S, total), scale=sc, enable_gqa=gqa)
+    return out.transpose(1, 2).reshape(1, S, N * H), kc, vc, None
+
+
 @op("GroupQueryAttention", domain=MS_DOMAIN, host_inputs=(6,), ctx=True)
 def group_query_attention(
     query: torch.Tensor,
@@ -286,9 +317,9 @@ def group_query_attention(
         raise ValueError("GroupQueryAttention: sequence_length must be 1 when it is not a prompt")
 
     # the decode kernel caps the scores and takes sinks, the prompt's SDPA does neither
-    fast_prompt = first_prompt and S > 1 and causal and local_window_size <= 0 and softcap == 0.0 and \
-        head_sink is None and not smooth_softmax
-    fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt)
+    plain = causal and softcap == 0.0 and head_sink is None and not smooth_softmax  # what SDPA computes
+    fast_prompt = first_prompt and S > 1 and local_window_size <= 0 and plain
+    fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt or (subsequent and plain and S < total))
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
                          smooth_softmax, qk_output):
@@ -298,6 +329,10 @@ def group_query_attention(
                                 scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
                                 do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                 local_window=local_window_size if causal else -1, inplace=inplace)
+        if subsequent:
+            return _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                                  total, scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                                  local_window=local_window_size, inplace=inplace)
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
 
