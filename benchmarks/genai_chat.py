@@ -10,8 +10,9 @@ before. This benchmark times those, each phase ending when the host holds the ph
 * ``turns``: five continuation prompts of 100, 57, 130, 88 and 100 tokens on that generator, 15 tokens
   generated after each (the median of the five, and the first);
 * ``new widths``: five new generators in turn, prompts of 300, 300, 300, 1000 and 37 tokens (the first, second
-  and third prompt of one width, then two new widths; crossml runs a width's first prompt eagerly, records its
-  graph on the second and replays it from the third).
+  and third prompt of one width, then two new widths; crossml runs a width's first prompt eagerly on the plan
+  specialised for its bucket, records that plan's graph on the second, without a warm-up run, and replays it
+  from the third).
 
 Every generator asks for max_length 2048. Each (model, precision, runtime) runs in its own process, twice: the
 first run warms the on-disk caches (Triton's kernels; the model files) and is not reported, the second is the
