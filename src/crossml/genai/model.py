@@ -22,13 +22,13 @@ Prompts are recorded too: a first prompt (``append_tokens`` on an empty sequence
 to a bucket width (``prompt_bucket``: a multiple of a quarter of its power-of-two octave, at least 64,
 at most max_length) with attention-mask zeros, fed from ``PromptBuffers`` of that width at fixed
 addresses; the first prompt of a bucket runs the bucket's plan eagerly, the second records its graph
-(no warm-up run: the first did it) and later ones replay it. A padded prompt computes exactly what the batch path computes for a row shorter than its batch: the
-pad columns come after the real tokens, so causality keeps them out of every real row, their keys
-and values land past the real length (overwritten by the next steps, never attended), and the
-generator takes each row's logits at its last real token. A set keeps ``MAX_PROMPT_GRAPHS``
-buckets' recordings (each holds its activations and logits). Continuation prompts (more tokens
-appended to a started sequence) and decode steps with a growing cache run eagerly (run config
-``gpu_graph_id=-1``).
+(no warm-up run: the first did it) and later ones replay it. A padded prompt computes exactly what the
+batch path computes for a row shorter than its batch: the pad columns come after the real tokens, so
+causality keeps them out of every real row, their keys and values land past the real length
+(overwritten by the next steps, never attended), and the generator takes each row's logits at its
+last real token. A set keeps ``MAX_PROMPT_GRAPHS`` buckets' recordings (each holds its activations
+and logits). Continuation prompts (more tokens appended to a started sequence) and decode steps with
+a growing cache run eagerly (run config ``gpu_graph_id=-1``).
 """
 
 from __future__ import annotations

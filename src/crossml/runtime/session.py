@@ -424,7 +424,7 @@ class InferenceSession:
                 if runner is None:
                     runner = self._make_runner(key, tensors, in_place, defer=defer and not in_place)
                 elif isinstance(runner, _Warmed) and not defer:
-                    runner = self._record_warmed(runner, tensors, key)
+                    runner = self._record_warmed(runner, tensors)
                 self._runners[key] = runner
                 while len(self._runners) > MAX_SIGNATURES:
                     self._runners.popitem(last=False)
@@ -505,7 +505,7 @@ class InferenceSession:
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
             return run_plan
 
-    def _record_warmed(self, warmed: _Warmed, example: list[torch.Tensor], key: tuple) -> Any:
+    def _record_warmed(self, warmed: _Warmed, example: list[torch.Tensor]) -> Any:
         """The recording of a plan that ran eagerly on these shapes (a deferred signature's second run), captured
         without a warm-up run; the eager plan where capture fails."""
         try:

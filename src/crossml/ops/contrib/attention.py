@@ -226,7 +226,7 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     values into rows ``past .. past + S - 1`` of the caches (``past = seqlens_k + 1 - S``, on the device), then
     SDPA of the chunk over the first ``total`` rows with the causal (and local window) mask of those positions.
     The torch code below computes the same over all the buffer's rows (the rows from ``total`` on are masked
-    for every query, ``seqlens_k < total``), with some 40 launches a layer instead of about 8. q [1, S, N, H],
+    for every query, ``seqlens_k < total``), with some 40 launches a layer instead of about a dozen. q [1, S, N, H],
     k/v [1, S, Nk, H]; rotary positions are ``position_ids`` or the rows."""
     kernels = load("decode_attention")
     _, S, N, H = q.shape
@@ -319,7 +319,8 @@ def group_query_attention(
     # the decode kernel caps the scores and takes sinks, the prompt's SDPA does neither
     plain = causal and softcap == 0.0 and head_sink is None and not smooth_softmax  # what SDPA computes
     fast_prompt = first_prompt and S > 1 and local_window_size <= 0 and plain
-    fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt or (subsequent and plain and S < total))
+    fast_chunk = subsequent and plain and S < total  # a later prompt chunk (batch 1)
+    fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt or fast_chunk)
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
                          smooth_softmax, qk_output):
