@@ -98,6 +98,17 @@ def _attend(
     return out, qk
 
 
+def _softmax_scale(scale: float, H: int) -> float:
+    """GroupQueryAttention's ``scale`` attribute: 0 means 1/sqrt(head_size)."""
+    return scale if scale != 0.0 else 1.0 / math.sqrt(H)
+
+
+def _shared_caches(past_key: torch.Tensor, past_value: torch.Tensor, inplace: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The present buffers of a shared cache: the past buffers themselves (``kv_inplace``), else copies (ops never
+    write into their inputs)."""
+    return (past_key, past_value) if inplace else (past_key.clone(), past_value.clone())
+
+
 def _sinks(head_sink: torch.Tensor | None, smooth_softmax: int, N: int, device: torch.device) -> torch.Tensor | None:
     """GroupQueryAttention's extra softmax logit per head [N]: ``head_sink``, zeros for ``smooth_softmax``, or None."""
     if head_sink is not None:
@@ -115,14 +126,14 @@ def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed:
     groups = N // kc.shape[1]
     kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
     vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sc = _softmax_scale(scale, H)
     return _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap,
                    sink=_sinks(head_sink, smooth_softmax, N, q.device), want_qk=want_qk)
 
 
 def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
              attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
-             smooth_softmax, qk_output) -> bool:
+             qk_output) -> bool:
     """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
     shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
     device. A softcap and sinks are not looked at: the decode kernel caps the scores and takes sinks, the prompt's
@@ -180,13 +191,12 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     attended rows end; rotary positions stay absolute."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
-    kc = past_key if inplace else past_key.clone()
-    vc = past_value if inplace else past_value.clone()
+    kc, vc = _shared_caches(past_key, past_value, inplace)
     rows = kernels.evict_rows(kc, vc, seqlens_k.reshape(B), local_window) if windowed else seqlens_k.reshape(B)
     pos = None
     if do_rotary:
         pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sc = _softmax_scale(scale, H)
     sink = _sinks(head_sink, smooth_softmax, N, q.device)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
@@ -204,8 +214,7 @@ def _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_i
     kernels = load("decode_attention")
     B, S, N, H = q.shape
     Nk = k.shape[2]
-    kc = past_key if inplace else past_key.clone()
-    vc = past_value if inplace else past_value.clone()
+    kc, vc = _shared_caches(past_key, past_value, inplace)
     steps = torch.arange(S, device=q.device)
     pos = None
     if do_rotary:
@@ -213,7 +222,7 @@ def _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_i
     qr = kernels.rotary_cache_write(q.reshape(B * S, N, H), k.reshape(B * S, Nk, H), v.reshape(B * S, Nk, H),
                                     cos_cache, sin_cache, pos, kc, vc, steps.repeat(B), bool(rotary_interleaved),
                                     bool(do_rotary), tokens=S)
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sc = _softmax_scale(scale, H)
     out = sdpa(qr.reshape(B, S, N, H).transpose(1, 2), kc[:, :, :S], vc[:, :, :S], is_causal=True, scale=sc,
                enable_gqa=N != Nk)
     return out.transpose(1, 2).reshape(B, S, N * H), kc, vc, None
@@ -231,8 +240,7 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     kernels = load("decode_attention")
     _, S, N, H = q.shape
     Nk = k.shape[2]
-    kc = past_key if inplace else past_key.clone()
-    vc = past_value if inplace else past_value.clone()
+    kc, vc = _shared_caches(past_key, past_value, inplace)
     rows = seqlens_k.reshape(1).long() + (1 - S) + torch.arange(S, device=q.device)  # absolute positions [S]
     pos = None
     if do_rotary:
@@ -245,7 +253,7 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
         allowed &= kpos > rows.unsqueeze(1) - local_window
     qh = qr.reshape(1, S, N, H).transpose(1, 2)
     keys, values, gqa = sdpa_heads(qh, kc[:, :, :total], vc[:, :, :total], N // Nk, masked=True)
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sc = _softmax_scale(scale, H)
     out = sdpa(qh, keys, values, attn_mask=allowed.reshape(1, 1, S, total), scale=sc, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(1, S, N * H), kc, vc, None
 
@@ -323,7 +331,7 @@ def group_query_attention(
     fast = not sliding_window_cache and ((S == 1 and not first_prompt) or fast_prompt or fast_chunk)
     if fast and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                          attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
-                         smooth_softmax, qk_output):
+                         qk_output):
         inplace = bool(ctx.extra.get("kv_inplace"))
         if S == 1:
             return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
@@ -342,7 +350,7 @@ def group_query_attention(
             _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                      attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H,
                      1,  # total: a window-sized cache is shorter than the sequence by design (capacity >= window is checked)
-                     do_rotary, smooth_softmax, qk_output):
+                     do_rotary, qk_output):
         return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                             scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, local_window=local_window_size,
@@ -571,7 +579,7 @@ def multi_head_attention(
         else:
             raise ValueError(f"MultiHeadAttention: key_padding_mask of shape {tuple(m.shape)} is not supported")
         allowed = km if allowed is None else allowed & km
-    sc = scale if scale != 0.0 else 1.0 / math.sqrt(H)
+    sc = _softmax_scale(scale, H)
     out, qk = _attend(q, k, v, allowed, sc, bias=attention_bias, masked_value=mask_filter_value,
                       want_qk=2 if len(ctx.outputs_wanted) > 3 and ctx.outputs_wanted[3] else 0)
     out = out.transpose(1, 2).reshape(B, S, -1)

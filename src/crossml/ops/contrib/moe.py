@@ -160,6 +160,14 @@ def use_expert_kernel(device: torch.device) -> bool:
     return device.type in kernels.TRITON_DEVICES and kernels.load_compiled("moe") is not None
 
 
+def _ffn(x: torch.Tensor, idx: torch.Tensor | int, fc1: _Experts, fc2: _Experts, fc3: _Experts | None,
+         act) -> torch.Tensor:
+    """``fc2(act(fc1(x), fc3(x)))`` of experts ``idx`` (one expert, or one per row of x) in the compute type."""
+    h = fc1.apply(x, fc1.rows(idx), fc1.bias_rows(idx))
+    h3 = fc3.apply(x, fc3.rows(idx), fc3.bias_rows(idx)) if fc3 is not None else None
+    return fc2.apply(act(h, h3), fc2.rows(idx), fc2.bias_rows(idx))
+
+
 def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, fc1: _Experts, fc2: _Experts,
                  fc3: _Experts | None, act, mode: str | None = None) -> torch.Tensor:
     """sum over the k slots of weight * fc2(act(fc1(x))) for x [T, H]; float32 [T, H]. ``mode``: see
@@ -174,10 +182,7 @@ def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, 
             if hit.numel() == 0:
                 continue
             rows, slots = hit[:, 0], hit[:, 1]
-            xe = x[rows]
-            h = fc1.apply(xe, fc1.rows(e), fc1.bias_rows(e))
-            h3 = fc3.apply(xe, fc3.rows(e), fc3.bias_rows(e)) if fc3 is not None else None
-            y = fc2.apply(act(h, h3), fc2.rows(e), fc2.bias_rows(e))
+            y = _ffn(x[rows], e, fc1, fc2, fc3, act)
             out.index_add_(0, rows, y.float() * weights[rows, slots].unsqueeze(1))
         return out
     if mode == "gather":  # decode sizes: each (token, slot) row through its chosen expert
@@ -187,10 +192,7 @@ def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, 
             h3 = fc3.gemv(x, flat, k) if fc3 is not None else None
             y = fc2.gemv(act(h, h3), flat, 1)
         else:  # the chosen experts' weights gathered, one batched product per projection
-            xr = x.repeat_interleave(k, dim=0)
-            h = fc1.apply(xr, fc1.rows(flat), fc1.bias_rows(flat))
-            h3 = fc3.apply(xr, fc3.rows(flat), fc3.bias_rows(flat)) if fc3 is not None else None
-            y = fc2.apply(act(h, h3), fc2.rows(flat), fc2.bias_rows(flat))
+            y = _ffn(x.repeat_interleave(k, dim=0), flat, fc1, fc2, fc3, act)
         y = y.float().reshape(T, k, -1)
         for s in range(k):  # slot order, as a per-row loop over the chosen experts adds them
             out += y[:, s] * weights[:, s:s + 1]
@@ -198,9 +200,7 @@ def _run_experts(x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, 
     dense = torch.zeros(T, E, dtype=torch.float32, device=x.device).scatter_(1, experts, weights)
     chosen = torch.zeros(T, E, dtype=torch.bool, device=x.device).scatter_(1, experts, True)
     for e in range(E):
-        h = fc1.apply(x, fc1.rows(e), fc1.bias_rows(e))
-        h3 = fc3.apply(x, fc3.rows(e), fc3.bias_rows(e)) if fc3 is not None else None
-        y = fc2.apply(act(h, h3), fc2.rows(e), fc2.bias_rows(e)).float()
+        y = _ffn(x, e, fc1, fc2, fc3, act).float()
         out += torch.where(chosen[:, e:e + 1], y * dense[:, e:e + 1], 0.0)
     return out
 
