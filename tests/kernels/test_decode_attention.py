@@ -378,11 +378,14 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
     dict(dtype=torch.float16, heads=(4, 2), H=64, rotary="off", packed=True, local_window_size=3),
     dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="partial_interleaved", local_window_size=5, total=13),
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
-def test_gqa_fast_continue_matches_torch(device: str, case: dict, fast_path) -> None:
-    """A later prompt chunk (a chat turn: batch 1, 1 < S < total) on the rotary/cache-write kernel + masked SDPA
-    over the first ``total`` rows equals the torch path over the whole buffer (run on CPU copies): the output, the
-    written cache rows bit for bit, other rows untouched; ``total`` past the real length (a max-length mask's
-    width) and local windows included."""
+@pytest.mark.parametrize("route", ["decode", "sdpa"])
+def test_gqa_fast_continue_matches_torch(device: str, case: dict, route: str, fast_path, monkeypatch) -> None:
+    """A later prompt chunk (a chat turn: batch 1, 1 < S < total) on the rotary/cache-write kernel, then the
+    decode kernel with a token per batch entry (chunks up to CHUNK_DECODE_MAX tokens) or masked SDPA over the
+    first ``total`` rows (longer ones), equals the torch path over the whole buffer (run on CPU copies): the
+    output, the written cache rows bit for bit, other rows untouched; ``total`` past the real length (a
+    max-length mask's width) and local windows included."""
+    monkeypatch.setattr(attention, "CHUNK_DECODE_MAX", 4 if route == "decode" else 3)
     dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
     S, L, max_pos, past = 4, 16, 32, 6
     do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)

@@ -1,4 +1,4 @@
-"""kernels._launch.pdl: which launches use programmatic dependent launch."""
+"""kernels._launch: which launches use programmatic dependent launch; the host integer helpers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ import torch
 
 pytest.importorskip("triton")
 
-from crossml.kernels._launch import INTERPRET, pdl  # noqa: E402
+import triton  # noqa: E402
+
+from crossml.kernels._launch import INTERPRET, cdiv, next_power_of_2, pdl  # noqa: E402
+
+
+def test_host_integer_helpers_match_triton() -> None:
+    """cdiv and next_power_of_2 are the host code's plain-Python twins of Triton's constexpr functions."""
+    for a in [*range(0, 300), 4095, 4096, 4097, 151936, 2**31 - 1, 2**31, 2**40 + 3]:
+        assert next_power_of_2(a) == triton.next_power_of_2(a), a
+        for b in (1, 2, 3, 7, 16, 64, 128, 1000):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
 
 
 def test_pdl_only_on_compiled_nvidia_launches() -> None:

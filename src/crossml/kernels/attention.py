@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import batch_grid, cdiv, check_float, use_interpreter, want_tf32
+from crossml.kernels._launch import batch_grid, cdiv, check_float, next_power_of_2, use_interpreter, want_tf32
 
 __all__ = ["MAX_HEAD_DIM", "attention", "attention_reference", "supported", "tf32_products"]
 
@@ -97,8 +97,8 @@ def _configs() -> list[triton.Config]:
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Drop query / key tiles far larger than the sequences; a 256-wide head keeps the smaller tiles."""
-    sq = max(16, triton.next_power_of_2(int(named_args["SQ"])))
-    sk = max(16, triton.next_power_of_2(int(named_args["SK"])))
+    sq = max(16, next_power_of_2(int(named_args["SQ"])))
+    sk = max(16, next_power_of_2(int(named_args["SK"])))
     big_d = int(kwargs["BLOCK_D"]) > 128  # (a launch keyword, not a positional argument)
     kept = [c for c in configs if c.kwargs["BLOCK_M"] <= sq and c.kwargs["BLOCK_N"] <= max(sk, 32)
             and not (big_d and c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] > 64 * 64)]
@@ -186,7 +186,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
             *q4.stride(), *k4.stride(), *v4.stride(), *(m4.stride() if m4 is not None else (0, 0, 0, 0)),
             *o4.stride(), scale * _LOG2E)
     flags = {"HAS_MASK": m4 is not None, "BOOL_MASK": bool_mask, "PRECISION": precision,
-             "BLOCK_D": max(16, triton.next_power_of_2(d))}
+             "BLOCK_D": max(16, next_power_of_2(d))}
     grid_bh = batch_grid(bh)
     if use_interpreter(q, "Attention"):
         t = _INTERP_TILE

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, processors, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
            "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
@@ -186,8 +186,8 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_ca
         max_pos, s_c, s_s = 1, (0, 0), (0, 0)
     if B == 0 or N + Nk == 0:
         return q_out
-    block_d = triton.next_power_of_2(H)
-    block_h = max(1, min(16, 2048 // block_d, triton.next_power_of_2(max(N, Nk))))  # about 2K elements a program
+    block_d = next_power_of_2(H)
+    block_h = max(1, min(16, 2048 // block_d, next_power_of_2(max(N, Nk))))  # about 2K elements a program
     q_blocks = cdiv(N, block_h) if do_rotary else 0
     grid = (q_blocks + cdiv(Nk, block_h), B)
     if B > GRID_YZ_MAX:
@@ -415,9 +415,9 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
         return out
     interp = use_interpreter(q, "GroupQueryAttention decode")
     G = N // Nk
-    block_g = min(max(16, triton.next_power_of_2(G)), _MAX_BLOCK_G)
+    block_g = min(max(16, next_power_of_2(G)), _MAX_BLOCK_G)
     hb = cdiv(G, block_g)
-    block_d = max(16, triton.next_power_of_2(H))
+    block_d = max(16, next_power_of_2(H))
     # one key/value chunk about 16 KiB: 64 rows of fp16 H=128, 32 of fp32 H=128
     block_l = max(16, min(64, 16384 // (block_d * q.element_size())))
     programs = B * Nk * hb
@@ -458,7 +458,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
                                                 num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
-                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
+                                      BLOCK_S=next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
                                       **pdl(q))
     return out
 
@@ -554,7 +554,7 @@ def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tens
         raise ValueError(f"evict_rows: window {window} must be in 1 .. the capacity {L}")
     interp = use_interpreter(k_cache, "GroupQueryAttention eviction")
     rows = torch.empty(B, dtype=torch.int32, device=k_cache.device)
-    block_d = triton.next_power_of_2(H)
+    block_d = next_power_of_2(H)
     with _on_device(k_cache, interp):
         _evict_kernel[(B * Nk,)](k_cache, v_cache, seqlens, rows, Nk, L, window, H, k_cache.stride(0),
                                  k_cache.stride(1), k_cache.stride(2), BLOCK_L=max(1, 4096 // block_d),

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "gather", "supported"]
 
@@ -82,7 +82,7 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor
     if size == 0:  # every index is out of range
         return out.zero_()
     launch = contextlib.nullcontext() if interpret or data.device.type != "cuda" else torch.cuda.device(data.device)
-    block = min(_BLOCK, max(16, triton.next_power_of_2(inner)))
+    block = min(_BLOCK, max(16, next_power_of_2(inner)))
     with launch:
         _gather_kernel[(m, outer, cdiv(inner, block))](x, idx, out, size, inner, m, *x.stride(), BLOCK=block,
                                                        **({} if interpret else {"num_warps": 4, **pdl(x)}))

@@ -55,7 +55,16 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, processors, product_output, use_interpreter
+from crossml.kernels._launch import (
+    GRID_YZ_MAX,
+    cdiv,
+    next_power_of_2,
+    pdl,
+    pdl_wait,
+    processors,
+    product_output,
+    use_interpreter,
+)
 from crossml.kernels.rmsnorm import _cast
 
 __all__ = ["DTYPES", "gemv", "gemv_skip_norm", "pick_tiles"]
@@ -283,14 +292,14 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple
     about 3 programs per SM (at most 64 splits, each at least one BLOCK_K step; in the in-graph
     sweep of benchmarks/gemv_tiles.py, 2-3 programs per SM beat 4 at the split decode shapes).
     """
-    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
+    block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     min_n = max(16, 64 // elem_size)
     block_n = _MAX_BLOCK_N
     while block_n > min_n and cdiv(N, block_n) < 4 * processors:
         block_n //= 2
-    block_n = min(block_n, max(16, triton.next_power_of_2(max(N, 1))))
+    block_n = min(block_n, max(16, next_power_of_2(max(N, 1))))
     tile = _TILE_ELEMS if block_m <= 2 else _TILE_ELEMS // 2
-    block_k = max(8, min(tile // block_n, triton.next_power_of_2(max(K, 1))))
+    block_k = max(8, min(tile // block_n, next_power_of_2(max(K, 1))))
     n_prog = cdiv(N, block_n)
     split = 1
     if n_prog < 2 * processors:
@@ -364,7 +373,7 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
 def _reduce_tiles(split: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK, num_warps) of the kernels that add ``split`` partial sums: one [BLOCK_S, BLOCK] tile
     of float32 partial sums per step."""
-    block_s = triton.next_power_of_2(split)
+    block_s = next_power_of_2(split)
     block = max(32, min(1024, _TILE_ELEMS // block_s))
     return block_s, block, 4 if block_s * block >= 1024 else 1
 
@@ -443,9 +452,9 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         else:
             ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret)
         block_s, block, warps = _reduce_tiles(ws.shape[0])
-        single = block_s * triton.next_power_of_2(N) <= _NORM_TILE
+        single = block_s * next_power_of_2(N) <= _NORM_TILE
         if single:
-            block = triton.next_power_of_2(N)
+            block = next_power_of_2(N)
             warps = max(warps, min(16, block_s * block // 1024))
         rtne = interpret and a.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
         meta = {} if interpret else {"num_warps": warps, **pdl(a)}

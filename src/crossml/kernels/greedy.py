@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
 
 __all__ = ["greedy_step", "greedy_step_reference"]
 
@@ -158,7 +158,7 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
         _finish_kernel[(rows,)](vals, idx, chunks, done, eos, eos.numel(), pad, seq, seq.stride(0), mask,
                                 mask.stride(0), ids if stage else out, pos if pos is not None else out, out,
                                 out if host is None else host, rows, col, STAGE=stage, HAS_POS=pos is not None,
-                                HOST=host is not None, BLOCK_C=max(2, triton.next_power_of_2(chunks)),
+                                HOST=host is not None, BLOCK_C=max(2, next_power_of_2(chunks)),
                                 BLOCK_L=1024, **({} if interpret else {"num_warps": 4, **pdl(logits)}))
 
 

@@ -50,6 +50,7 @@ from crossml.kernels._launch import (
     GRID_YZ_MAX,
     INTERPRET,
     cdiv,
+    next_power_of_2,
     pdl,
     pdl_wait,
     processors,
@@ -397,8 +398,8 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     products, where two-row programs would exceed 16 per SM (merged gate+up, lm_head), four rows by 512
     (many short programs cost more than they hide). BLOCK_K is at least one quantization block.
     """
-    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
-    block_k = min(2048, triton.next_power_of_2(max(K, 1)))
+    block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
+    block_k = min(2048, next_power_of_2(max(K, 1)))
     if cdiv(N, 2) > 16 * processors:
         block_n, block_k = 4, min(block_k, 512)
     else:
@@ -421,8 +422,8 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     """
     if N < 12 * processors:
         return None
-    block_m = min(MAX_BLOCK_M, triton.next_power_of_2(max(M, 1)))
-    k2 = triton.next_power_of_2(max(K, 16))
+    block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
+    k2 = next_power_of_2(max(K, 16))
     if N >= 512 * processors:
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
@@ -645,5 +646,5 @@ def gather_rows(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor,
         return y
     _run_dequantize("GatherBlockQuantized", data.contiguous(), scales, zero_points, y,
                     indices.reshape(rows).contiguous(), rows=rows, V=V, K=K, n_blocks=n_blocks, block_size=block_size,
-                    zp_mode=zp_mode, block_n=min(_DQ_BLOCK_N, triton.next_power_of_2(rows)))
+                    zp_mode=zp_mode, block_n=min(_DQ_BLOCK_N, next_power_of_2(rows)))
     return y

@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "expert_gemv", "expert_gemv_reference", "pick_tiles"]
 
@@ -154,7 +154,7 @@ def pick_tiles(bits: int, dtype: torch.dtype, block_size: int, K: int, interp: b
         block_n, block_k, warps = 32, 256, 4
     else:
         block_n, block_k, warps = 16, 1024, 4
-    block_k = max(min(block_k, triton.next_power_of_2(max(K, 1))), 16, block_size)
+    block_k = max(min(block_k, next_power_of_2(max(K, 1))), 16, block_size)
     while block_n > 1 and block_n * block_k > _MAX_TILE:
         block_n //= 2
     return block_n, block_k, warps

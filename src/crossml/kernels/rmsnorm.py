@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import next_power_of_2, pdl, pdl_wait, use_interpreter
 from crossml.ops._util import broadcast_shapes
 
 __all__ = ["DTYPES", "LAYER_NORM_MAX", "rms_norm", "skip_layer_norm", "skip_rms_norm"]
@@ -109,7 +109,7 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
 
 def _tiling(H: int) -> tuple[int, bool, int]:
     """(BLOCK, whole row in one block, num_warps) for rows of H elements."""
-    block = triton.next_power_of_2(H)
+    block = next_power_of_2(H)
     single = block <= _SINGLE_MAX
     if not single:
         block = _LOOP_BLOCK

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import next_power_of_2, pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "sum_cast"]
 
@@ -53,7 +53,7 @@ def sum_cast(x: torch.Tensor, offset: int, dtype: torch.dtype, keepdim: bool = T
     x2 = x.reshape(rows, x.shape[-1])
     if x2.shape[1] and x2.stride(1) != 1:
         x2 = x2.contiguous()
-    block = min(_BLOCK, max(16, triton.next_power_of_2(x2.shape[1])))
+    block = min(_BLOCK, max(16, next_power_of_2(x2.shape[1])))
     launch = contextlib.nullcontext() if interpret or x.device.type != "cuda" else torch.cuda.device(x.device)
     with launch:
         _sum_cast_kernel[(rows,)](x2, out, x2.shape[1], x2.stride(0), int(offset), BLOCK=block,

@@ -39,6 +39,9 @@ from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
 _DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: longest later prompt chunk (chat turn) whose attention runs on the decode kernel, a token per batch entry
+#: (``_fast_continue``); longer ones take masked SDPA, whose query tiles read each key once per tile, not per token
+CHUNK_DECODE_MAX = 256
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -233,10 +236,16 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     """A later prompt chunk of one sequence (B == 1, 1 < S != total: a chat turn appended to a generator) on a
     shared buffer: one Triton launch rotates the chunk's queries and keys at their positions and writes keys and
     values into rows ``past .. past + S - 1`` of the caches (``past = seqlens_k + 1 - S``, on the device), then
-    SDPA of the chunk over the first ``total`` rows with the causal (and local window) mask of those positions.
-    The torch code below computes the same over all the buffer's rows (the rows from ``total`` on are masked
-    for every query, ``seqlens_k < total``), with some 40 launches a layer instead of about a dozen. q [1, S, N, H],
-    k/v [1, S, Nk, H]; rotary positions are ``position_ids`` or the rows."""
+    the chunk attends causally (and within a local window) from those positions. The torch code below computes
+    the same over all the buffer's rows (the rows from ``total`` on are masked for every query,
+    ``seqlens_k < total``), with some 40 launches a layer. q [1, S, N, H], k/v [1, S, Nk, H]; rotary positions are
+    ``position_ids`` or the rows.
+
+    Chunks of up to CHUNK_DECODE_MAX tokens take the decode kernel (``decode_attention``) with each token as a
+    batch entry of its own over one cache (a batch stride of 0) and its own length: two or three launches and no
+    mask. Longer chunks take SDPA over the first ``total`` rows with a boolean mask (about a dozen launches: the
+    mask, the key heads repeated for their groups, the attention), which costs the host about 0.45 ms a layer on
+    an H200 host (SDPA's own call about 0.15 ms) against tens of microseconds of GPU work for a chat turn."""
     kernels = load("decode_attention")
     _, S, N, H = q.shape
     Nk = k.shape[2]
@@ -247,13 +256,17 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
         pos = rows if position_ids is None else position_ids.reshape(S)
     qr = kernels.rotary_cache_write(q.reshape(S, N, H), k.reshape(S, Nk, H), v.reshape(S, Nk, H), cos_cache,
                                     sin_cache, pos, kc, vc, rows, bool(rotary_interleaved), bool(do_rotary), tokens=S)
+    sc = _softmax_scale(scale, H)
+    if S <= CHUNK_DECODE_MAX:
+        out = kernels.decode_attention(qr, kc.expand(S, Nk, kc.shape[2], H), vc.expand(S, Nk, vc.shape[2], H), rows,
+                                       sc, local_window, len_offset=1)
+        return out.reshape(1, S, N * H), kc, vc, None
     kpos = torch.arange(total, device=q.device)
     allowed = kpos <= rows.unsqueeze(1)
     if local_window > 0:
         allowed &= kpos > rows.unsqueeze(1) - local_window
     qh = qr.reshape(1, S, N, H).transpose(1, 2)
     keys, values, gqa = sdpa_heads(qh, kc[:, :, :total], vc[:, :, :total], N // Nk, masked=True)
-    sc = _softmax_scale(scale, H)
     out = sdpa(qh, keys, values, attn_mask=allowed.reshape(1, 1, S, total), scale=sc, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(1, S, N * H), kc, vc, None
 
