@@ -17,6 +17,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
+from crossml.kernels import decode_attention as decode_attention_module  # noqa: E402
 from crossml.kernels.decode_attention import (  # noqa: E402
     decode_attention,
     decode_attention_reference,
@@ -381,13 +382,18 @@ def test_gqa_fast_prompt_matches_torch(device: str, case: dict, fast_path) -> No
 @pytest.mark.parametrize("route", ["decode", "sdpa"])
 def test_gqa_fast_continue_matches_torch(device: str, case: dict, route: str, fast_path, monkeypatch) -> None:
     """A later prompt chunk (a chat turn: batch 1, 1 < S < total) on the rotary/cache-write kernel, then the
-    decode kernel with a token per batch entry (chunks up to CHUNK_DECODE_MAX tokens) or masked SDPA over the
-    first ``total`` rows (longer ones), equals the torch path over the whole buffer (run on CPU copies): the
+    decode kernel with a token per batch entry (chunks up to CHUNK_DECODE_ROWS tokens x KV heads) or masked SDPA
+    over the first ``total`` rows (larger ones), equals the torch path over the whole buffer (run on CPU copies): the
     output, the written cache rows bit for bit, other rows untouched; ``total`` past the real length (a
     max-length mask's width) and local windows included."""
-    monkeypatch.setattr(attention, "CHUNK_DECODE_MAX", 4 if route == "decode" else 3)
-    dtype, (N, Nk), H = case["dtype"], case["heads"], case["H"]
-    S, L, max_pos, past = 4, 16, 32, 6
+    S, Nk = 4, case["heads"][1]
+    monkeypatch.setattr(attention, "CHUNK_DECODE_ROWS", S * Nk if route == "decode" else S * Nk - 1)
+    decode_calls = []
+    original = decode_attention_module.decode_attention
+    monkeypatch.setattr(decode_attention_module, "decode_attention",
+                        lambda *a, **k: decode_calls.append(1) or original(*a, **k))
+    dtype, N, H = case["dtype"], case["heads"][0], case["H"]
+    L, max_pos, past = 16, 32, 6
     do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
     seqlens_k = torch.tensor([past + S - 1], dtype=torch.int32)
     q, k, v = (rand(1, S, n * H, dtype=dtype, seed=s) for s, n in ((40, N), (41, Nk), (42, Nk)))
@@ -400,6 +406,7 @@ def test_gqa_fast_continue_matches_torch(device: str, case: dict, route: str, fa
     kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
               scale=case.get("scale", 0.0), local_window_size=case.get("local_window_size", -1))
     _check_fast_path(args, kw, device, case.get("inplace", False), fast_path, "_fast_continue", (1, S, N * H))
+    assert len(decode_calls) == (route == "decode")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -39,9 +39,12 @@ from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
 _DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: longest later prompt chunk (chat turn) whose attention runs on the decode kernel, a token per batch entry
-#: (``_fast_continue``); longer ones take masked SDPA, whose query tiles read each key once per tile, not per token
-CHUNK_DECODE_MAX = 256
+#: most (chunk tokens x KV heads) of a later prompt chunk (chat turn) whose attention runs on the decode kernel, a
+#: token per batch entry (``_fast_continue``); larger ones take masked SDPA, whose query tiles read each key once
+#: per tile, not once per token. On an H200, fp16, head size 64, context 700 / 2000 (GPU us, decode kernel vs
+#: SDPA): 2 KV heads (Qwen2.5-0.5B) 60 tokens 10 / 21 vs 57 / 132, 512 tokens 34 / 108 vs 58 / 135; 8 KV heads
+#: (Llama-3.2-1B) 128 tokens 42 / 117 vs 62 / 144, 256 tokens 74 / 224 vs 62 / 144.
+CHUNK_DECODE_ROWS = 1024
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -241,9 +244,9 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     ``seqlens_k < total``), with some 40 launches a layer. q [1, S, N, H], k/v [1, S, Nk, H]; rotary positions are
     ``position_ids`` or the rows.
 
-    Chunks of up to CHUNK_DECODE_MAX tokens take the decode kernel (``decode_attention``) with each token as a
-    batch entry of its own over one cache (a batch stride of 0) and its own length: two or three launches and no
-    mask. Longer chunks take SDPA over the first ``total`` rows with a boolean mask (about a dozen launches: the
+    Chunks of up to CHUNK_DECODE_ROWS tokens x KV heads take the decode kernel (``decode_attention``) with each
+    token as a batch entry of its own over one cache (a batch stride of 0) and its own length: one or two launches
+    and no mask. Larger chunks take SDPA over the first ``total`` rows with a boolean mask (about a dozen launches: the
     mask, the key heads repeated for their groups, the attention), which costs the host about 0.45 ms a layer on
     an H200 host (SDPA's own call about 0.15 ms) against tens of microseconds of GPU work for a chat turn."""
     kernels = load("decode_attention")
@@ -257,7 +260,7 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     qr = kernels.rotary_cache_write(q.reshape(S, N, H), k.reshape(S, Nk, H), v.reshape(S, Nk, H), cos_cache,
                                     sin_cache, pos, kc, vc, rows, bool(rotary_interleaved), bool(do_rotary), tokens=S)
     sc = _softmax_scale(scale, H)
-    if S <= CHUNK_DECODE_MAX:
+    if S * Nk <= CHUNK_DECODE_ROWS:
         out = kernels.decode_attention(qr, kc.expand(S, Nk, kc.shape[2], H), vc.expand(S, Nk, vc.shape[2], H), rows,
                                        sc, local_window, len_offset=1)
         return out.reshape(1, S, N * H), kc, vc, None
