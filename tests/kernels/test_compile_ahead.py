@@ -29,6 +29,28 @@ def test_inactive_off_triton_devices() -> None:
         assert CompileAhead(torch.device("cuda")).active is False
 
 
+def test_launch_key_is_at_least_as_fine_as_tritons() -> None:
+    """Launches of the same kind share a key; a tensor's dtype, device or 16-byte alignment, a scalar's value or
+    type, or a keyword argument that differs gives another key (Triton's specialization looks at no more than
+    these); an argument that cannot be keyed gives None (the launch is handed over as it is)."""
+    from crossml.kernels import _launch_key
+
+    def fn() -> None:
+        pass
+
+    x, y = torch.zeros(64), torch.zeros(64)
+    key = _launch_key(fn, (x, 100, 0.5), {"B": 128, "num_warps": 4})
+    assert key == _launch_key(fn, (y, 100, 0.5), {"num_warps": 4, "B": 128})
+    assert key != _launch_key(fn, (x[1:], 100, 0.5), {"B": 128, "num_warps": 4})  # 4 bytes off alignment
+    assert key != _launch_key(fn, (x.half(), 100, 0.5), {"B": 128, "num_warps": 4})
+    assert key != _launch_key(fn, (x, 101, 0.5), {"B": 128, "num_warps": 4})
+    assert _launch_key(fn, (1,), {}) != _launch_key(fn, (True,), {})  # equal in Python, not to Triton
+    assert key != _launch_key(fn, (x, 100, 0.5), {"B": 256, "num_warps": 4})
+    assert key != _launch_key(lambda: None, (x, 100, 0.5), {"B": 128, "num_warps": 4})
+    assert _launch_key(fn, ((x, 3), 1), {}) == _launch_key(fn, ((y, 3), 1), {})
+    assert _launch_key(fn, (x, {"a": 1}), {}) is None
+
+
 _GPU_SCRIPT = textwrap.dedent('''
     import torch, triton, triton.language as tl
     import triton.compiler as tc
@@ -56,10 +78,16 @@ _GPU_SCRIPT = textwrap.dedent('''
     y, yt, yi = torch.full_like(x, -1.0), torch.full_like(x, -1.0), torch.full_like(xi, -1)
     ahead = CompileAhead(x.device)
     assert ahead.active
+    from triton.runtime import jit
+    packed, real_pack = [], jit.JITFunction._pack_args
+    jit.JITFunction._pack_args = lambda *a, **k: packed.append(1) or real_pack(*a, **k)
     with ahead.collect():
         add_one[(1,)](x, y, 100, B=128)
+        add_one[(1,)](torch.zeros_like(x), y, 100, B=128)  # the same kind of launch: handed over once
         double[(1,)](xi, yi, 100, B=128)
         tuned[(1,)](x, yt, 100)
+    jit.JITFunction._pack_args = real_pack
+    assert len(packed) == 2, packed  # add_one once, double once (it runs)
     ahead.wait()
     torch.cuda.synchronize()
     assert (y == -1).all() and (yt == -1).all(), "a float kernel ran inside collect()"
@@ -85,8 +113,9 @@ _GPU_SCRIPT = textwrap.dedent('''
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or INTERPRET, reason="needs a CUDA GPU and compiled kernels")
 def test_compiles_ahead_and_runs_nothing_but_integer_kernels(tmp_path) -> None:
-    """In a fresh process with an empty Triton cache: inside, a float kernel compiles but does not run, an
-    all-integer kernel runs, an autotuned kernel is left alone; after, the float kernel launches without compiling
+    """In a fresh process with an empty Triton cache: inside, a float kernel compiles but does not run (its repeat
+    with arguments of the same kind is not prepared again), an all-integer kernel runs, an autotuned kernel is left
+    alone; after, the float kernel launches without compiling
     or building its launcher, and the autotuned one tunes and runs."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), PYTHONPATH=os.path.abspath("src"))
