@@ -48,6 +48,19 @@ def write(name: str, payload: dict, markdown: str, out: str = RESULTS) -> tuple[
     return jp, mp
 
 
+def child_result(script: str, *args: str, timeout: float = 600) -> dict:
+    """Run ``python script --child args...`` in a fresh process and return the JSON of the ``RESULT `` line it
+    prints; RuntimeError with the tail of its output where it printed none."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True, timeout=timeout)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+
+
 def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
     """Mean µs of one call among ``calls``, captured back to back in one CUDA graph (each called once before the
     capture, the graph replayed ``replays`` times after one unmeasured replay)."""

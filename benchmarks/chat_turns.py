@@ -54,29 +54,6 @@ def _host_us(fn: Callable[[], object], calls: int = 50) -> float:
     return (t1 - t0) / calls * 1e6
 
 
-def _graph_us(fn: Callable[[], object], calls: int = 10, replays: int = 10) -> float:
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (calls * replays)
-
-
 def _route_calls(q: Any, kc: Any, vc: Any, rows: Any, T: int) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """The chunk's attention (q [S, N, H] at positions ``rows`` over caches [1, Nk, L, H]) on the decode kernel
     and on masked SDPA over the first T rows, both returning [S, N, H]."""
@@ -103,6 +80,7 @@ def _route_calls(q: Any, kc: Any, vc: Any, rows: Any, T: int) -> tuple[Callable[
 
 def routes() -> list[dict[str, Any]]:
     import torch
+    from _common import in_graph_us
 
     rows_out = []
     for name, N, Nk, H in ROUTE_SHAPES:
@@ -114,7 +92,8 @@ def routes() -> list[dict[str, Any]]:
                 on_decode, on_sdpa = _route_calls(q, kc, vc, torch.arange(T - S, T, device="cuda"), T)
                 diff = (on_decode().float() - on_sdpa().float()).abs().max().item()
                 rows_out.append({"model": name, "N": N, "Nk": Nk, "S": S, "T": T, "max_abs_diff": diff,
-                                 "decode_gpu_us": _graph_us(on_decode), "sdpa_gpu_us": _graph_us(on_sdpa),
+                                 "decode_gpu_us": in_graph_us([on_decode] * 10, 10),
+                                 "sdpa_gpu_us": in_graph_us([on_sdpa] * 10, 10),
                                  "decode_host_us": _host_us(on_decode), "sdpa_host_us": _host_us(on_sdpa)})
                 print(rows_out[-1], flush=True)
     return rows_out

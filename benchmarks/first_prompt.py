@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -90,12 +89,9 @@ def child(folder: str, variant: str) -> dict[str, Any]:
 
 
 def run_child(folder: str, variant: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--child", folder, variant], capture_output=True, text=True,
-                          timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+    from _common import child_result
+
+    return child_result(__file__, folder, variant)
 
 
 def markdown(payload: dict[str, Any]) -> str:

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
@@ -103,12 +102,9 @@ def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
 
 
 def run_child(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--child", runtime, folder, str(prompt)],
-                          capture_output=True, text=True, timeout=600)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+    from _common import child_result
+
+    return child_result(__file__, runtime, folder, str(prompt))
 
 
 def markdown(payload: dict[str, Any]) -> str:
