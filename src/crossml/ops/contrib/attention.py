@@ -42,8 +42,8 @@ _DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: most (chunk tokens x KV heads) of a later prompt chunk (chat turn) whose attention runs on the decode kernel, a
 #: token per batch entry (``_fast_continue``); larger ones take masked SDPA, whose query tiles read each key once
 #: per tile, not once per token. On an H200, fp16, head size 64, context 700 / 2000 (GPU us, decode kernel vs
-#: SDPA; benchmarks/chat_turns.py): 2 KV heads (Qwen2.5-0.5B) 60 tokens 12 / 24 vs 57 / 133, 512 tokens 34 / 108
-#: vs 59 / 135; 8 KV heads (Llama-3.2-1B) 128 tokens 42 / 117 vs 62 / 144, 256 tokens 74 / 223 vs 62 / 143.
+#: SDPA; benchmarks/chat_turns.py): 2 KV heads (Qwen2.5-0.5B) 60 tokens 10 / 21 vs 58 / 133, 512 tokens 34 / 108
+#: vs 59 / 136; 8 KV heads (Llama-3.2-1B) 128 tokens 42 / 117 vs 62 / 144, 256 tokens 74 / 224 vs 62 / 144.
 CHUNK_DECODE_ROWS = 1024
 
 
