@@ -424,7 +424,7 @@ class InferenceSession:
                 if runner is None:
                     runner = self._make_runner(key, tensors, in_place, defer=defer and not in_place)
                 elif isinstance(runner, _Warmed) and not defer:
-                    runner = self._record_warmed(runner, tensors)
+                    runner = self._recorded(runner.fn, tensors, runner.shapes, warm=False)
                 self._runners[key] = runner
                 while len(self._runners) > MAX_SIGNATURES:
                     self._runners.popitem(last=False)
@@ -498,22 +498,19 @@ class InferenceSession:
             return run_plan
         if defer:
             return _Warmed(run_plan, shapes)
+        return self._recorded(run_plan, example, shapes, in_place=in_place)
+
+    def _recorded(self, fn: Callable[[list[Any]], list[Any]], example: list[torch.Tensor],
+                  shapes: dict[str, tuple[int, ...]], *, in_place: bool = False, warm: bool = True) -> Any:
+        """``fn`` (a specialised plan's run) recorded on ``example``; ``fn`` itself where capture fails. ``warm``
+        False: ``fn`` already ran eagerly on these shapes (a deferred signature's second run), so the recording
+        skips its warm-up run."""
         try:
-            return Recording(run_plan, example, self._device, bind_inputs=self._bind_io or in_place,
-                             bind_outputs=self._bind_io)
+            return Recording(fn, example, self._device, bind_inputs=self._bind_io or in_place,
+                             bind_outputs=self._bind_io, warm=warm)
         except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
             log.info("input shapes %s run without graph capture: %s", shapes, exc)
-            return run_plan
-
-    def _record_warmed(self, warmed: _Warmed, example: list[torch.Tensor]) -> Any:
-        """The recording of a plan that ran eagerly on these shapes (a deferred signature's second run), captured
-        without a warm-up run; the eager plan where capture fails."""
-        try:
-            return Recording(warmed.fn, example, self._device, bind_inputs=self._bind_io, bind_outputs=self._bind_io,
-                             warm=False)
-        except Exception as exc:  # noqa: BLE001 - capture is an optimisation: fall back to the eager plan
-            log.info("input shapes %s run without graph capture: %s", warmed.shapes, exc)
-            return warmed.fn
+            return fn
 
     def _specialized_types(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, onnx.TypeProto]:
         """Value types inferred with the inputs' concrete shapes (so shape computations fold)."""
