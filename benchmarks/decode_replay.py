@@ -9,6 +9,12 @@ per replay. With --kernels, one replay under torch.profiler: each kernel's summe
 one step overlap under programmatic dependent launch, so durations add up to more than the step).
 
     python benchmarks/decode_replay.py [--models qwen2.5-0.5b,llama-3.2-1b] [--precisions fp16,int4] [--kernels]
+        [--layouts rows,cols --rounds 3]
+
+``--layouts rows,cols`` measures each model with its half-precision decode weights stored as ONNX gives them
+(row-major) and as GPU plans store them (column-major, ``crossml.ops.matmul.column_major_weight``), alternating
+the two --rounds times in one process; the table then has a row per (model, layout, round), written to
+OUT/decode_layout.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -16,6 +22,7 @@ Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstring
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -28,6 +35,20 @@ import genai_bench as gb  # noqa: E402
 from _common import machine, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
+import crossml.ops.matmul as matmul_ops  # noqa: E402
+
+
+@contextlib.contextmanager
+def weight_layout(layout: str):
+    """Plans made inside store half-precision decode weights column-major ("cols", the default) or as given
+    ("rows")."""
+    kept = matmul_ops.GEMV_WEIGHT_OPS
+    if layout == "rows":
+        matmul_ops.GEMV_WEIGHT_OPS = set()
+    try:
+        yield
+    finally:
+        matmul_ops.GEMV_WEIGHT_OPS = kept
 
 
 def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tuple[str, int, float]]]:
@@ -74,29 +95,43 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--precisions", default="fp16,int4")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--kernels", action="store_true", help="also list one replay's kernels")
+    ap.add_argument("--layouts", default="cols", help="rows, cols or rows,cols: how half decode weights are stored")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the layouts, alternated")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("decode_replay.py needs a CUDA GPU")
     folders = gb.build_all(args.workdir, args.models.split(","), args.precisions.split(","), print)
+    layouts = args.layouts.split(",")
     rows = []
     for (name, prec), folder in folders.items():
-        ms, table = replay_ms(folder, args.replays, args.kernels)
-        print(f"{name} {prec}: {ms:.3f} ms per replay", flush=True)
-        rows.append({"model": name, "precision": prec, "replay_ms": round(ms, 4),
-                     "kernels": [{"name": k, "count": n, "us": round(us, 2)} for k, n, us in table]})
+        for rnd in range(args.rounds):
+            for layout in layouts:
+                with weight_layout(layout):
+                    ms, table = replay_ms(folder, args.replays, args.kernels)
+                print(f"{name} {prec} {layout} round {rnd}: {ms:.3f} ms per replay", flush=True)
+                rows.append({"model": name, "precision": prec, "layout": layout, "round": rnd,
+                             "replay_ms": round(ms, 4),
+                             "kernels": [{"name": k, "count": n, "us": round(us, 2)} for k, n, us in table]})
+    several = len(layouts) > 1 or args.rounds > 1
     lines = ["# Decode step replayed back to back (GenAI benchmark models)", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
-             f"replayed {args.replays} times back to back (mean).", "",
-             "| model | precision | ms per replay |", "| --- | --- | ---: |"]
-    lines += [f"| {r['model']} | {r['precision']} | {r['replay_ms']:.3f} |" for r in rows]
+             f"replayed {args.replays} times back to back (mean)."
+             + (" Half-precision decode weights row-major (`rows`) or column-major (`cols`), alternated in one "
+                "process." if several else ""), "",
+             "| model | precision | weights | round | ms per replay |" if several else
+             "| model | precision | ms per replay |",
+             "| --- | --- | --- | ---: | ---: |" if several else "| --- | --- | ---: |"]
+    lines += [f"| {r['model']} | {r['precision']} | {r['layout']} | {r['round']} | {r['replay_ms']:.3f} |" if several
+              else f"| {r['model']} | {r['precision']} | {r['replay_ms']:.3f} |" for r in rows]
     for r in rows:
         if r["kernels"]:
-            lines += ["", f"## {r['model']} {r['precision']}: kernels of one replay", "",
+            lines += ["", f"## {r['model']} {r['precision']}{' ' + r['layout'] if several else ''}: kernels of one "
+                      "replay", "",
                       "| kernel | count | summed µs |", "| --- | ---: | ---: |"]
             lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} |" for k in r["kernels"]]
     lines += ["", "Produced by benchmarks/decode_replay.py."]
-    write("decode_replay", {"machine": machine(), "replays": args.replays, "rows": rows}, "\n".join(lines) + "\n",
-          out=args.out)
+    write("decode_layout" if several else "decode_replay", {"machine": machine(), "replays": args.replays,
+                                                           "rows": rows}, "\n".join(lines) + "\n", out=args.out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,13 @@ picks by itself (``pick_pair_tiles`` says which kernel pays). Writes results/gem
 RMSNorm kernel against ``gemv_skip_norm``, and the SiluMul kernel, GEMV and RMSNorm kernel against
 ``gemv_skip_norm(silu_mul=True)``. Writes results/gemv_fused.{json,md}.
 
-    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick | --fused | --int4]
+``--colmajor`` instead times the fp16 GEMV on the two ways a weight can be stored: row-major (as ONNX gives it)
+and column-major (its transpose contiguous, as a GPU plan stores half-precision decode weights,
+``crossml.ops.matmul.column_major_weight``), each at its rule's tiles, at 1 and 4 activation rows, with a sweep of
+the column-major tiles at both; and cuBLAS on both layouts at 512 rows (a prompt, which runs on cuBLAS).
+Writes results/gemv_colmajor.{json,md}.
+
+    python benchmarks/gemv_tiles.py [--out benchmarks/results] [--quick | --fused | --int4 | --colmajor]
 """
 
 from __future__ import annotations
@@ -155,6 +161,53 @@ def measure_fp16(N: int, K: int, dev: torch.device, quick: bool) -> dict:
             "cublas_us": in_graph_us([lambda w=w: torch.matmul(a, w) for w in ws]), "mb": N * K * 2 / 1e6}
 
 
+def measure_colmajor(N: int, K: int, dev: torch.device) -> dict:
+    g = torch.Generator(device=dev).manual_seed(0)
+    ws = [torch.randn(K, N, device=dev, dtype=torch.float16, generator=g) * 0.02 for _ in range(copies(N * K * 2))]
+    cols = [w.t().contiguous().t() for w in ws]
+    out: dict = {"copies": len(ws), "mb": N * K * 2 / 1e6}
+    for M in (1, 4):
+        a = torch.randn(M, K, device=dev, dtype=torch.float16, generator=g)
+        for name, weights in (("rows", ws), ("cols", cols)):
+            out[f"{name}_m{M}_tiles"] = list(fp16_gemv.pick_tiles(M, K, N, 2, processors(a), colmajor=name == "cols"))
+            out[f"{name}_m{M}_us"] = in_graph_us([lambda w=w, a=a: fp16_gemv.gemv(a, w, const_w=True) for w in weights])
+        torch.testing.assert_close(fp16_gemv.gemv(a, cols[0]), fp16_gemv.gemv(a, ws[0]), rtol=1e-2, atol=1e-2)
+    for M in (1, 4):
+        a = torch.randn(M, K, device=dev, dtype=torch.float16, generator=g)
+        rule = fp16_gemv.pick_tiles(M, K, N, 2, processors(a), colmajor=True)
+        sweep = []
+        for bn, bk, split, warps in itertools.product([8, 16, 32], [64, 128, 256, 512], sorted({rule[3], 1, 2, 4}),
+                                                      [4, 8]):
+            if 512 <= bn * bk and bn * bk * rule[0] <= 8192 and bk <= triton.next_power_of_2(K):
+                t = (rule[0], bn, bk, split, warps)
+                sweep.append({"us": in_graph_us([lambda w=w, t=t, a=a: fp16_gemv.gemv(a, w, tiles=t, const_w=True)
+                                                 for w in cols]), "tiles": list(t)})
+        out["sweep" if M == 1 else f"sweep_m{M}"] = sorted(sweep, key=lambda r: r["us"])
+    prompt = torch.randn(512, K, device=dev, dtype=torch.float16, generator=g)
+    out["cublas512_rows_us"] = in_graph_us([lambda w=w: torch.matmul(prompt, w) for w in ws[:4]])
+    out["cublas512_cols_us"] = in_graph_us([lambda w=w: torch.matmul(prompt, w) for w in cols[:4]])
+    return out
+
+
+def colmajor_markdown(payload: dict) -> str:
+    lines = ["# Decode GEMV on row-major and column-major fp16 weights (in-graph µs per call, weights not in L2)", "",
+             f"GPU: {payload['machine'].get('gpu')}; torch {payload['machine'].get('torch')}. Each layout at its "
+             "rule's tiles (`pick_tiles(..., colmajor=)`); tiles (M, N, K, split K, warps). cuBLAS at 512 rows: a "
+             "prompt's product on the same weights.", "",
+             "| model | layer | N | K | 1 row: rows µs | cols µs | cols GB/s | cols tiles | best two of the cols sweep "
+             "| 4 rows: rows µs | cols µs | cols tiles | best two of the cols sweep | cuBLAS 512 rows: rows µs | cols µs |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | --- | ---: | ---: |"]
+    for r in payload["rows"]:
+        c = r["colmajor"]
+        best = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in c["sweep"][:2])
+        best4 = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in c["sweep_m4"][:2])
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {c['rows_m1_us']:.2f} | "
+                     f"{c['cols_m1_us']:.2f} | {c['mb'] / c['cols_m1_us'] * 1e3:.0f} | {tuple(c['cols_m1_tiles'])} | "
+                     f"{best} | {c['rows_m4_us']:.2f} | {c['cols_m4_us']:.2f} | {tuple(c['cols_m4_tiles'])} | {best4} | "
+                     f"{c['cublas512_rows_us']:.1f} | {c['cublas512_cols_us']:.1f} |")
+    return "\n".join([*lines, "", "Produced by benchmarks/gemv_tiles.py --colmajor.", ""])
+
+
 def measure_fused(N: int, K: int, dev: torch.device) -> dict:
     from crossml.kernels.rmsnorm import skip_rms_norm
     from crossml.kernels.swiglu import silu_mul_packed
@@ -226,10 +279,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="the rule's tiles and cuBLAS only, no sweeps")
     ap.add_argument("--fused", action="store_true", help="the fp16 products with their fused norm and gate instead")
     ap.add_argument("--int4", action="store_true", help="the 4-bit GEMV's float32 and fp16-pair kernels instead")
+    ap.add_argument("--colmajor", action="store_true", help="the fp16 GEMV on row- and column-major weights instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("gemv_tiles: needs a GPU")
     dev = torch.device("cuda")
+    if args.colmajor:
+        rows = []
+        for model, layer, N, K in SHAPES:
+            if layer == "lm_head":  # a vocabulary-sized product stays on cuBLAS, row-major
+                continue
+            rows.append({"model": model, "layer": layer, "N": N, "K": K, "colmajor": measure_colmajor(N, K, dev)})
+            c = rows[-1]["colmajor"]
+            print(model, layer, {k: v for k, v in c.items() if k.endswith("us")}, c["sweep"][:2], flush=True)
+            torch.cuda.empty_cache()
+        payload = {"machine": machine(), "rows": rows}
+        write("gemv_colmajor", payload, colmajor_markdown(payload), args.out)
+        return
     if args.int4:
         rows = []
         for model, layer, N, K in SHAPES:

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 import crossml.ops.matmul as matmul_module  # noqa: E402
-from crossml.kernels.gemv import MAX_SPLIT_K, gemv, pick_tiles  # noqa: E402
+from crossml.kernels.gemv import MAX_SPLIT_K, column_major, gemv, pick_tiles  # noqa: E402
 from crossml.ops.fused import linear as linear_op  # noqa: E402
 from crossml.ops.matmul import gemv_eligible  # noqa: E402
 from crossml.ops.matmul import matmul as matmul_op  # noqa: E402
@@ -26,6 +26,19 @@ from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
 def _reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = a.double().cpu() @ w.double().cpu()
     return y if bias is None else y + bias.double().cpu()
+
+
+#: how W is stored: row-major (contiguous) or column-major (its transpose contiguous, a GPU plan's decode weights)
+LAYOUTS = ["rows", "cols"]
+
+
+def _stored(w: torch.Tensor, layout: str) -> torch.Tensor:
+    """``w``'s values stored in ``layout`` (the GEMV reads either)."""
+    if layout == "rows":
+        return w
+    packed = w.t().contiguous().t()
+    assert column_major(packed) or min(w.shape) <= 1
+    return packed
 
 
 CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps): each value of each axis
@@ -42,24 +55,26 @@ CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "M{}_K{}_N{}{}_split{}".format(*c[:3], "_bias" if c[3] else "",
                                                                                    c[4][3]))
-def test_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
     M, K, N, with_bias, tiles = case
     a = rand(M, K, dtype=dtype, device=device, seed=1)
     w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
-    y = gemv(a, w, bias, tiles=tiles if device == "cpu" else None)
+    y = gemv(a, _stored(w, layout), bias, tiles=tiles if device == "cpu" else None)
     assert y.device.type == device and y.shape == (M, N)
     assert_close(y, _reference(a, w, bias), dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: "M{}_K{}_N{}_split{}".format(*c[:3], c[4][3]))
-def test_constant_weight_launch_gives_the_same_result(device: str, case: tuple) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_constant_weight_launch_gives_the_same_result(device: str, case: tuple, layout: str) -> None:
     """const_w (the first W tiles read before the wait for the previous kernel) changes when W is read,
     not what is computed: bit-identical to the ordinary launch."""
     M, K, N, with_bias, tiles = case
     a = rand(M, K, dtype=torch.float16, device=device, seed=1)
-    w = rand(K, N, dtype=torch.float16, device=device, seed=2) * 0.1
+    w = _stored(rand(K, N, dtype=torch.float16, device=device, seed=2) * 0.1, layout)
     bias = rand(N, dtype=torch.float16, device=device, seed=3) if with_bias else None
     tiles = tiles if device == "cpu" else None
     assert torch.equal(gemv(a, w, bias, tiles=tiles, const_w=True), gemv(a, w, bias, tiles=tiles))
@@ -98,8 +113,8 @@ def test_errors_name_the_problem(device: str) -> None:
         gemv(a.half(), w)
     with pytest.raises(TypeError, match="share one of"):
         gemv(a.double(), w.double())
-    with pytest.raises(ValueError, match="contiguous"):
-        gemv(a[:, :32], w.t())
+    with pytest.raises(ValueError, match="contiguous or column-major"):
+        gemv(a[:, :16], w[:, ::2].t())
     with pytest.raises(ValueError, match="K=64"):
         gemv(a[:, :32], w)
     with pytest.raises(ValueError, match="bias"):
@@ -125,6 +140,27 @@ def test_tiles_for_decode_shapes() -> None:
     assert pick_tiles(1, 4864, 896, 2, 132) == (1, 32, 128, 13, 4)
     assert pick_tiles(1, 2048, 3072, 2, 132) == (1, 32, 128, 4, 4)
     assert pick_tiles(1, 896, 896, 4, 132)[1] == 16  # fp32: 16 values fill 64 bytes
+
+
+def test_column_major_tiles_for_decode_shapes() -> None:
+    """The column-major rule at Qwen2-0.5B's and Llama-3.2-1B's decode shapes on a 132-SM GPU (measured in their
+    captured decode steps, kernels/gemv.py's docstring): 1 KB runs along K where the slices are few (the whole K
+    range of a 896-deep product in two tiles), 256-byte runs for wide N, K split in 4 only for the deep down
+    projections, register-sized tiles."""
+    for M in (1, 2, 3, 4):
+        for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (2048, 3072), (2048, 16384), (8192, 2048)]:
+            bm, bn, bk, split, warps = pick_tiles(M, K, N, 2, 132, colmajor=True)
+            assert bm == min(4, 1 << (M - 1).bit_length()) and bn in (8, 16, 32) and bk & (bk - 1) == 0
+            assert 1 <= split <= MAX_SPLIT_K and warps in (4, 8) and bm * bk * bn <= 16384
+            assert split == 1 or K >= 4864, (M, K, N, split)
+    assert pick_tiles(1, 896, 1152, 2, 132, colmajor=True) == (1, 16, 512, 1, 8)
+    assert pick_tiles(1, 896, 9728, 2, 132, colmajor=True) == (1, 8, 128, 1, 4)
+    assert pick_tiles(1, 2048, 16384, 2, 132, colmajor=True) == (1, 16, 128, 1, 4)
+    assert pick_tiles(1, 4864, 896, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
+    assert pick_tiles(1, 8192, 2048, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
+    assert pick_tiles(4, 2048, 3072, 2, 132, colmajor=True) == (4, 8, 256, 1, 4)
+    assert pick_tiles(4, 2048, 16384, 2, 132, colmajor=True) == (4, 32, 64, 1, 4)
+    assert pick_tiles(1, 896, 896, 4, 132, colmajor=True)[2] == 256  # fp32: 1 KB runs of 256 values
 
 
 # --- the ops' routing ---
@@ -175,6 +211,13 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
         assert_close(y, _reference(a, w, b), torch.float16)
     a = rand(1, K, dtype=torch.bfloat16, seed=1)
     assert_close(matmul_op(a, w.bfloat16()), _reference(a, w.bfloat16()), torch.bfloat16)
+    cols = _stored(w, "cols")  # a plan's packed decode weight
+    a = rand(1, K, dtype=torch.float16, seed=1)
+    calls.clear()
+    assert gemv_eligible(a, cols, b)
+    assert_close(matmul_op(a, cols), _reference(a, w), torch.float16)
+    assert_close(linear_op(a, cols, b), _reference(a, w, b), torch.float16)
+    assert len(calls) == 2 and all(column_major(c[1]) for c in calls)
     calls.clear()
 
     a = rand(1, K, dtype=torch.float16, seed=1)
@@ -184,7 +227,7 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
         (a, rand(K, 128, dtype=torch.float16), rand(128, dtype=torch.float16)),  # N < 256
         (a.float(), w.float(), b.float()),  # fp32
         (a, w.bfloat16(), b),  # mixed dtypes
-        (a, rand(N, K, dtype=torch.float16).t(), b),  # non-contiguous weight
+        (a, rand(K, 2 * N, dtype=torch.float16)[:, ::2], b),  # neither contiguous nor column-major
         (a, w.unsqueeze(0), b),  # batched weight
     ]
     for x, ww, bb in not_eligible:
@@ -254,9 +297,10 @@ DECODE_SHAPES = [(896, 1152), (896, 896), (896, 4864), (4864, 896), (896, 151936
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("K", "N"), DECODE_SHAPES)
 @pytest.mark.parametrize("M", [1, 3])
-def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int, layout: str) -> None:
     a = rand(M, 1, K, dtype=dtype, device="cuda", seed=1)
-    w = rand(K, N, dtype=dtype, device="cuda", seed=2) * 0.05
+    w = _stored(rand(K, N, dtype=dtype, device="cuda", seed=2) * 0.05, layout)
     bias = rand(N, dtype=dtype, device="cuda", seed=3)
     rtol, atol = TOL[dtype]
     assert_close(gemv(a, w), _reference(a, w), dtype, tol=(rtol * 2, atol * 4))
@@ -279,10 +323,11 @@ def test_gpu_ops_fast_path(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("K", "N"), [(4864, 896), (896, 9728)])  # split K (2 launches), one launch
-def test_gpu_graph_capture(K: int, N: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_graph_capture(K: int, N: int, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
     a = rand(1, 1, K, dtype=torch.float16, device="cuda", seed=1)
-    w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
+    w = _stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05, layout)
     b = rand(N, dtype=torch.float16, device="cuda", seed=3)
     assert gemv_eligible(a, w, b)
     stream = torch.cuda.Stream()
@@ -323,7 +368,9 @@ NORM_CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, S
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", NORM_CASES, ids=lambda c: "M{}_K{}_N{}{}_split{}".format(*c[:3], "_bias" if c[3] else "",
                                                                                          c[4][3]))
-def test_skip_norm_matches_reference_and_the_unfused_kernels(device: str, dtype: torch.dtype, case: tuple) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_skip_norm_matches_reference_and_the_unfused_kernels(device: str, dtype: torch.dtype, case: tuple,
+                                                             layout: str) -> None:
     """gemv_skip_norm against float64 and against the two kernels it replaces (gemv, then the RMSNorm
     kernel on the rounded product): the same sum bit for bit, the normalized values within an ulp (the
     sum of squares is added in another order)."""
@@ -332,7 +379,7 @@ def test_skip_norm_matches_reference_and_the_unfused_kernels(device: str, dtype:
 
     M, K, N, with_bias, tiles = case
     a = rand(M, K, dtype=dtype, device=device, seed=1)
-    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    w = _stored(rand(K, N, dtype=dtype, device=device, seed=2) * 0.1, layout)
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
     residual = rand(M, N, dtype=dtype, device=device, seed=4)
     gamma = rand(N, dtype=dtype, device=device, seed=5)
@@ -393,7 +440,9 @@ def test_skip_norm_errors_name_the_problem(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[5]], ids=lambda c: "M{}_K{}_N{}_split{}".format(*c[:3], c[4][3]))
-def test_silu_mul_activations_equal_the_silu_mul_kernel_then_gemv(device: str, dtype: torch.dtype, case: tuple) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_silu_mul_activations_equal_the_silu_mul_kernel_then_gemv(device: str, dtype: torch.dtype, case: tuple,
+                                                                  layout: str) -> None:
     """silu_mul=True computes SiluMul's output as it loads the activations: bit for bit the SiluMul kernel's
     output fed to the plain GEMV (with and without the skip-norm epilogue), on rows of [g | up]."""
     from crossml.kernels.gemv import gemv_skip_norm
@@ -401,7 +450,7 @@ def test_silu_mul_activations_equal_the_silu_mul_kernel_then_gemv(device: str, d
 
     M, K, N, with_bias, tiles = case
     gu = rand(M, 2 * K, dtype=dtype, device=device, seed=1)
-    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    w = _stored(rand(K, N, dtype=dtype, device=device, seed=2) * 0.1, layout)
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
     tiles = tiles if device == "cpu" else None
     h = silu_mul_packed(gu)

@@ -30,6 +30,9 @@ def test_matrix_weights_go_column_major_with_tf32_only(monkeypatch: pytest.Monke
     assert weight_layout("", "MatMul", w, CUDA, {}, own_kernels=True) is None  # disable_metacommands
     assert weight_layout("", "Gemm", w, CUDA, {"transB": 1}) is None
     assert weight_layout("", "MatMul", w.half(), CUDA, {}) is None
+    decode = torch.zeros(896, 1152, dtype=torch.float16)  # a GEMV weight: column-major unless own kernels run
+    assert weight_layout("", "MatMul", decode, CUDA, {}, tf32=False) == "colmajor"
+    assert weight_layout("", "MatMul", decode, CUDA, {}, own_kernels=True) is None
 
 
 @pytest.mark.parametrize(("layout", "shape"), [("nhwc", (8, 3, 3, 3)), ("colmajor", (8, 4))])

@@ -149,9 +149,30 @@ def test_column_major_weight_rule(monkeypatch):
     assert column_major_weight("com.crossml", "Linear", w, cuda, {}, True)
     assert column_major_weight("", "Gemm", w, cuda, {"transB": 0}, True)
     assert not column_major_weight("", "Gemm", w, cuda, {"transB": 1}, True)  # already Wᵀ row-major
-    assert not column_major_weight("", "MatMul", w.half(), cuda, {}, True)  # half products run the same either way
+    assert not column_major_weight("", "MatMul", w.half(), cuda, {}, True)  # too small for the GEMV
     assert not column_major_weight("", "MatMul", torch.zeros(2, 8, 4), cuda, {}, True)
     assert not column_major_weight("", "MatMul", torch.zeros(8, 1), cuda, {}, True)
     assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {}, True)
     assert not column_major_weight("", "MatMul", np.zeros((8, 4), np.float32), cuda, {}, True)
     assert not column_major_weight("", "MatMul", w, cuda, {}, False)  # strict fp32: row-major is as fast
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_decode_weights_go_column_major(dtype: torch.dtype) -> None:
+    """Half-precision weights that the Triton GEMV takes at decode sizes are stored column-major on GEMV devices
+    (MatMul, Linear, MatMulSkipNorm; TF32 or not), nothing else: the CPU, tiny or vocabulary-sized weights,
+    Gemm, weights of other ops."""
+    from crossml.ops.matmul import GEMV_MAX_WEIGHT, GEMV_MIN_KN, column_major_weight
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    w = torch.zeros(896, 1152, dtype=dtype)
+    for domain, op_type in [("", "MatMul"), ("com.crossml", "Linear"), ("com.crossml", "MatMulSkipNorm")]:
+        assert column_major_weight(domain, op_type, w, cuda, {}, True)
+        assert column_major_weight(domain, op_type, w, cuda, {}, False)
+        assert not column_major_weight(domain, op_type, w, cpu, {}, True)
+    assert not column_major_weight("", "Gemm", w, cuda, {}, True)
+    assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {}, True)
+    assert not column_major_weight("", "MatMul", torch.zeros(GEMV_MIN_KN - 1, 1152, dtype=dtype), cuda, {}, True)
+    assert not column_major_weight("", "MatMul", torch.zeros(896, GEMV_MAX_WEIGHT // 896 + 1, dtype=dtype), cuda,
+                                   {}, True)
+    assert not column_major_weight("", "MatMul", torch.zeros(2, 896, 1152, dtype=dtype), cuda, {}, True)

@@ -1,8 +1,8 @@
 """Triton GEMV for decode: ``y[M, N] = a[M, K] @ W[K, N] (+ bias)`` with few rows of ``a`` (M <= 4), alone or
 with the RMSNorm that follows it and the SiLU gate before it.
 
-LLM decode runs MatMuls with one activation row against constant weights in ONNX's layout
-``W[K, N]`` (row-major, N contiguous). That product is bound by reading W once; vendor GEMMs reach
+LLM decode runs MatMuls with one activation row against constant weights ``W[K, N]`` (ONNX's layout is
+row-major, N contiguous). That product is bound by reading W once; vendor GEMMs reach
 about a third of the memory bandwidth on it, so the MatMul and Linear ops route it here on GPUs
 (``crossml.ops.matmul.gemv_eligible`` says when).
 
@@ -40,6 +40,17 @@ only when it ends (0.935), combining the split decode attention in the output pr
 (1.085: each of the N slices redoes the combination), and leaving the skip-norm's normalization to the next
 GEMV's loads from per-slice sums of squares (0.953; Qwen2.5-0.5B 0.659 -> 0.652).
 
+W may also be stored column-major (its transpose contiguous), as GPU plans store half-precision decode weights
+(``crossml.ops.matmul.column_major_weight``): a program's slice is then BLOCK_N contiguous runs along K, loaded as
+``[BLOCK_N, BLOCK_K]`` tiles of 256-byte to 1 KB rows (``_colmajor_tiles``), so a qkv or o projection of K = 896
+asks for its whole slice in the two tiles it requests before the PDL wait, and needs no split K. On an H200 the
+captured decode step of the GenAI benchmark's Qwen2.5-0.5B fp16 model went from 0.644-0.659 to 0.591 ms and
+Llama-3.2-1B's from 0.884-0.885 to 0.853-0.854 ms (``benchmarks/decode_replay.py --layouts rows,cols``, one
+process, alternated). Its tile rule is the one measured fastest in that chain, not alone: per product in a graph
+of like products, 8-column slices were as fast or faster (results/gemv_colmajor.md), but in the decode step, where
+each kernel's early-launched programs share the SMs with the previous kernel's, 16-column slices (half the
+programs) took Llama's step from 0.913 to 0.853 ms.
+
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
 outputs come from ``torch.empty``, so a call can be captured into a CUDA graph. Under
@@ -67,7 +78,7 @@ from crossml.kernels._launch import (
 )
 from crossml.kernels.rmsnorm import _cast
 
-__all__ = ["DTYPES", "gemv", "gemv_skip_norm", "pick_tiles"]
+__all__ = ["DTYPES", "column_major", "gemv", "gemv_skip_norm", "pick_tiles"]
 
 #: storage types the kernel takes (float32 accumulation for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -103,14 +114,49 @@ def _finish(x, up, SILU_MUL: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_ym, s_ys, up_off,
+def _w_tile(w_ptrs, k_ok, n_ok, COLMAJOR: tl.constexpr):
+    """A W tile: [BLOCK_K, BLOCK_N] (rows along N contiguous), or [BLOCK_N, BLOCK_K] for a COLMAJOR W (rows along K
+    contiguous); ``k_ok`` / ``n_ok`` mask its K and N positions."""
+    if COLMAJOR:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    else:
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _times(w, a, COLMAJOR: tl.constexpr):
+    """float32 W tile (``_w_tile``) times a step's activations, broadcast along N."""
+    if COLMAJOR:
+        p = w * a[None, :]
+    else:
+        p = w * a[:, None]
+    return p
+
+
+@triton.jit
+def _over_k(acc, COLMAJOR: tl.constexpr):
+    """A program's products summed over K: its accumulator tile reduced along its K axis."""
+    if COLMAJOR:
+        y = tl.sum(acc, axis=1)
+    else:
+        y = tl.sum(acc, axis=0)
+    return y
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_wn, s_ym, s_ys, up_off,
                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False,
-                 SILU_MUL: tl.constexpr = False, PDL: tl.constexpr = False):
+                 SILU_MUL: tl.constexpr = False, COLMAJOR: tl.constexpr = False, PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M), summed over K range pid1.
 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias;
     else add the bias and store in y's dtype.
+
+    W is row-major (``s_wn`` = 1: each program's slice is BLOCK_N-wide runs of its K rows, loaded as [BLOCK_K,
+    BLOCK_N] tiles) or, with COLMAJOR, column-major (``s_wk`` = 1, its transpose contiguous: the slice is BLOCK_N
+    runs along K, loaded as [BLOCK_N, BLOCK_K] tiles whose rows are contiguous).
 
     PDL (see ``_launch.pdl``) with CONST_W (W a constant of the model, which no kernel writes): the first
     two W tiles are requested before waiting for the previous kernel, so they arrive while it finishes.
@@ -128,23 +174,29 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
     # pointers advance by whole tiles (64-bit pointer arithmetic: W may exceed 2**31 elements)
-    w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    if COLMAJOR:
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * s_wn + (k_lo + offs_k)[None, :]
+    else:
+        w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
     a_ptrs = a_ptr + m0.to(tl.int64) * s_am + (k_lo + offs_k) * s_ak
     ok1 = m0 + 1 < M
     ok2 = m0 + 2 < M
     ok3 = m0 + 3 < M
-    acc0 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-    acc1 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-    acc3 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    if COLMAJOR:
+        acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    else:
+        acc0 = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
     # W tiles are requested two steps ahead of their use (a register double buffer): while a
     # program waits for one tile, the next is in flight too (loops without tl.dot get no
     # num_stages pipelining from Triton)
     if not CONST_W:
         pdl_wait(PDL)
-    w_cur = tl.load(w_ptrs, mask=(k_lo + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+    w_cur = _w_tile(w_ptrs, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
     w_ptrs += BLOCK_K * s_wk
-    w_nxt = tl.load(w_ptrs, mask=(k_lo + BLOCK_K + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+    w_nxt = _w_tile(w_ptrs, k_lo + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
     if CONST_W:
         pdl_wait(PDL)
     # each step's activations are requested a step ahead too (after the wait: the previous kernel writes them)
@@ -162,23 +214,23 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
         w = w_cur.to(tl.float32)
         w_cur = w_nxt
         w_ptrs += BLOCK_K * s_wk
-        w_nxt = tl.load(w_ptrs, mask=(k + 2 * BLOCK_K + offs_k < k_hi)[:, None] & n_ok[None, :], other=0.0)
+        w_nxt = _w_tile(w_ptrs, k + 2 * BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
         a_ptrs += BLOCK_K * s_ak
         k_ok = k + BLOCK_K + offs_k < k_hi
         a0 = _finish(x0, u0, SILU_MUL)
         x0, u0 = _raw(a_ptrs, k_ok, up_off, SILU_MUL)
-        acc0 += w * a0[:, None]
+        acc0 += _times(w, a0, COLMAJOR)
         if BLOCK_M > 1:
             a1 = _finish(x1, u1, SILU_MUL)
             x1, u1 = _raw(a_ptrs + s_am, k_ok & ok1, up_off, SILU_MUL)
-            acc1 += w * a1[:, None]
+            acc1 += _times(w, a1, COLMAJOR)
         if BLOCK_M > 2:
             a2 = _finish(x2, u2, SILU_MUL)
             x2, u2 = _raw(a_ptrs + 2 * s_am, k_ok & ok2, up_off, SILU_MUL)
-            acc2 += w * a2[:, None]
+            acc2 += _times(w, a2, COLMAJOR)
             a3 = _finish(x3, u3, SILU_MUL)
             x3, u3 = _raw(a_ptrs + 3 * s_am, k_ok & ok3, up_off, SILU_MUL)
-            acc3 += w * a3[:, None]
+            acc3 += _times(w, a3, COLMAJOR)
 
     if PARTIAL:
         y_row = y_ptr + pid_k.to(tl.int64) * s_ys + m0.to(tl.int64) * s_ym + offs_n
@@ -190,12 +242,12 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
         else:
             bias = 0.0
     out_ty = y_ptr.dtype.element_ty
-    tl.store(y_row, (tl.sum(acc0, axis=0) + bias).to(out_ty), mask=n_ok)
+    tl.store(y_row, (_over_k(acc0, COLMAJOR) + bias).to(out_ty), mask=n_ok)
     if BLOCK_M > 1:
-        tl.store(y_row + s_ym, (tl.sum(acc1, axis=0) + bias).to(out_ty), mask=n_ok & ok1)
+        tl.store(y_row + s_ym, (_over_k(acc1, COLMAJOR) + bias).to(out_ty), mask=n_ok & ok1)
     if BLOCK_M > 2:
-        tl.store(y_row + 2 * s_ym, (tl.sum(acc2, axis=0) + bias).to(out_ty), mask=n_ok & ok2)
-        tl.store(y_row + 3 * s_ym, (tl.sum(acc3, axis=0) + bias).to(out_ty), mask=n_ok & ok3)
+        tl.store(y_row + 2 * s_ym, (_over_k(acc2, COLMAJOR) + bias).to(out_ty), mask=n_ok & ok2)
+        tl.store(y_row + 3 * s_ym, (_over_k(acc3, COLMAJOR) + bias).to(out_ty), mask=n_ok & ok3)
 
 
 @triton.jit
@@ -280,7 +332,8 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
 _NORM_TILE = 16384
 
 
-def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
+def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
+               colmajor: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) for a problem on a GPU of ``processors`` SMs.
 
     The GEMV is bandwidth-bound, so the rule aims for enough programs in flight to cover memory
@@ -291,7 +344,11 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple
     would crowd the registers). When the N slices are fewer than 2 per SM, K is split to reach
     about 3 programs per SM (at most 64 splits, each at least one BLOCK_K step; in the in-graph
     sweep of benchmarks/gemv_tiles.py, 2-3 programs per SM beat 4 at the split decode shapes).
+
+    ``colmajor`` (W's transpose contiguous): ``_colmajor_tiles``.
     """
+    if colmajor:
+        return _colmajor_tiles(M, K, N, elem_size, processors)
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     min_n = max(16, 64 // elem_size)
     block_n = _MAX_BLOCK_N
@@ -309,9 +366,48 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple
     return block_m, block_n, block_k, split, num_warps
 
 
+def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
+    """``pick_tiles`` for a column-major W, whose programs read BLOCK_N contiguous runs of BLOCK_K values.
+
+    - Slices of 16 columns (8 for 3-4 rows) with 1 KB runs (512 fp16 values) and 8 warps, twice the usual tile, so
+      a K range of one or two tiles is requested whole before the PDL wait (a qkv or o projection); for 3-4 rows,
+      4 warps and 512-byte runs (the register budget of 4 rows).
+    - Where 8-column slices would exceed 4 programs per SM (an MLP's gate+up), slices of 8 columns with 256-byte
+      runs, of 16 past 10 programs per SM; with 3-4 rows, 32-column slices of 128-byte runs.
+    - Where 8-column slices are fewer than 2 per SM and one would walk more than 4 of its 1 KB tiles (a down
+      projection), 512-byte runs with K split in 4 ranges.
+
+    Measured on an H200 in the GenAI benchmark's captured decode steps (benchmarks/decode_replay.py, the module
+    docstring) and per product in CUDA graphs (benchmarks/gemv_tiles.py --colmajor, results/gemv_colmajor.md)."""
+    block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
+    tile = _TILE_ELEMS if block_m <= 2 else _TILE_ELEMS // 2
+    block_n, run, num_warps, split = 16 if block_m <= 2 else 8, 1024, 4, 1
+    n_prog = cdiv(N, 8)
+    if n_prog > 4 * processors:
+        block_n, run = 8, 256
+        if block_m > 2:
+            block_n, run = 32, 128
+        elif n_prog > 10 * processors:
+            block_n = 16
+    elif n_prog < 2 * processors and cdiv(K, run // elem_size) > 4:
+        run, split = 512, 4
+    elif block_m <= 2:
+        num_warps, tile = 8, 2 * tile
+    block_k = max(16, min(run // elem_size, tile // block_n, next_power_of_2(max(K, 1))))
+    if split > 1:
+        split = cdiv(K, _k_per_split(K, min(split, cdiv(K, block_k)), block_k))
+    return block_m, block_n, block_k, split, num_warps
+
+
 def _k_per_split(K: int, split: int, block_k: int) -> int:
     """K values per split: a whole number of BLOCK_K steps."""
     return cdiv(cdiv(K, split), block_k) * block_k
+
+
+def column_major(w: torch.Tensor) -> bool:
+    """Whether the GEMV reads 2-D ``w`` [K, N] as column-major: its transpose contiguous, itself not (a plan's packed
+    decode weight, ``crossml.ops.matmul.column_major_weight``)."""
+    return w.dim() == 2 and not w.is_contiguous() and w.t().is_contiguous()
 
 
 def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool) -> tuple[int, int]:
@@ -320,9 +416,9 @@ def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu_mul
     if a.dtype not in DTYPES or w.dtype != a.dtype:
         raise TypeError(f"GEMV Triton kernel: a and w must share one of float16/bfloat16/float32, got {a.dtype} "
                         f"and {w.dtype}")
-    if w.dim() != 2 or not w.is_contiguous():
-        raise ValueError(f"GEMV Triton kernel: w must be a contiguous [K, N] matrix, got shape {tuple(w.shape)} "
-                         f"strides {w.stride()}")
+    if w.dim() != 2 or not (w.is_contiguous() or w.t().is_contiguous()):
+        raise ValueError(f"GEMV Triton kernel: w must be a [K, N] matrix stored contiguous or column-major (its "
+                         f"transpose contiguous), got shape {tuple(w.shape)} strides {w.stride()}")
     if a.dim() == 0 or a.shape[-1] != w.shape[0] * (2 if silu_mul else 1):
         what = f"2K={2 * w.shape[0]} ([g | up] for silu_mul)" if silu_mul else f"K={w.shape[0]}"
         raise ValueError(f"GEMV: a's last dimension must be {what}, got shape {tuple(a.shape)}")
@@ -343,9 +439,10 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     also when ``y2`` is None)."""
     M = a2.shape[0]
     K, N = w.shape
+    colmajor = column_major(w)
     if tiles is None:
         sms = 1 if interpret or a2.device.type == "cpu" else processors(a2)
-        tiles = pick_tiles(M, K, N, a2.element_size(), sms)
+        tiles = pick_tiles(M, K, N, a2.element_size(), sms, colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
     if block_m not in (1, 2, 4) or block_n & (block_n - 1) or block_k & (block_k - 1) or not 1 <= split <= MAX_SPLIT_K:
         raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4, BLOCK_N and BLOCK_K powers of two, "
@@ -358,14 +455,15 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
                          "third dimension; this kernel is for decode sizes, use torch.matmul")
     compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2, **pdl(a2)}
     meta = {"HAS_BIAS": has_bias, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w,
-            "SILU_MUL": silu_mul}
+            "SILU_MUL": silu_mul, "COLMAJOR": colmajor}
     up_off = K * a2.stride(1)
+    s_wk, s_wn = (1, w.stride(1)) if colmajor else (w.stride(0), 1)
     if split == 1 and y2 is not None:
-        _gemv_kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), w.stride(0),
+        _gemv_kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
                            y2.stride(0), 0, up_off, PARTIAL=False, **meta, **compiled)
         return None
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a2.device)
-    _gemv_kernel[grid](a2, w, bias1, ws, M, N, K, k_per_split, a2.stride(0), a2.stride(1), w.stride(0),
+    _gemv_kernel[grid](a2, w, bias1, ws, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
                        N, M * N, up_off, PARTIAL=True, **meta, **compiled)
     return ws
 

@@ -77,14 +77,28 @@ GEMV_MAX_WEIGHT = 1 << 26
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
 COLUMN_MAJOR_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("", "Gemm")}
+#: ops whose input 1 a GPU plan stores column-major when it is a half-precision decode weight (column_major_weight)
+GEMV_WEIGHT_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("com.crossml", "MatMulSkipNorm")}
 
 
 def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any],
                         tf32: bool) -> bool:
     """Whether a plan stores constant input 1 of this node column-major on ``device`` (same values and shape,
-    transposed strides): float32 2-D weights of MatMul, Linear and Gemm (without transB) multiplied with TF32
-    (``tf32``: the provider's use_tf32; strict fp32 runs as fast or faster row-major) where the device layer
-    says its BLAS prefers it (``device.vendor.column_major_fp32_weights``)."""
+    transposed strides):
+
+    - float32 2-D weights of MatMul, Linear and Gemm (without transB) multiplied with TF32 (``tf32``: the
+      provider's use_tf32; strict fp32 runs as fast or faster row-major) where the device layer says its BLAS
+      prefers it (``device.vendor.column_major_fp32_weights``);
+    - float16 / bfloat16 weights of MatMul, Linear and MatMulSkipNorm that the Triton GEMV takes at decode sizes
+      (GEMV_DEVICES, GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT): it reads a column-major weight faster, as
+      contiguous runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
+      Qwen2.5-0.5B fp16 0.591 against 0.644-0.659 ms, Llama-3.2-1B 0.853 against 0.884). Prompts' products run on
+      the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS took 0-10% longer on it
+      (benchmarks/results/gemv_colmajor.md).
+    """
+    if (domain, op_type) in GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor) and w.dtype in GEMV_DTYPES:
+        return (device.type in GEMV_DEVICES and w.dim() == 2 and min(w.shape) >= GEMV_MIN_KN
+                and w.numel() < GEMV_MAX_WEIGHT)
     if not tf32 or (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
         return False
     if w.dtype != torch.float32 or w.dim() != 2 or min(w.shape) < 2 or attrs.get("transB"):
@@ -96,13 +110,14 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
 
 def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether ``a @ w (+ bias)`` runs the Triton GEMV: ``a`` on a device of GEMV_DEVICES, fp16 or bf16,
-    ``w`` a contiguous 2-D [K, N] matrix of the same dtype and device, at most GEMV_MAX_M rows of ``a``
+    ``w`` a 2-D [K, N] matrix of the same dtype and device stored contiguous or column-major (its transpose
+    contiguous, ``column_major_weight``), at most GEMV_MAX_M rows of ``a``
     (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT, a bias (if any) of
     N values of the same dtype and device, and triton importable. Anything else (CPU tensors included)
     keeps torch."""
     if a.device.type not in GEMV_DEVICES or a.dtype not in GEMV_DTYPES or w.dtype != a.dtype:
         return False
-    if w.dim() != 2 or a.dim() == 0 or w.device != a.device or not w.is_contiguous():
+    if w.dim() != 2 or a.dim() == 0 or w.device != a.device or not (w.is_contiguous() or w.t().is_contiguous()):
         return False
     K, N = w.shape
     if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT \
