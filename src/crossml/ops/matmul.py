@@ -92,9 +92,9 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
     - float16 / bfloat16 weights of MatMul, Linear and MatMulSkipNorm that the Triton GEMV takes at decode sizes
       (GEMV_DEVICES, GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT): it reads a column-major weight faster, as
       contiguous runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
-      Qwen2.5-0.5B fp16 0.591 against 0.644-0.659 ms, Llama-3.2-1B 0.853 against 0.884). Prompts' products run on
-      the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS took 0-10% longer on it
-      (benchmarks/results/gemv_colmajor.md).
+      Qwen2.5-0.5B fp16 0.577-0.590 against 0.647-0.648 ms, Llama-3.2-1B 0.862-0.870 against 0.892-0.903).
+      Prompts' products run on the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS
+      took 0-10% longer on it (benchmarks/results/gemv_colmajor.md).
     """
     if (domain, op_type) in GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor) and w.dtype in GEMV_DTYPES:
         return (device.type in GEMV_DEVICES and w.dim() == 2 and min(w.shape) >= GEMV_MIN_KN
