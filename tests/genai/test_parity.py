@@ -45,9 +45,14 @@ def test_greedy_parity(genai_models, og_ref, arch: str, precision: str, prompts:
     seq, logits = generate(xg, folder, prompts)
     assert seq == ref_seq
     assert len(logits) == len(ref_logits)
-    # int4: MatMulNBits accuracy_level 4 quantizes activations to int8, so a rounding flip can move a
-    # logit by a quantization step; observed differences are ~3e-6, the bound leaves room for one flip
-    atol = 1e-4 if precision == "fp32" else 1e-3
+    # int4: MatMulNBits accuracy_level 4 quantizes activations to int8 per block. The single op matches onnxruntime
+    # to ~3e-6 (tests/ops/contrib), but the ops before it differ from onnxruntime's in the last float32 bits (their
+    # sums are added in other orders), and where an activation lies that close to a rounding boundary its int8
+    # value flips: the product moves by a quantization step (absmax / 127 times a weight) and the flip carries
+    # through the later layers. Seen: none on most models; with onnxruntime 1.31.1 on an AVX512-VNNI host, one flip
+    # in the first layer's down projection of the phi3 model, logits 0.05 to 0.14 apart with the same tokens. The
+    # bound leaves room for such flips; the greedy sequences above must still be equal.
+    atol = 1e-4 if precision == "fp32" else 0.25
     for step, (a, b) in enumerate(zip(logits, ref_logits)):
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"logits of step {step}")
 

@@ -122,8 +122,9 @@ def test_moe_swiglu_layouts_onnxruntime_cpu_refuses(fusion):
 
 @pytest.mark.parametrize("normalize", [0, 1])
 def test_moe_fp16(normalize):
-    """float16 against onnxruntime's float32 kernel on the same (float16) values; with normalized routing weights
-    also against its float16 kernel. Without them that kernel is off by about the output's own size."""
+    """float16 against onnxruntime's float32 kernel on the same (float16) values, and against its float16 kernel
+    where that agrees with its float32 one: with normalized routing weights, and without them since onnxruntime
+    1.32 (before, that kernel was off by about the output's own size)."""
     import crossml
 
     ins = moe_inputs(dtype=np.float16)
@@ -137,10 +138,10 @@ def test_moe_fp16(normalize):
     np.testing.assert_allclose(got.astype(np.float32), ref32, atol=2e-2, rtol=1e-2)
     ref16 = ort.InferenceSession(model16.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds16)[0]
     off = np.abs(ref16.astype(np.float32) - ref32).max()
-    if normalize:
+    if off <= 2e-2 + 1e-2 * np.abs(ref32).max():
         np.testing.assert_allclose(got.astype(np.float32), ref16.astype(np.float32), atol=2e-2, rtol=1e-2)
-    else:  # why onnxruntime's float16 kernel is not the reference here
-        assert off > np.abs(ref32).max() / 4
+    else:  # why onnxruntime's float16 kernel is not the reference here (onnxruntime before 1.32)
+        assert not normalize and off > np.abs(ref32).max() / 4
 
 
 def test_route_ties_go_to_the_higher_expert():
