@@ -9,12 +9,14 @@ per replay. With --kernels, one replay under torch.profiler: each kernel's summe
 one step overlap under programmatic dependent launch, so durations add up to more than the step).
 
     python benchmarks/decode_replay.py [--models qwen2.5-0.5b,llama-3.2-1b] [--precisions fp16,int4] [--kernels]
-        [--layouts rows,cols --rounds 3]
+        [--layouts rows,cols --rounds 3] [--variants cols,no-SkipNormProduct --rounds 3]
 
 ``--layouts rows,cols`` measures each model with its half-precision decode weights stored as ONNX gives them
 (row-major) and as GPU plans store them (column-major, ``crossml.ops.matmul.column_major_weight``), alternating
 the two --rounds times in one process; the table then has a row per (model, layout, round), written to
-OUT/decode_layout.{json,md}.
+OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``
+and ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``), written to
+OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -36,19 +38,30 @@ from _common import machine, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
+import crossml.runtime.session as session_module  # noqa: E402
 
 
 @contextlib.contextmanager
 def weight_layout(layout: str):
-    """Plans made inside store half-precision decode weights column-major ("cols", the default) or as given
-    ("rows")."""
-    kept = matmul_ops.GEMV_WEIGHT_OPS
+    """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
+    ("rows"), or ("no-RULE") leave out the graph rule named RULE."""
+    kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
     if layout == "rows":
         matmul_ops.GEMV_WEIGHT_OPS = set()
+    elif layout.startswith("no-"):
+        def without(*args, name=layout[3:]):
+            rules = kept_rules(*args)
+            if not any(r.name == name for r in rules):
+                raise SystemExit(f"decode_replay: no session graph rule named {name!r}; rules: "
+                                 f"{', '.join(r.name for r in rules)}")
+            return [r for r in rules if r.name != name]
+        session_module.fusion_rules = without
+    elif layout != "cols":
+        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols or no-RULE")
     try:
         yield
     finally:
-        matmul_ops.GEMV_WEIGHT_OPS = kept
+        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules = kept, kept_rules
 
 
 def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tuple[str, int, float]]]:
@@ -96,12 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--kernels", action="store_true", help="also list one replay's kernels")
     ap.add_argument("--layouts", default="cols", help="rows, cols or rows,cols: how half decode weights are stored")
+    ap.add_argument("--variants", help="comma-separated cols, rows, no-RULE (instead of --layouts)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the layouts, alternated")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("decode_replay.py needs a CUDA GPU")
     folders = gb.build_all(args.workdir, args.models.split(","), args.precisions.split(","), print)
-    layouts = args.layouts.split(",")
+    layouts = (args.variants or args.layouts).split(",")
     rows = []
     for (name, prec), folder in folders.items():
         for rnd in range(args.rounds):
@@ -116,8 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["# Decode step replayed back to back (GenAI benchmark models)", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
              f"replayed {args.replays} times back to back (mean)."
-             + (" Half-precision decode weights row-major (`rows`) or column-major (`cols`), alternated in one "
-                "process." if several else ""), "",
+             + (" Variants alternated in one process: `cols` the session as it is (half-precision decode weights "
+                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule." if several
+                else ""), "",
              "| model | precision | weights | round | ms per replay |" if several else
              "| model | precision | ms per replay |",
              "| --- | --- | --- | ---: | ---: |" if several else "| --- | --- | ---: |"]
@@ -130,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
                       "| kernel | count | summed µs |", "| --- | ---: | ---: |"]
             lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} |" for k in r["kernels"]]
     lines += ["", "Produced by benchmarks/decode_replay.py."]
-    write("decode_layout" if several else "decode_replay", {"machine": machine(), "replays": args.replays,
+    write(("decode_variants" if args.variants else "decode_layout") if several else "decode_replay", {"machine": machine(), "replays": args.replays,
                                                            "rows": rows}, "\n".join(lines) + "\n", out=args.out)
 
 

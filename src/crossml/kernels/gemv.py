@@ -38,7 +38,12 @@ replays, 0.911-0.913 ms before each): asking L2 for the rest of each program's W
 (``prefetch.global.L2``; 1.027 ms), a third W tile in flight (0.919-0.952), launching the skip-norm's dependents
 only when it ends (0.935), combining the split decode attention in the output projection's activation loads
 (1.085: each of the N slices redoes the combination), and leaving the skip-norm's normalization to the next
-GEMV's loads from per-slice sums of squares (0.953; Qwen2.5-0.5B 0.659 -> 0.652).
+GEMV's loads from per-slice sums of squares (0.953; Qwen2.5-0.5B 0.659 -> 0.652). With column-major weights (below),
+dropping the skip-norm launch altogether, each program of the next GEMV adding up the row's statistics from this
+GEMV's partial sums, the bias and the residual before its first step (a graph rule fusing the norm's product and the
+product after it; back-to-back replays alternated in one process): Llama-3.2-1B 0.854-0.857 -> 1.042-1.051 ms, 0.90
+with only the qkv product fused; Qwen2.5-0.5B 0.575-0.591 -> 0.608-0.623 ms. Every program reading the same row
+before its first step costs more than the launch.
 
 W may also be stored column-major (its transpose contiguous), as GPU plans store half-precision decode weights
 (``crossml.ops.matmul.column_major_weight``): a program's slice is then BLOCK_N contiguous runs along K, loaded as
