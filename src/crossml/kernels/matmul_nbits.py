@@ -399,7 +399,10 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     (many short programs cost more than they hide). BLOCK_K is at least one quantization block. In the GenAI
     benchmark's captured int4 decode steps, half as many programs (twice the rows and warps each, of this kernel or
     of the fp16-pair one) measured the same: Qwen2.5-0.5B 0.472-0.492 against 0.490-0.493 ms, Llama-3.2-1B 0.510
-    against 0.509 ms (unlike the fp16 GEMV on column-major weights, crossml.kernels.gemv).
+    against 0.509 ms (unlike the fp16 GEMV on column-major weights, crossml.kernels.gemv). Gating the MLP's down
+    projection's activations as this kernel loads them (SiLU of [g | up], as the fp16 GEMV does, one launch fewer per
+    layer) made those steps slower, 0.635 against 0.492 ms and 0.56 against 0.51: each program of one or two weight
+    rows recomputes the gate for all of K.
     """
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     block_k = min(2048, next_power_of_2(max(K, 1)))
