@@ -64,6 +64,11 @@ SPAN_BYTES = 160 << 20
 MAX_COPIES = 24
 
 
+def best_two(sweep: list[dict]) -> str:
+    """The two fastest points of a sweep sorted by time, as "µs (tiles)" for a table cell."""
+    return "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in sweep[:2])
+
+
 def copies(weight_bytes: int) -> int:
     return max(2, min(MAX_COPIES, math.ceil(SPAN_BYTES / weight_bytes)))
 
@@ -132,7 +137,7 @@ def int4_markdown(payload: dict) -> str:
              "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
     for r in payload["rows"]:
         q = r["int4"]
-        best = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in q["sweep"][:2])
+        best = best_two(q["sweep"])
         tiles = "-" if q["pair_tiles"] is None else str(tuple(q["pair_tiles"]))
         lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {q['fp32_us']:.2f} | {tiles} | "
                      f"{q['pair_us']:.2f} | {q['auto_us']:.2f} | {q['packed_mb'] / q['auto_us'] * 1e3:.0f} | {best} |")
@@ -199,8 +204,7 @@ def colmajor_markdown(payload: dict) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in payload["rows"]:
         c = r["colmajor"]
-        best = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in c["sweep"][:2])
-        best4 = "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in c["sweep_m4"][:2])
+        best, best4 = best_two(c["sweep"]), best_two(c["sweep_m4"])
         lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | {c['rows_m1_us']:.2f} | "
                      f"{c['cols_m1_us']:.2f} | {c['mb'] / c['cols_m1_us'] * 1e3:.0f} | {tuple(c['cols_m1_tiles'])} | "
                      f"{best} | {c['rows_m4_us']:.2f} | {c['cols_m4_us']:.2f} | {tuple(c['cols_m4_tiles'])} | {best4} | "
@@ -250,7 +254,7 @@ def fused_markdown(payload: dict) -> str:
 
 def markdown(payload: dict) -> str:
     def best(r: dict) -> str:
-        return "; ".join(f"{b['us']:.2f} {tuple(b['tiles'])}" for b in r["sweep"][:2]) or "-"
+        return best_two(r["sweep"]) or "-"
 
     lines = ["# Decode GEMV tiles (in-graph µs per call, one fp16 row, weights not in L2)", "",
              f"GPU: {payload['machine'].get('gpu')}; torch {payload['machine'].get('torch')}. GB/s: weight bytes "
