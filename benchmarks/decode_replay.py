@@ -42,7 +42,7 @@ import crossml.runtime.session as session_module  # noqa: E402
 
 
 @contextlib.contextmanager
-def weight_layout(layout: str):
+def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
     ("rows"), or ("no-RULE") leave out the graph rule named RULE."""
     kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     for (name, prec), folder in folders.items():
         for rnd in range(args.rounds):
             for layout in layouts:
-                with weight_layout(layout):
+                with variant(layout):
                     ms, table = replay_ms(folder, args.replays, args.kernels)
                 print(f"{name} {prec} {layout} round {rnd}: {ms:.3f} ms per replay", flush=True)
                 rows.append({"model": name, "precision": prec, "layout": layout, "round": rnd,
@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
                       "| kernel | count | summed µs |", "| --- | ---: | ---: |"]
             lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} |" for k in r["kernels"]]
     lines += ["", "Produced by benchmarks/decode_replay.py."]
-    write(("decode_variants" if args.variants else "decode_layout") if several else "decode_replay", {"machine": machine(), "replays": args.replays,
-                                                           "rows": rows}, "\n".join(lines) + "\n", out=args.out)
+    result = ("decode_variants" if args.variants else "decode_layout") if several else "decode_replay"
+    write(result, {"machine": machine(), "replays": args.replays, "rows": rows}, "\n".join(lines) + "\n", out=args.out)
 
 
 if __name__ == "__main__":

@@ -51,10 +51,10 @@ W may also be stored column-major (its transpose contiguous), as GPU plans store
 asks for its whole slice in the two tiles it requests before the PDL wait, and needs no split K. On an H200 the
 captured decode step of the GenAI benchmark's Qwen2.5-0.5B fp16 model went from 0.647-0.648 to 0.577-0.590 ms
 and Llama-3.2-1B's from 0.892-0.903 to 0.862-0.870 ms (``benchmarks/decode_replay.py --layouts rows,cols``, one
-process, alternated; results/decode_layout.md). Its tile rule is the one measured fastest in that chain, not alone: per product in a graph
-of like products, 8-column slices were as fast or faster (results/gemv_colmajor.md), but in the decode step, where
-each kernel's early-launched programs share the SMs with the previous kernel's, 16-column slices (half the
-programs) took Llama's step from 0.913 to 0.853 ms.
+process, alternated; results/decode_layout.md). Its tile rule is the one measured fastest in that chain, not
+alone: per product in a graph of like products, 8-column slices were as fast or faster (results/gemv_colmajor.md),
+but in the decode step, where each kernel's early-launched programs share the SMs with the previous kernel's,
+16-column slices (half the programs) took Llama's step from 0.913 to 0.853 ms.
 
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
