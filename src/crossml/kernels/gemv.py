@@ -56,6 +56,15 @@ alone: per product in a graph of like products, 8-column slices were as fast or 
 but in the decode step, where each kernel's early-launched programs share the SMs with the previous kernel's,
 16-column slices (half the programs) took Llama's step from 0.913 to 0.853 ms.
 
+Reading later products' weights ahead across the launch boundaries was measured on an H200 and dropped
+(``benchmarks/weight_streaming.py``, results/weight_streaming.md). Each GEMV's programs asking L2 for the next product's
+weights with bulk prefetches (``cp.async.bulk.prefetch.L2``, 16 KB each, before the PDL wait) took the Qwen2.5-0.5B
+fp16 decode step from 0.58 to 1.67 ms (1.75 two products ahead, 3.15 both; back-to-back replays, one process). Alone,
+a side-stream prefetch of a 16 MB buffer during another buffer's read made the pair slower (11.3 -> 14.1 us).
+Computing an MLP's gate+up and down products in one launch, the down programs waiting on per-K-range counters of the
+gate+up slices done, took 14.1-18.1 us per Qwen2.5-0.5B layer against 12.4 for this GEMV's two launches and the
+skip-norm (Llama-3.2-1B: 32.7-45.1 against 29.3).
+
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
 outputs come from ``torch.empty``, so a call can be captured into a CUDA graph. Under
