@@ -75,3 +75,48 @@ def test_windowed_decode_step_captured_matches_cpu(softcap: float, sinks: bool, 
             n = int(resident[b])
             torch.testing.assert_close(gk[b, :, :n].cpu(), cpu_k[b, :, :n], atol=2e-3, rtol=2e-3)
             torch.testing.assert_close(gv[b, :, :n].cpu(), cpu_v[b, :, :n], atol=2e-3, rtol=2e-3)
+
+
+def test_early_reads_wait_for_the_product() -> None:
+    """``rotary_decode_attention(early=True)`` reads lengths, positions and caches before its PDL wait, and q, k, v
+    after it: right behind the GEMV that writes the packed QKV (launched with PDL, as in a decode step), replayed
+    in a CUDA graph with new activations each time, it matches the reference on that replay's QKV."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("triton")
+    from crossml.kernels.decode_attention import rotary_decode_attention, rotary_decode_attention_reference
+    from crossml.kernels.gemv import gemv
+
+    dev = torch.device("cuda")
+    B, N, Nk, H, L, K = 1, 14, 2, 64, 600, 896
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = torch.randn(K, (N + 2 * Nk) * H, generator=g, device=dev, dtype=torch.float16) * 0.05
+    x = torch.zeros(B, K, device=dev, dtype=torch.float16)
+    half = H // 2
+    ang = torch.arange(L, device=dev, dtype=torch.float32)[:, None] / (10000 ** (torch.arange(half, device=dev) / half))
+    cos, sin = ang.cos().half(), ang.sin().half()
+    kc = torch.randn(B, Nk, L, H, generator=g, device=dev, dtype=torch.float16)
+    vc = torch.randn(B, Nk, L, H, generator=g, device=dev, dtype=torch.float16)
+    seqlens = torch.tensor([517], dtype=torch.int32, device=dev)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        qkv = gemv(x, w, const_w=True)
+        q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+        return qkv, rotary_decode_attention(q, k, v, cos, sin, seqlens, kc, vc, seqlens, 0.125, early=True)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qkv, out = step()
+    for i in range(20):
+        x.copy_(torch.randn(B, K, generator=g, device=dev, dtype=torch.float16))
+        graph.replay()
+        torch.cuda.synchronize()
+        q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        kc_ref[:, :, 517], vc_ref[:, :, 517] = 0, 0  # the row this step writes, from this replay's k and v
+        ref = rotary_decode_attention_reference(q, k, v, cos, sin, seqlens, kc_ref, vc_ref, seqlens, 0.125, -1,
+                                                interleaved=False, do_rotary=True)
+        torch.testing.assert_close(out.double(), ref.to(out.device), rtol=2e-3, atol=2e-3, msg=f"replay {i}")
+        assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), f"replay {i}: cache rows"

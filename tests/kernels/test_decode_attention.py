@@ -189,11 +189,13 @@ def test_sinks(device: str, dtype: torch.dtype, splits: int, window: int, softca
     (torch.float32, (4, 2), 16, "halves", 5, 1, 2.0),
     (torch.float16, (14, 2), 64, "interleaved", -1, 3, 3.0),
 ], ids=_ids)
+@pytest.mark.parametrize("early", [False] if INTERPRET else [False, True], ids=lambda e: "early" if e else "wait_first")
 def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, mode: str,
-                                 window: int, splits: int, softcap: float) -> None:
+                                 window: int, splits: int, softcap: float, early: bool) -> None:
     """The one-launch decode step equals rotary_cache_write + decode_attention's references: cache rows bit for
     bit (written and untouched), the attention output within the dtype's tolerance. Entry 1's length is past
-    the buffer (its row is clamped to the last), entry 2 attends only its new row."""
+    the buffer (its row is clamped to the last), entry 2 attends only its new row. ``early``: lengths, positions
+    and caches read before the PDL wait (compiled kernels; the interpreter has no wait)."""
     N, Nk = heads
     B, L, max_pos = 3, 40, 48
     do_rotary, interleaved, rot = _rotary_mode(mode, H)
@@ -207,7 +209,7 @@ def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[i
     ref = rotary_decode_attention_reference(q, k, v, cos, sin, pos, kc_ref, vc_ref, seqlens, 0.3, window,
                                             interleaved=interleaved, do_rotary=do_rotary, softcap=softcap)
     out = rotary_decode_attention(q, k, v, cos, sin, pos, kc, vc, seqlens, 0.3, window, interleaved=interleaved,
-                                  do_rotary=do_rotary, num_splits=splits, softcap=softcap)
+                                  do_rotary=do_rotary, num_splits=splits, softcap=softcap, early=early)
     assert out.shape == (B, N, H) and out.dtype == dtype
     if dtype == torch.bfloat16 and INTERPRET:  # the interpreter rounds fp32 -> bf16 toward zero: 1 ulp
         torch.testing.assert_close(kc, kc_ref, rtol=2 ** -7, atol=1e-3)

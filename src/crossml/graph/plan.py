@@ -36,6 +36,12 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 FOLD_MAX_ELEMENTS = 1 << 24
 
 
+#: (domain, op type) of the ops that launch at least one GPU kernel whenever their output holds values (the products
+#: ``OpContext.settled_inputs`` relies on)
+KERNEL_OPS = {("", "MatMul"), ("", "Gemm"), ("com.microsoft", "MatMulNBits"), ("com.crossml", "Linear"),
+              ("com.crossml", "NormMatMulNBits"), ("com.crossml", "MatMulSkipNorm")}
+
+
 @dataclass(slots=True)
 class Step:
     """One node, ready to run: ``outputs = fn(*inputs, **attrs)``."""
@@ -125,6 +131,8 @@ class _Builder:
         self.constants: dict[str, Any] = {}  # name -> CPU value (for folding, host inputs)
         self.const_slots: list[tuple[int, Any]] = []
         self.steps: list[Step] = []
+        #: the step of the last node added and its domain (``_settled``)
+        self.last_node: tuple[Step, str] | None = None
         self.step_reads: list[list[int]] = []
         self.value_device: dict[str, torch.device] = {}
         self.outer_names: list[str] = []
@@ -285,6 +293,7 @@ class _Builder:
         ctx = None
         if spec.wants_ctx:
             ctx = self._context(node, opset, device)
+            ctx.settled_inputs = self._settled(in_slots, device)
             attrs["ctx"] = ctx
         outs = tuple(self.define(o, device) if o else -1 for o in node.output)
         reads = [s for s in in_slots if s >= 0]
@@ -303,6 +312,7 @@ class _Builder:
                                subgraphs=subplans, single=len(node.output) == 1))
         self.step_reads.append(reads)
         self.kept_nodes.append(node)
+        self.last_node = (self.steps[-1], domain)
 
     def _weight_layout(self, node: onnx.NodeProto, domain: str, attrs: dict[str, Any], name: str,
                        device: torch.device) -> str | None:
@@ -375,6 +385,22 @@ class _Builder:
                          outputs_wanted=tuple(bool(o) for o in node.output),
                          device=device, extra=dict(self.opt.op_extra), input_types=self._elem_types(node.input),
                          const_inputs=tuple(bool(n) and n in self.constants for n in node.input))
+
+    def _settled(self, in_slots: Sequence[int], device: torch.device) -> tuple[bool, ...]:
+        """``OpContext.settled_inputs`` of a node reading ``in_slots`` on ``device``: per input, whether the plan's
+        previous step separates it from the node's kernels. That step must be one of KERNEL_OPS on the same GPU and
+        write one of the node's inputs (it then launches a kernel whenever the node has work, and that kernel waits
+        for everything before it), and the input must not be its output; an absent input counts as settled."""
+        if device.type == "cpu" or not self.steps:
+            return ()
+        prev = self.steps[-1]
+        if self.last_node is None or self.last_node[0] is not prev:  # a copy step came after the last node
+            return ()
+        written = set(prev.outputs) - {-1}
+        if prev.device != device or (self.last_node[1], prev.op_type) not in KERNEL_OPS \
+                or not written.intersection(in_slots):
+            return ()
+        return tuple(s not in written for s in in_slots)
 
     def _elem_types(self, names: Sequence[str]) -> tuple[int | None, ...]:
         out: list[int | None] = []

@@ -282,10 +282,11 @@ def _split_k_reduce_kernel(ws_ptr, bias_ptr, y_ptr, MN, N, SPLIT_K,
 
 
 @triton.jit
-def _partial_row_sum(ws_ptr, bias_ptr, res_ptr, y_ptr, row, MN, c0, N, SPLIT_K, HAS_BIAS: tl.constexpr,
+def _partial_row_sum(ws_ptr, bias_ptr, res, y_ptr, row, MN, c0, N, SPLIT_K, HAS_BIAS: tl.constexpr,
                      BLOCK_S: tl.constexpr, BLOCK: tl.constexpr, RTNE: tl.constexpr):
-    """float32 ``res + p`` at columns [c0, c0 + BLOCK) of a row, p = the row's partial sums added (+ bias) and
-    rounded to y's dtype (the product's output), the residual first as the rmsnorm kernel adds them."""
+    """float32 ``res + p`` at columns [c0, c0 + BLOCK) of a row (``res`` the residual's values there), p = the row's
+    partial sums added (+ bias) and rounded to y's dtype (the product's output), the residual first as the rmsnorm
+    kernel adds them."""
     splits = tl.arange(0, BLOCK_S)
     cols = c0 + tl.arange(0, BLOCK)
     ok = cols < N
@@ -295,7 +296,7 @@ def _partial_row_sum(ws_ptr, bias_ptr, res_ptr, y_ptr, row, MN, c0, N, SPLIT_K, 
     if HAS_BIAS:
         p += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(y_ptr.dtype.element_ty).to(tl.float32)
     p = _cast(p, y_ptr, RTNE).to(tl.float32)
-    return tl.load(res_ptr + row + cols, mask=ok, other=0.0).to(tl.float32) + p
+    return res + p
 
 
 @triton.jit
@@ -306,27 +307,36 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
     rmsnorm kernel's order), sum[m] = s in y's dtype, y[m] = s * rsqrt(mean(s²) + eps) * g.
 
     SINGLE: the row's partial sums are one [BLOCK_S, BLOCK] tile (one round of loads; a single program walking
-    the row in chunks is bound by the latency of each chunk's loads and reductions). Otherwise the row is walked
-    twice in BLOCK chunks, the first pass keeping s in float32 in the workspace's first slice (each chunk is
-    read before it is overwritten, by this program only), the second reading it back."""
-    pdl_wait(PDL)
+    the row in chunks is bound by the latency of each chunk's loads and reductions), and the row's residual and
+    gamma are loaded before the PDL wait: the kernel this one waits for is the GEMV that wrote the partial sums,
+    launched just before it by ``gemv_skip_norm`` (or a torch kernel, which starts nothing early), so whatever wrote
+    the residual had finished before that GEMV started. On an H200, with the split decode attention's early loads
+    (``crossml.kernels.decode_attention``), the GenAI benchmark's decode steps went from 0.574-0.589 to 0.546-0.570 ms
+    (Qwen2.5-0.5B fp16) and from 0.859-0.860 to 0.826-0.828 ms (Llama-3.2-1B fp16); this kernel's part alone
+    0.841-0.844 ms for Llama (back-to-back replays, alternated in one process). Otherwise the row is walked twice in
+    BLOCK chunks, the first pass keeping s in float32 in the workspace's first slice (each chunk is read before it is
+    overwritten, by this program only), the second reading it back."""
     m = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     row = m * N
     MN = M * N
     if SINGLE:
         ok = cols < N
-        s = _partial_row_sum(ws_ptr, bias_ptr, res_ptr, y_ptr, row, MN, 0, N, SPLIT_K, HAS_BIAS, BLOCK_S, BLOCK, RTNE)
+        res = tl.load(res_ptr + row + cols, mask=ok, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+        pdl_wait(PDL)
+        s = _partial_row_sum(ws_ptr, bias_ptr, res, y_ptr, row, MN, 0, N, SPLIT_K, HAS_BIAS, BLOCK_S, BLOCK, RTNE)
         if STORE_SUM:
             tl.store(sum_ptr + row + cols, _cast(s, sum_ptr, RTNE), mask=ok)
         inv = tl.math.rsqrt(tl.sum(s * s, axis=0) * inv_n + eps)
-        g = tl.load(g_ptr + cols, mask=ok, other=0.0).to(tl.float32)
         tl.store(y_ptr + row + cols, _cast(s * inv * g, y_ptr, RTNE), mask=ok)
     else:
+        pdl_wait(PDL)
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(0, N, BLOCK):
             ok = c0 + cols < N
-            s = _partial_row_sum(ws_ptr, bias_ptr, res_ptr, y_ptr, row, MN, c0, N, SPLIT_K, HAS_BIAS, BLOCK_S, BLOCK,
+            res = tl.load(res_ptr + row + c0 + cols, mask=ok, other=0.0).to(tl.float32)
+            s = _partial_row_sum(ws_ptr, bias_ptr, res, y_ptr, row, MN, c0, N, SPLIT_K, HAS_BIAS, BLOCK_S, BLOCK,
                                  RTNE)
             if STORE_SUM:
                 tl.store(sum_ptr + row + c0 + cols, _cast(s, sum_ptr, RTNE), mask=ok)

@@ -76,10 +76,21 @@ class OpContext:
     #: per input, True where it is a constant of the model (an initializer no feed can override, or a folded
     #: value): no kernel writes it, so a kernel may read it before the previous kernel has finished
     const_inputs: tuple[bool, ...] = ()
+    #: per input, True where its value was complete before the kernels of the plan's previous step started: that
+    #: step is a product on this device that wrote another input of this node (so it launches a kernel whenever
+    #: this node has work), and this input is not its output. Under programmatic dependent launch a kernel waits
+    #: only for the kernel before it, so it may read such inputs before that wait. Empty when the plan did not say.
+    settled_inputs: tuple[bool, ...] = ()
 
     def constant(self, *indices: int) -> bool:
         """Whether every one of these inputs is a model constant (False when the plan did not say)."""
         return all(i < len(self.const_inputs) and self.const_inputs[i] for i in indices)
+
+    def settled(self, *indices: int) -> bool:
+        """Whether every one of these inputs (absent optional ones included) is settled (``settled_inputs``); False
+        when the plan did not say."""
+        n = len(self.settled_inputs)
+        return n > 0 and all(i >= n or self.settled_inputs[i] for i in indices)
 
 
 _REGISTRY: dict[tuple[str, str], list[OpSpec]] = {}

@@ -184,7 +184,7 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
                  head_sink, smooth_softmax, do_rotary, rotary_interleaved, local_window, inplace,
-                 windowed: bool = False) -> tuple:
+                 windowed: bool = False, early: bool = False) -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
     rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended, their
@@ -194,7 +194,11 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     ``windowed``: a window-sized cache (``sliding_window_cache=1``, what ``_windowed`` computes): ``evict_rows``
     first moves the rows kept down to row 0 when this step evicts (``L(T) < L(T-1) + 1``; otherwise its launch
     moves nothing) and gives the new token's row ``L(T) - 1``, where the new row goes and the ``local_window``
-    attended rows end; rotary positions stay absolute."""
+    attended rows end; rotary positions stay absolute.
+
+    ``early``: all inputs but q, k and v are settled (``OpContext.settled``), so the attention kernel reads them
+    before its PDL wait (``rotary_decode_attention``); never with ``windowed``, whose eviction kernel writes the
+    caches just before."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
     kc, vc = _shared_caches(past_key, past_value, inplace)
@@ -206,7 +210,8 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     sink = _sinks(head_sink, smooth_softmax, N, q.device)
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
-                                          do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink)
+                                          do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink,
+                                          early=early and not windowed)
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
@@ -272,6 +277,11 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     keys, values, gqa = sdpa_heads(qh, kc[:, :, :total], vc[:, :, :total], N // Nk, masked=True)
     out = sdpa(qh, keys, values, attn_mask=allowed.reshape(1, 1, S, total), scale=sc, enable_gqa=gqa)
     return out.transpose(1, 2).reshape(1, S, N * H), kc, vc, None
+
+
+#: GroupQueryAttention inputs the decode kernel reads before its PDL wait when settled: past key and value,
+#: seqlens_k, cos and sin caches, position_ids, head_sink
+_READ_EARLY = (3, 4, 5, 7, 8, 9, 11)
 
 
 @op("GroupQueryAttention", domain=MS_DOMAIN, host_inputs=(6,), ctx=True)
@@ -353,7 +363,8 @@ def group_query_attention(
             return _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                                 scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
                                 do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                                local_window=local_window_size if causal else -1, inplace=inplace)
+                                local_window=local_window_size if causal else -1, inplace=inplace,
+                                early=ctx.settled(*_READ_EARLY))
         if subsequent:
             return _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                                   total, scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
