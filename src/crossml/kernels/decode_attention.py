@@ -506,8 +506,8 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     before the kernel that precedes this launch in the stream started (``OpContext.settled``: a plan says so when
     the previous step is a product that wrote q, k or v), so under programmatic dependent launch the programs read
     them, and their first key/value chunk, before waiting for that kernel. On an H200 the GenAI benchmark's int4
-    decode steps went from 0.490-0.493 to 0.476-0.477 ms (Qwen2.5-0.5B) and from 0.508-0.509 to 0.496 ms
-    (Llama-3.2-1B) (back-to-back replays, alternated in one process)."""
+    decode steps went from 0.489-0.490 to 0.471-0.472 ms (Qwen2.5-0.5B) and from 0.508-0.509 to 0.496 ms
+    (Llama-3.2-1B) (``benchmarks/decode_replay.py``, the trees before and after alternated three times)."""
     _check_attention(q, k_cache, v_cache, "rotary_decode_attention")
     B, N, H = q.shape
     Nk = k_cache.shape[1]

@@ -62,8 +62,8 @@ weights with bulk prefetches (``cp.async.bulk.prefetch.L2``, 16 KB each, before 
 fp16 decode step from 0.58 to 1.67 ms (1.75 two products ahead, 3.15 both; back-to-back replays, one process). Alone,
 a side-stream prefetch of a 16 MB buffer during another buffer's read made the pair slower (11.3 -> 14.1 us).
 Computing an MLP's gate+up and down products in one launch, the down programs waiting on per-K-range counters of the
-gate+up slices done, took 14.1-18.1 us per Qwen2.5-0.5B layer against 12.4 for this GEMV's two launches and the
-skip-norm (Llama-3.2-1B: 32.7-45.1 against 29.3).
+gate+up slices done, took 13.0-17.6 us per Qwen2.5-0.5B layer against 11.3 for this GEMV's two launches and the
+skip-norm (Llama-3.2-1B: 31.6-44.2 against 28.4).
 
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
@@ -310,10 +310,11 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
     the row in chunks is bound by the latency of each chunk's loads and reductions), and the row's residual and
     gamma are loaded before the PDL wait: the kernel this one waits for is the GEMV that wrote the partial sums,
     launched just before it by ``gemv_skip_norm`` (or a torch kernel, which starts nothing early), so whatever wrote
-    the residual had finished before that GEMV started. On an H200, with the split decode attention's early loads
-    (``crossml.kernels.decode_attention``), the GenAI benchmark's decode steps went from 0.574-0.589 to 0.546-0.570 ms
-    (Qwen2.5-0.5B fp16) and from 0.859-0.860 to 0.826-0.828 ms (Llama-3.2-1B fp16); this kernel's part alone
-    0.841-0.844 ms for Llama (back-to-back replays, alternated in one process). Otherwise the row is walked twice in
+    the residual had finished before that GEMV started. On an H200, with the decode attention's early reads
+    (``crossml.kernels.decode_attention``), the GenAI benchmark's decode steps went from 0.575 to 0.547 ms
+    (Qwen2.5-0.5B fp16) and from 0.852-0.853 to 0.813-0.814 ms (Llama-3.2-1B fp16) (``benchmarks/decode_replay.py``,
+    the trees before and after alternated three times); this kernel's part alone, in an earlier A/B in one process,
+    took Llama's from 0.859 to 0.841-0.844 ms. Otherwise the row is walked twice in
     BLOCK chunks, the first pass keeping s in float32 in the workspace's first slice (each chunk is read before it is
     overwritten, by this program only), the second reading it back."""
     m = tl.program_id(0).to(tl.int64)
