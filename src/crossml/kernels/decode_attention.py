@@ -258,9 +258,10 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     ``sink_ptr[h]`` is one more logit in its softmax denominator (attention sinks), which split 0 starts from: its
     running max is the sink and its denominator 1, so the combine counts the sink once.
 
-    EARLY (with NEW): the lengths, positions, cos/sin rows and the first key/value chunk are read before the PDL
-    wait, which then guards only the new token's q, k and v (``rotary_decode_attention``'s ``early``)."""
-    if not EARLY:
+    EARLY (with NEW; ignored without): the lengths, positions, cos/sin rows and the first key/value chunk are read
+    before the PDL wait, which then guards only the new token's q, k and v (``rotary_decode_attention``'s
+    ``early``)."""
+    if not (EARLY and NEW):
         pdl_wait(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -465,7 +466,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
         _decode_attn_kernel[(programs, splits)](*args, NEW=new is not None, ROTARY=bool(rotary),
                                                 INTERLEAVED=bool(interleaved), SPLIT=splits > 1,
                                                 SOFTCAP=softcap > 0.0, SINK=sink is not None,
-                                                EARLY=early and new is not None and not interp, **meta,
+                                                EARLY=early and not interp, **meta,
                                                 num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
