@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import crossml.genai as og
-from crossml.genai.model import MAX_PROMPT_GRAPHS, prompt_bucket
+from crossml.genai.model import MAX_PROMPT_GRAPHS, chunk_bucket, prompt_bucket
 from tests.genai._generation import generate_with
 from tests.genai.conftest import ARCHS, PRECISIONS
 
@@ -246,6 +246,88 @@ def test_bucketed_prompt_outputs_and_rewind(genai_models) -> None:
     for width in (128, 160, 192, 200):
         bufs.prompt(width)
     assert list(bufs.prompts) == [128, 160, 192, 200] and len(bufs.prompts) == MAX_PROMPT_GRAPHS
+
+
+def test_chunk_bucket_widths() -> None:
+    assert [chunk_bucket(n) for n in (2, 31, 32, 33, 64, 65, 100, 513)] == [32, 32, 32, 64, 64, 128, 128, 1024]
+
+
+#: continuation prompts of the chunk tests: buckets 32, 64, 64 (the second one's first run, then its recording)
+CHUNKS = (np.arange(5, 12), np.arange(20, 60), np.arange(7, 40))
+
+
+def _chunked(model: og.Model, max_length: int = 160) -> dict[str, Any]:
+    """A first prompt, then CHUNKS each followed by two tokens, then a 40-token chunk (its bucket of 64 would pass
+    max_length: eager) and two tokens; what the API shows after each chunk, the logits after each pair of tokens,
+    and the sequence after a rewind into the last chunk and three more tokens."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=max_length)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.arange(3, 13))
+    for _ in range(3):
+        gen.generate_next_token()
+    seen: dict[str, Any] = {"outputs": [], "logits": [], "mask_past_end": []}
+    for chunk in (*CHUNKS, np.arange(30, 70)):
+        gen.append_tokens(chunk)
+        seen["outputs"].append(gen.get_output("logits"))
+        seen["mask_past_end"].append(bool(gen._mask[:, gen.token_count():].any()))
+        for _ in range(2):
+            gen.generate_next_token()
+        seen["logits"].append(gen.get_logits())
+    seen["length"] = gen.token_count()
+    gen.rewind_to(gen.token_count() - 10)
+    for _ in range(3):
+        gen.generate_next_token()
+    seen["logits"].append(gen.get_logits())
+    seen["sequence"] = gen.get_sequence(0).tolist()
+    return seen
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_chunks_match_eager(genai_models, arch: str) -> None:
+    """Continuation prompts right-padded to their chunk buckets, the pad columns fed as tokens over the whole
+    max-length mask, give the eager path's tokens, shown logits and logits (the padded GEMMs may round differently
+    in the last bits); a chunk whose bucket would pass max_length runs eagerly, unpadded. With window-sized caches
+    (gemma's) every chunk runs eagerly: the pads would evict real positions."""
+    folder = genai_models[(arch, "fp32")]
+    ref = _chunked(_model(folder, False))
+    model = _bucketed(folder)
+    shapes = _spy(model)
+    io = model.io
+    for _ in range(2):  # the buckets' first chunks, then their second ones (recorded on a GPU)
+        shapes.clear()
+        got = _chunked(model)
+        assert got["sequence"] == ref["sequence"] and got["length"] == ref["length"] == 141
+        assert not any(got["mask_past_end"])  # the pad columns' mask is cleared behind each chunk
+        for what in ("outputs", "logits"):
+            assert len(got[what]) == len(ref[what])
+            for i, (a, b) in enumerate(zip(got[what], ref[what])):
+                assert a.shape == b.shape
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()), err_msg=f"{what} {i}")
+        fed = [(s[io.input_ids], s[io.attention_mask]) for s in shapes if s[io.input_ids][1] > 1]
+        chunks = [(1, len(c)) for c in (*CHUNKS, range(40))]
+        if model.window_layers:
+            assert [ids for ids, _ in fed[1:]] == chunks
+        else:
+            assert fed[1:] == [((1, 32), (1, 160)), ((1, 64), (1, 160)), ((1, 64), (1, 160)), ((1, 40), (1, 139))]
+            bufs = model._buffers[(1, 160)][0]
+            assert list(bufs.chunks) == [32, 64] and all(slot.warmed for slot in bufs.chunks.values())
+
+
+def test_chunk_slots_are_kept_apart_from_prompt_slots(genai_models) -> None:
+    """A set keeps MAX_PROMPT_GRAPHS chunk buckets beside its first-prompt buckets (another mask width, another
+    recording), the least recently used dropped first; new extra inputs drop both."""
+    model = _bucketed(genai_models[("qwen2", "fp32")])
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=200)
+    bufs = og.Generator(model, params)._bufs
+    first, chunk = bufs.prompt(64), bufs.chunk(64)
+    assert first is not chunk and bufs.prompt(64) is first and bufs.chunk(64) is chunk
+    for width in (128, 256, 512, 1024):
+        bufs.chunk(width)
+    assert list(bufs.chunks) == [128, 256, 512, 1024] and list(bufs.prompts) == [64]
+    bufs.bind_extras({"x": torch.zeros(1)})
+    assert not bufs.chunks and not bufs.prompts
 
 
 def _greedy_module() -> Any:

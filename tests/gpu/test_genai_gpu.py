@@ -196,6 +196,44 @@ def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
         np.testing.assert_allclose(first, ref_first, atol=1e-2 * float(np.abs(ref_first).max()), rtol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_chunk_graphs_recorded_and_replayed(models: Path, precision: str) -> None:
+    """Chat turns (continuation prompts) on the GPU: a chunk bucket's first turn runs eagerly, its second records
+    the bucket's graph, later turns replay it; tokens equal to a model that runs every turn eagerly, logits
+    close (the turns of one bucket take 7 and 20 new tokens, both padded to 32 columns)."""
+    folder = str(models / f"llama_{precision}_cuda")
+    model = og.Model(folder)
+    eager = og.Model(folder)
+    eager._prompt_graphs = False  # first prompts and turns eager (decode steps still recorded)
+
+    def run(m: og.Model) -> tuple[list[int], list[np.ndarray]]:
+        params = og.GeneratorParams(m)
+        params.set_search_options(max_length=160)
+        gen = og.Generator(m, params)
+        gen.append_tokens(np.arange(3, 40))
+        gen.generate_next_token()
+        logits = []
+        for i, n in enumerate((7, 20, 20, 7, 20)):
+            gen.append_tokens(np.arange(50 + i, 50 + i + n))
+            logits.append(gen.get_logits().copy())
+            for _ in range(3):
+                gen.generate_next_token()
+        return gen.get_sequence(0).tolist(), logits
+
+    ref_seq, ref_logits = run(eager)
+    seq, logits = run(model)
+    bufs = model._buffers[(1, 160)][0]
+    assert list(bufs.chunks) == [32] and bufs.chunks[32].replay is not None
+    assert seq == ref_seq
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_allclose(a, b, atol=2e-2 * float(np.abs(b).max()), rtol=0)
+    runners = len(model.session._runners)
+    seq2, logits2 = run(model)  # every turn replays now: same tokens, same logits as the recording run's turns
+    assert seq2 == seq and len(model.session._runners) == runners
+    for a, b in zip(logits2[2:], logits[2:]):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
 def test_greedy_kernel_step_matches_torch_step(models: Path, prompts: list[str]) -> None:
     """Plain greedy decode on the GPU chooses and records tokens with the Triton greedy step; the torch step (the

@@ -46,7 +46,7 @@ from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
-from crossml.genai.model import Model, prompt_bucket
+from crossml.genai.model import Model, PromptBuffers, chunk_bucket, prompt_bucket
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.runtime.adapters import active_feed
@@ -300,10 +300,19 @@ class Generator:
         for shown in (self._outputs.get(names[0]), (self._ahead_outputs or {}).get(names[0])):
             if isinstance(shown, _Shown):
                 shown.keep()  # a live logits buffer this run may overwrite
-        width = end  # columns fed (a recorded prompt is padded to its bucket)
+        model = self._model
+        width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
-        if bufs is not None and start == 0 and self._model._prompt_graphs:
+        chunk = None  # a continuation chunk's bucket buffers (likewise)
+        padded = bufs is not None and model._prompt_graphs and model._logits_per_position
+        if padded and start == 0:
             slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
+        elif padded and end - start > 1 and not model.window_layers:
+            # a chunk's pad columns are fed as tokens (the mask is the whole max-length one): not where a window-sized
+            # cache would evict real positions for them, nor past the buffers
+            w = chunk_bucket(end - start)
+            if start + w <= self._s.max_length:
+                chunk = bufs.chunk(w)
         if start == 0 and self._model._compile_ahead:
             self._model._compile_ahead = False
             self._compile_ahead(slot.width if slot is not None else end)
@@ -327,13 +336,16 @@ class Generator:
             if slot.pos is not None:
                 slot.pos.copy_(_positions(mask))
             outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
-        else:  # continuation prompts and growing-cache steps: not worth recording
+        elif chunk is not None:
+            outs = self._run_chunk(chunk, start, end)
+            width = chunk.width
+        else:  # growing-cache steps, chunks that do not fit a bucket, window-sized caches: eager
             mask = self._mask[:, :end]
             pos = _positions(mask)[:, start:end] if io.position_ids is not None else None
             outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)
         logits = outs[0]
-        if width != end and logits.dim() == 3:
-            logits = logits[:, :end]  # the bucket's pad columns are not the user's
+        if width != end - start and logits.dim() == 3:
+            logits = logits[:, :end - start]  # the bucket's pad columns are not the user's
         outputs = dict(zip(names, [logits, *outs[1:]]))
         self._cache.update(outs[1:])
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
@@ -361,6 +373,23 @@ class Generator:
             self._outputs, self._ahead_outputs = outputs, None
             self._run, self._ahead_run = (start, end), None
         self._kv_len = end
+
+    def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
+        """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run
+        on its fixed buffers with the set's whole max-length mask, as a decode step is: recorded on its bucket's
+        second run (``Model.run_bound``). The pad columns (pad ids) are fed as tokens: their mask columns are set
+        for the run, so GroupQueryAttention places the chunk at rows start.. of the caches, and cleared after it
+        (queued behind the run). Causality keeps them out of the real columns, whose logits the caller keeps;
+        their keys and values land past the sequence, where the next steps overwrite them before any query
+        reaches them."""
+        stop = start + chunk.width
+        self._mask[:, end:stop] = 1
+        chunk.ids.copy_(self._seq[:, start:stop])
+        if chunk.pos is not None:
+            chunk.pos.copy_(_positions(self._mask)[:, start:stop])
+        outs = self._model.run_bound(chunk, self._feed(chunk.ids, self._mask, chunk.pos), self._names)
+        self._mask[:, end:stop] = 0
+        return outs
 
     def _compile_ahead(self, width: int) -> None:
         """The model's first prompt, on a Triton device: run the prompt (``width`` columns), then a decode step, with

@@ -27,8 +27,17 @@ batch path computes for a row shorter than its batch: the pad columns come after
 causality keeps them out of every real row, their keys and values land past the real length
 (overwritten by the next steps, never attended), and the generator takes each row's logits at its
 last real token. A set keeps ``MAX_PROMPT_GRAPHS`` buckets' recordings (each holds its activations
-and logits). Continuation prompts (more tokens appended to a started sequence) and decode steps with
-a growing cache run eagerly (run config ``gpu_graph_id=-1``).
+and logits).
+
+Continuation prompts (a chat turn: more tokens appended to a started sequence) are recorded the same way
+in buckets of their own (``chunk_bucket``: powers of two from 32), fed like a decode step: ids and
+positions from ``PromptBuffers`` of the bucket's width, the set's whole max-length mask and the KV
+buffers. The pad columns are fed as tokens (their mask columns are set for the run and cleared behind
+it), so GroupQueryAttention places the chunk at its rows of the caches; causality keeps the pads out of
+the real columns, and their keys and values land past the sequence, overwritten by the next steps before
+any query reaches them. Not with window-sized caches (the pads would evict real positions) nor where the
+bucket would run past max_length: those chunks, and decode steps with a growing cache, run eagerly (run
+config ``gpu_graph_id=-1``).
 """
 
 from __future__ import annotations
@@ -85,10 +94,13 @@ class DecoderIO:
 #: inputs onnxruntime-genai feeds itself when a decoder has them and nothing else does: name -> value
 PRESET_INPUTS = {"num_logits_to_keep": 0}  # 0: logits for every position
 
-#: prompt recordings one DecodeBuffers set keeps (the least recently used bucket is dropped first)
+#: prompt recordings one DecodeBuffers set keeps (the least recently used bucket is dropped first); as many again
+#: for continuation chunks
 MAX_PROMPT_GRAPHS = 4
 #: narrowest prompt bucket
 MIN_PROMPT_BUCKET = 64
+#: narrowest continuation-chunk bucket
+MIN_CHUNK_BUCKET = 32
 
 
 def prompt_bucket(n: int, max_length: int) -> int:
@@ -104,9 +116,18 @@ def prompt_bucket(n: int, max_length: int) -> int:
     return min(max(width, n), max_length)
 
 
+def chunk_bucket(n: int) -> int:
+    """Width a continuation prompt of ``n`` tokens (a chat turn appended to a started sequence) is right-padded
+    to for a recorded chunk graph: the power of two at or above ``n``, at least MIN_CHUNK_BUCKET. Coarser than
+    first prompts' buckets, so turns of different lengths share recordings: a chunk's pad columns cost the GPU
+    little against the host time of an eager run (about 25 ms for a 100-token Qwen2.5-0.5B turn on an H200
+    host)."""
+    return max(MIN_CHUNK_BUCKET, 1 << (n - 1).bit_length())
+
+
 class PromptBuffers:
-    """A first prompt's input_ids / position_ids, ``width`` columns at fixed addresses, and the replay of the
-    graph recorded on them (with the set's mask columns and KV buffers)."""
+    """A first prompt's or continuation chunk's input_ids / position_ids, ``width`` columns at fixed addresses, and
+    the replay of the graph recorded on them (with the set's mask columns and KV buffers)."""
 
     def __init__(self, io: DecoderIO, rows: int, width: int, device: torch.device) -> None:
         self.width = width
@@ -133,6 +154,7 @@ class DecodeBuffers:
         self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly
         self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
+        self.chunks: OrderedDict[int, PromptBuffers] = OrderedDict()  # continuation chunks (full-width mask)
         #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
         self.extras: dict[str, torch.Tensor] = {}
 
@@ -146,19 +168,27 @@ class DecodeBuffers:
             self.replay = None
             self.warmed = False
             self.prompts.clear()
+            self.chunks.clear()
         for k, v in values.items():
             self.extras[k].copy_(v)
 
     def prompt(self, width: int) -> PromptBuffers:
-        """The prompt buffers of one bucket width (a width's first prompt runs its plan eagerly, the second records
-        it: see ``Model.run_bound``); the least recently used beyond MAX_PROMPT_GRAPHS are dropped with their
-        recordings."""
-        slot = self.prompts.pop(width, None)
+        """The first-prompt buffers of one bucket width (a width's first prompt runs its plan eagerly, the second
+        records it: see ``Model.run_bound``); the least recently used beyond MAX_PROMPT_GRAPHS are dropped with
+        their recordings."""
+        return self._slot(self.prompts, width)
+
+    def chunk(self, width: int) -> PromptBuffers:
+        """``prompt`` for continuation chunks, which feed the whole max-length mask (another recording)."""
+        return self._slot(self.chunks, width)
+
+    def _slot(self, slots: OrderedDict[int, PromptBuffers], width: int) -> PromptBuffers:
+        slot = slots.pop(width, None)
         if slot is None:
             slot = PromptBuffers(self._io, self.rows, width, self._device)
-        self.prompts[width] = slot
-        while len(self.prompts) > MAX_PROMPT_GRAPHS:
-            self.prompts.popitem(last=False)
+        slots[width] = slot
+        while len(slots) > MAX_PROMPT_GRAPHS:
+            slots.popitem(last=False)
         return slot
 
 
@@ -191,6 +221,10 @@ class Model:
         #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers); internal:
         #: tests force it on the CPU
         self._prompt_graphs = self._capture and self._static_decode
+        #: a padded run's logits can be cut to its real columns: the decoder gives logits per position ([batch,
+        #: sequence, vocab], as the builder's do). Padded prompts and chunks need it.
+        logits_shape = next((a.shape for a in self.session.get_outputs() if a.name == self.io.logits), None)
+        self._logits_per_position = logits_shape is not None and len(logits_shape) == 3
         #: generators run the next decode step as soon as a token is appended, before the host reads it (see
         #: crossml.genai.generator); internal: tests force it on the CPU
         self._run_ahead = self._capture and self._static_decode
