@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import crossml.genai as xg
-from tests.genai._generation import generate_with, run_steps
+from tests.genai._generation import assert_greedy_match, generate_with, run_steps
 from tests.genai.conftest import ARCHS, PRECISIONS
 
 PROMPT = "Hello world! How are you"
@@ -42,19 +42,17 @@ def generate(og, folder: str, prompts: list[str], max_length: int = 24, overlay:
 def test_greedy_parity(genai_models, og_ref, arch: str, precision: str, prompts: list[str]) -> None:
     folder = genai_models[(arch, precision)]
     ref_seq, ref_logits = generate(og_ref, folder, prompts)
-    seq, logits = generate(xg, folder, prompts)
-    assert seq == ref_seq
-    assert len(logits) == len(ref_logits)
+    got = generate(xg, folder, prompts)
     # int4: MatMulNBits accuracy_level 4 quantizes activations to int8 per block. The single op matches onnxruntime
     # to ~3e-6 (tests/ops/contrib), but the ops before it differ from onnxruntime's in the last float32 bits (their
     # sums are added in other orders), and where an activation lies that close to a rounding boundary its int8
     # value flips: the product moves by a quantization step (absmax / 127 times a weight) and the flip carries
-    # through the later layers. Seen: none on most models; with onnxruntime 1.31.1 on an AVX512-VNNI host, one flip
-    # in the first layer's down projection of the phi3 model, logits 0.05 to 0.14 apart with the same tokens. The
-    # bound leaves room for such flips; the greedy sequences above must still be equal.
+    # through the later layers. Seen: with onnxruntime 1.31.1 on an AVX512-VNNI host, one flip in the first layer's
+    # down projection of the phi3 model, logits 0.05 to 0.14 apart with the same tokens; with onnxruntime 1.32.0
+    # on an AVX2 host (no AVX512), logits 0.047 apart where the reference's best two tokens were 0.020 apart, so
+    # the batch's second row forked at step 12 (assert_greedy_match accepts such a fork and stops comparing there).
     atol = 1e-4 if precision == "fp32" else 0.25
-    for step, (a, b) in enumerate(zip(logits, ref_logits)):
-        np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"logits of step {step}")
+    assert_greedy_match(got, (ref_seq, ref_logits), atol)
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma"])
