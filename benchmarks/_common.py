@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -82,3 +83,37 @@ def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / replays / len(calls) * 1e3
+
+
+def genai_parser(doc: str, models: str = "qwen2.5-0.5b,llama-3.2-1b") -> argparse.ArgumentParser:
+    """The arguments of the benchmarks that run the GenAI benchmark's models: --out, --workdir (where the builder
+    folders are made on first use), --models and --precisions (comma lists)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--workdir", default=os.path.join(here, ".genai_work"))
+    ap.add_argument("--models", default=models)
+    ap.add_argument("--precisions", default="fp16,int4")
+    return ap
+
+
+def genai_models(args: argparse.Namespace) -> dict[tuple[str, str], str]:
+    """(model, precision) -> builder folder for ``genai_parser``'s arguments, building what is missing."""
+    import genai_bench
+
+    return genai_bench.build_all(args.workdir, [n for n in args.models.split(",") if n],
+                                 [p for p in args.precisions.split(",") if p], print)
+
+
+def chat_generator(og: Any, model: Any) -> Any:
+    """A generator of module ``og`` on ``model`` for chat-turn benchmarks: max_length 4096, a 512-token prompt and
+    4 generated tokens, so turns append to a started sequence."""
+    import numpy as np
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=4096)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.arange(3, 515, dtype=np.int32))
+    for _ in range(4):
+        gen.generate_next_token()
+    return gen

@@ -25,7 +25,6 @@ Writes OUT/chat_turns.json and OUT/chat_turns.md.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import statistics
@@ -102,18 +101,14 @@ def routes() -> list[dict[str, Any]]:
 def turns(folder: str) -> dict[str, Any]:
     import numpy as np
     import torch
+    from _common import chat_generator
 
     import crossml.genai as og
     from crossml.ops.contrib import attention
 
     keep = attention.CHUNK_DECODE_ROWS
     model = og.Model(folder)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=4096)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.arange(3, 515, dtype=np.int32))
-    for _ in range(4):
-        gen.generate_next_token()
+    gen = chat_generator(og, model)
 
     def turn(n: int) -> float:
         t0 = time.perf_counter()
@@ -221,23 +216,16 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
-    ap.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b")
-    ap.add_argument("--precisions", default="fp16,int4")
-    args = ap.parse_args(argv)
+    sys.path.insert(0, HERE)
+    from _common import genai_models, genai_parser, machine, write
+
+    args = genai_parser(__doc__).parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():
         sys.exit("chat_turns.py needs a CUDA GPU")
     t_start = time.perf_counter()
-    sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import machine, write
-
-    folders = gb.build_all(args.workdir, [n for n in args.models.split(",") if n],
-                           [p for p in args.precisions.split(",") if p], print)
+    folders = genai_models(args)
     payload: dict[str, Any] = {"machine": machine(), "routes": routes(), "wrappers": wrappers(), "turns": []}
     for (name, prec), folder in folders.items():
         row: dict[str, Any] = {"model": name, "precision": prec}

@@ -20,7 +20,6 @@ OUT/first_prompt.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -129,20 +128,14 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(child(sys.argv[2], sys.argv[3])), flush=True)
         return
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
-    ap.add_argument("--models", default="qwen2.5-0.5b")
-    ap.add_argument("--precisions", default="fp16,int4")
+    sys.path.insert(0, HERE)
+    from _common import genai_models, genai_parser, machine, write
+
+    ap = genai_parser(__doc__, models="qwen2.5-0.5b")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import machine, write
-
-    folders = gb.build_all(args.workdir, [n for n in args.models.split(",") if n],
-                           [p for p in args.precisions.split(",") if p], print)
+    folders = genai_models(args)
     rows: list[dict[str, Any]] = []
     for (name, prec), folder in folders.items():
         run_child(folder, "on")  # warms the on-disk caches (Triton's kernels, the model files)

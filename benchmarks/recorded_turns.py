@@ -19,7 +19,6 @@ Writes OUT/recorded_turns.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ LENGTHS = (100, 57, 130, 88, 100, 45, 120, 70, 95, 60, 110, 85, 140, 52, 98, 77)
 def turns(folder: str, count: int) -> list[dict[str, Any]]:
     import numpy as np
     import torch
+    from _common import chat_generator
 
     import crossml.genai as og
     from crossml.genai.model import chunk_bucket
@@ -41,12 +41,7 @@ def turns(folder: str, count: int) -> list[dict[str, Any]]:
     model = og.Model(folder)
     if not model._prompt_graphs:
         raise RuntimeError("the session does not record prompts (needs a GPU with graph capture)")
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=4096)
-    gen = og.Generator(model, params)
-    gen.append_tokens(np.arange(3, 515, dtype=np.int32))
-    for _ in range(4):
-        gen.generate_next_token()
+    gen = chat_generator(og, model)
     seen: dict[int, int] = {}  # bucket -> recorded-route turns so far
 
     def turn(ids: Any, recorded: bool) -> tuple[float, int]:
@@ -116,11 +111,10 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
-    ap.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b")
-    ap.add_argument("--precisions", default="fp16,int4")
+    sys.path.insert(0, HERE)
+    from _common import genai_models, genai_parser, machine, write
+
+    ap = genai_parser(__doc__)
     ap.add_argument("--turns", type=int, default=16)
     args = ap.parse_args(argv)
     import torch
@@ -128,12 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.cuda.is_available():
         sys.exit("recorded_turns.py needs a CUDA GPU")
     t_start = time.perf_counter()
-    sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import machine, write
-
-    folders = gb.build_all(args.workdir, [n for n in args.models.split(",") if n],
-                           [p for p in args.precisions.split(",") if p], print)
+    folders = genai_models(args)
     payload: dict[str, Any] = {"machine": machine(), "models": []}
     for (name, prec), folder in folders.items():
         row: dict[str, Any] = {"model": name, "precision": prec}
