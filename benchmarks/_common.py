@@ -90,7 +90,7 @@ def genai_parser(doc: str, models: str = "qwen2.5-0.5b,llama-3.2-1b") -> argpars
     folders are made on first use), --models and --precisions (comma lists)."""
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--out", default=RESULTS)
+    ap.add_argument("--out", default=os.path.join(here, "results"))
     ap.add_argument("--workdir", default=os.path.join(here, ".genai_work"))
     ap.add_argument("--models", default=models)
     ap.add_argument("--precisions", default="fp16,int4")

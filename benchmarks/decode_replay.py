@@ -23,7 +23,6 @@ Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstring
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
@@ -34,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
-from _common import machine, write  # noqa: E402
+from _common import genai_parser, machine, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
@@ -101,11 +100,7 @@ def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tup
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    ap.add_argument("--workdir", default=os.path.join(os.path.dirname(__file__), ".genai_work"))
-    ap.add_argument("--models", default=",".join(gb.SHAPES))
-    ap.add_argument("--precisions", default="fp16,int4")
+    ap = genai_parser(__doc__, models=",".join(gb.SHAPES))
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--kernels", action="store_true", help="also list one replay's kernels")
     ap.add_argument("--layouts", default="cols", help="rows, cols or rows,cols: how half decode weights are stored")

@@ -29,7 +29,6 @@ Writes OUT/genai_bench.json and OUT/genai_bench.md.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import json
@@ -362,11 +361,10 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
-    ap.add_argument("--models", default=",".join(SHAPES))
-    ap.add_argument("--precisions", default="fp16,int4")
+    sys.path.insert(0, HERE)
+    from _common import genai_parser, machine
+
+    ap = genai_parser(__doc__, models=",".join(SHAPES))
     ap.add_argument("--runtimes", default=",".join(DEFAULT_RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=256)
@@ -376,9 +374,7 @@ def main(argv: list[str] | None = None) -> None:
                          "its timed runs recompiled: 7-10 tok/s, a measure of compilation, not of decode)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    sys.path.insert(0, HERE)
     import torch
-    from _common import machine
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)

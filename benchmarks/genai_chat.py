@@ -26,7 +26,6 @@ Writes OUT/genai_chat.json and OUT/genai_chat.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -137,19 +136,15 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         print("RESULT " + json.dumps(session(sys.argv[2], sys.argv[3], int(sys.argv[4]))), flush=True)
         return
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--workdir", default=os.path.join(HERE, ".genai_work"))
-    ap.add_argument("--models", default="qwen2.5-0.5b,llama-3.2-1b")
-    ap.add_argument("--precisions", default="fp16,int4")
+    sys.path.insert(0, HERE)
+    import genai_bench as gb
+    from _common import genai_parser, machine, write
+
+    ap = genai_parser(__doc__)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
     ap.add_argument("--prompt", type=int, default=512)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
-    sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import machine, write
-
     names = [n for n in args.models.split(",") if n]
     precisions = [p for p in args.precisions.split(",") if p]
     runtimes = [r for r in args.runtimes.split(",") if r]
