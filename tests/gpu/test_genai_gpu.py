@@ -150,6 +150,20 @@ def test_captured_and_eager_decode_agree(models: Path) -> None:
         np.testing.assert_allclose(a, b, atol=1e-2, rtol=0)
 
 
+def _spy_recordings(mp: pytest.MonkeyPatch) -> list[bool]:
+    """Make the session's recordings (``Recording``) report to the list returned: each one's ``warm`` argument
+    (False: captured without a warm-up run of its own)."""
+    warm_ups: list[bool] = []
+
+    class Spy(Recording):
+        def __init__(self, *a: Any, warm: bool = True, **k: Any) -> None:
+            warm_ups.append(warm)
+            super().__init__(*a, warm=warm, **k)
+
+    mp.setattr(crossml.runtime.session, "Recording", Spy)
+    return warm_ups
+
+
 def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
     """A bucket's first prompt runs the bucket's plan eagerly, the second records the bucket's graph without a
     warm-up run and later generators replay it (the session does not keep it), with the same logits and tokens as
@@ -169,14 +183,8 @@ def test_prompt_graph_recorded_and_replayed(models: Path) -> None:
             gen.generate_next_token()
         return first, gen.get_sequence(0).tolist()
 
-    warm_ups: list[bool] = []
-    class Spy(Recording):
-        def __init__(self, *a: Any, warm: bool = True, **k: Any) -> None:
-            warm_ups.append(warm)
-            super().__init__(*a, warm=warm, **k)
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(crossml.runtime.session, "Recording", Spy)
+        warm_ups = _spy_recordings(mp)
         results = [run(model)]
         bufs = model._buffers[(1, 128)][0]
         assert list(bufs.prompts) == [64] and bufs.prompts[64].replay is None  # ran eagerly, not recorded
@@ -227,15 +235,8 @@ def test_chunk_graphs_recorded_and_replayed(models: Path, precision: str) -> Non
     assert seq == ref_seq
     for a, b in zip(logits, ref_logits):
         np.testing.assert_allclose(a, b, atol=2e-2 * float(np.abs(b).max()), rtol=0)
-    recorded: list[bool] = []
-
-    class Spy(Recording):
-        def __init__(self, *a: Any, **k: Any) -> None:
-            recorded.append(True)
-            super().__init__(*a, **k)
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(crossml.runtime.session, "Recording", Spy)
+        recorded = _spy_recordings(mp)
         seq2, logits2 = run(model)  # every turn replays now: same tokens, same logits as the recording run's turns
     # one recording: the first prompt's bucket, whose second prompt this is; no turn and no decode step records
     assert len(recorded) == 1 and list(bufs.chunks) == [32] and model._buffers[(1, 160)] == [bufs]
