@@ -6,7 +6,9 @@ weights, fp16 and int4 builder folders, built under --workdir on first use, whic
 model builder importable), it appends a 512-token prompt, generates 5 tokens (the decode step is recorded as a
 CUDA graph), then times --replays back-to-back replays of that graph (after 20 unmeasured) and reports the mean
 per replay. With --kernels, one replay under torch.profiler: each kernel's summed duration and count (kernels of
-one step overlap under programmatic dependent launch, so durations add up to more than the step).
+one step overlap under programmatic dependent launch, so durations add up to more than the step), and its critical
+µs: how far each of its launches moved the end of the step so far, which adds up to the step (the kernels that
+bound it); with --timeline, also every kernel's start and end in OUT/decode_timeline.json.
 
     python benchmarks/decode_replay.py [--models qwen2.5-0.5b,llama-3.2-1b] [--precisions fp16,int4] [--kernels]
         [--layouts rows,cols --rounds 3] [--variants cols,no-SkipNormProduct --rounds 3]
@@ -24,6 +26,7 @@ Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstring
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -63,9 +66,13 @@ def variant(layout: str):
         matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules = kept, kept_rules
 
 
-def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tuple[str, int, float]]]:
+def replay_ms(folder: str, replays: int, kernels: bool,
+              timeline: list | None = None) -> tuple[float, list[tuple[str, int, float, float]]]:
     """Mean ms per back-to-back replay of the model's recorded decode step, and (with ``kernels``) the kernels of
-    one replay as (name, count, summed µs), longest first."""
+    one replay as (name, count, summed µs, critical µs), longest critical first: a kernel's critical µs is how far
+    its end moved the latest end of the kernels before it (in start order), so the column adds up to the replay's
+    span however the kernels overlap. ``timeline``: a list that receives each kernel of that replay as (name,
+    start µs, end µs) from the first kernel's start, in start order."""
     model = og.Model(folder)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=800, min_length=800)
@@ -83,18 +90,24 @@ def replay_ms(folder: str, replays: int, kernels: bool) -> tuple[float, list[tup
         replay()
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t) / replays * 1e3
-    table: list[tuple[str, int, float]] = []
+    table: list[tuple[str, int, float, float]] = []
     if kernels:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             replay()
             torch.cuda.synchronize()
+        spans = sorted((e.time_range.start, e.time_range.end, e.name[:60]) for e in prof.events()
+                       if e.device_type.name == "CUDA")
         agg: dict[str, list[float]] = {}
-        for e in prof.events():
-            if e.device_type.name == "CUDA":
-                a = agg.setdefault(e.name[:60], [0, 0.0])
-                a[0] += 1
-                a[1] += e.time_range.end - e.time_range.start
-        table = sorted(((k, int(n), us) for k, (n, us) in agg.items()), key=lambda r: -r[2])
+        latest = spans[0][0] if spans else 0
+        for start, end, name in spans:
+            a = agg.setdefault(name, [0, 0.0, 0.0])
+            a[0] += 1
+            a[1] += end - start
+            a[2] += max(0, end - latest)
+            latest = max(latest, end)
+        if timeline is not None and spans:
+            timeline += [(n, round(a - spans[0][0], 2), round(b - spans[0][0], 2)) for a, b, n in spans]
+        table = sorted(((k, int(n), us, crit) for k, (n, us, crit) in agg.items()), key=lambda r: -r[3])
     del gen, model
     return ms, table
 
@@ -103,6 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = genai_parser(__doc__, models=",".join(gb.SHAPES))
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--kernels", action="store_true", help="also list one replay's kernels")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --kernels, also write one replay's kernels in start order (name, start, end µs) to "
+                         "OUT/decode_timeline.json")
     ap.add_argument("--layouts", default="cols", help="rows, cols or rows,cols: how half decode weights are stored")
     ap.add_argument("--variants", help="comma-separated cols, rows, no-RULE (instead of --layouts)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the layouts, alternated")
@@ -111,16 +127,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("decode_replay.py needs a CUDA GPU")
     folders = gb.build_all(args.workdir, args.models.split(","), args.precisions.split(","), print)
     layouts = (args.variants or args.layouts).split(",")
-    rows = []
+    rows, timelines = [], {}
     for (name, prec), folder in folders.items():
         for rnd in range(args.rounds):
             for layout in layouts:
+                spans: list | None = [] if args.timeline and args.kernels else None
                 with variant(layout):
-                    ms, table = replay_ms(folder, args.replays, args.kernels)
+                    ms, table = replay_ms(folder, args.replays, args.kernels, spans)
+                if spans:
+                    timelines[f"{name} {prec} {layout} {rnd}"] = spans
                 print(f"{name} {prec} {layout} round {rnd}: {ms:.3f} ms per replay", flush=True)
                 rows.append({"model": name, "precision": prec, "layout": layout, "round": rnd,
                              "replay_ms": round(ms, 4),
-                             "kernels": [{"name": k, "count": n, "us": round(us, 2)} for k, n, us in table]})
+                             "kernels": [{"name": k, "count": n, "us": round(us, 2), "critical_us": round(c, 2)}
+                                         for k, n, us, c in table]})
     several = len(layouts) > 1 or args.rounds > 1
     lines = ["# Decode step replayed back to back (GenAI benchmark models)", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
@@ -137,10 +157,14 @@ def main(argv: list[str] | None = None) -> None:
         if r["kernels"]:
             lines += ["", f"## {r['model']} {r['precision']}{' ' + r['layout'] if several else ''}: kernels of one "
                       "replay", "",
-                      "| kernel | count | summed µs |", "| --- | ---: | ---: |"]
-            lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} |" for k in r["kernels"]]
+                      "| kernel | count | summed µs | critical µs |", "| --- | ---: | ---: | ---: |"]
+            lines += [f"| {k['name']} | {k['count']} | {k['us']:.1f} | {k['critical_us']:.1f} |" for k in r["kernels"]]
     lines += ["", "Produced by benchmarks/decode_replay.py."]
     result = ("decode_variants" if args.variants else "decode_layout") if several else "decode_replay"
+    if timelines:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "decode_timeline.json"), "w") as f:
+            json.dump({"machine": machine(), "timelines": timelines}, f)
     write(result, {"machine": machine(), "replays": args.replays, "rows": rows}, "\n".join(lines) + "\n", out=args.out)
 
 
