@@ -425,6 +425,13 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     it: 32 rows by 256 for the lm_head (N of a vocabulary); for the merged gate+up 4 rows by all of K up to
     1024, 8 by 512 for longer K; 8 rows by all of K
     (to 2048) at two warps otherwise.
+
+    The down projections' long K (K > 2048, N <= 16 per SM) was measured with BLOCK_K past 2048 on an H100
+    (``benchmarks/int4_long_k.py``, results/int4_long_k.md): about two programs per SM of 4096 packed words a step at
+    four warps (4 rows by 8192, 8 by 4096) took the products alone, in CUDA graphs of like products, from 4.14 to
+    3.34 us (Qwen2.5-0.5B, 896 x 4864) and from 7.14 to 5.85 us (Llama-3.2-1B, 2048 x 8192), but the captured int4
+    decode steps slower (rules alternated in one process, three rounds): Qwen2.5-0.5B 0.486-0.495 -> 0.497-0.498 ms,
+    Llama-3.2-1B 0.541-0.543 -> 0.549-0.550 ms.
     """
     if N < 12 * processors:
         return None
