@@ -101,6 +101,27 @@ def test_all_pad_row_and_batch_mismatch(model) -> None:
         og.Generator(model, params).generate_next_token()
 
 
+def test_token_ids_outside_the_vocabulary_and_empty_prompts(model) -> None:
+    """Prompt ids are checked on the host before anything runs: an id past vocab_size or negative would otherwise
+    reach the embedding Gather (an error on the CPU, zeros from onnxruntime's and crossml's GPU gathers); the pad id
+    is exempt (it may be negative in a config, and pad columns are masked). An empty prompt is an error, as in
+    onnxruntime-genai ("input_ids is empty"). The generator stays usable after each."""
+    vocab = model.config.model.vocab_size
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, batch_size=2)
+    gen = og.Generator(model, params)
+    with pytest.raises(ValueError, match=rf"token id {vocab} \(sequence 1, position 2\) is outside the vocabulary: "
+                                         rf"ids must be within \[0, {vocab}\)"):
+        gen.append_tokens(np.array([[5, 6, 7], [5, 6, vocab]]))
+    with pytest.raises(ValueError, match=r"token id -1 \(sequence 0, position 0\)"):
+        gen.append_tokens(np.array([[-1, 6, 7], [5, 6, 7]]))
+    with pytest.raises(ValueError, match="input_ids is empty"):
+        gen.append_tokens(np.zeros((2, 0), dtype=np.int64))
+    gen.append_tokens(np.array([[5, 6, vocab - 1], [5, 6, 7]]))
+    gen.generate_next_token()
+    assert gen.get_next_tokens().shape == (2,)
+
+
 # -- config -------------------------------------------------------------------------------------
 def test_overlay_and_search_defaults(folder) -> None:
     config = og.Config(folder)

@@ -248,7 +248,13 @@ class Generator:
                              f"{s.batch_size}; set_search_options(batch_size={arr.shape[0]})")
         n = arr.shape[1]
         if n == 0:
-            return
+            raise ValueError("append_tokens: input_ids is empty; give at least one token id per sequence")
+        vocab = self._model.config.model.vocab_size
+        bad = ((arr < 0) | (arr >= vocab)) & (arr != self._pad) if vocab > 0 else None
+        if bad is not None and bad.any():
+            row, col = (int(i[0]) for i in np.nonzero(bad))
+            raise ValueError(f"append_tokens: token id {int(arr[row, col])} (sequence {row}, position {col}) is outside "
+                             f"the vocabulary: ids must be within [0, {vocab}) (model.vocab_size in genai_config.json)")
         if n + self._len > s.max_length:
             raise GeneratorStateError(f"append_tokens: {n} tokens + current sequence length {self._len} exceed "
                                       f"max_length ({s.max_length}); raise max_length (at most context_length "
