@@ -234,6 +234,26 @@ def test_tokenizer_stream_multibyte(model) -> None:
     assert tok.decode_batch(tok.encode_batch([text, "Hello"])) == [text, "Hello"]
 
 
+def test_decoding_bad_token_ids(model) -> None:
+    """Negative or non-integer ids are errors naming the value (the tokenizer cannot represent them; they raised
+    OverflowError from the tokenizers library), and a stream given one is not poisoned: the id is not kept."""
+    tok = og.Tokenizer(model)
+    ids = tok.encode("Grüße café")
+    with pytest.raises(ValueError, match=r"Tokenizer.decode: token id -2 is negative"):
+        tok.decode(np.array([5, -2]))
+    with pytest.raises(ValueError, match=r"Tokenizer.decode_batch: token id -1 is negative"):
+        tok.decode_batch(np.array([[5, 6], [-1, 6]]))
+    with pytest.raises(ValueError, match="Tokenizer.decode takes integer token ids, got float64"):
+        tok.decode(np.array([5.0]))
+    stream = tok.create_stream()
+    first = stream.decode(int(ids[0]))
+    with pytest.raises(ValueError, match=r"TokenizerStream.decode: token id -5 is negative"):
+        stream.decode(-5)
+    with pytest.raises(ValueError, match="TokenizerStream.decode takes one token id, got 2 values"):
+        stream.decode(np.array([1, 2]))
+    assert first + "".join(stream.decode(int(i)) for i in ids[1:]) == "Grüße café"
+
+
 def test_tokenizer_options_errors(model) -> None:
     tok = og.Tokenizer(model)
     with pytest.raises(og.ConfigError, match="unknown option 'padding'; accepted: add_special_tokens, "

@@ -171,11 +171,11 @@ class Tokenizer:
         return Tensor(out)
 
     def decode(self, tokens: Any) -> str:
-        ids = np.asarray(tokens).reshape(-1).tolist()
+        ids = _token_ids(tokens, "Tokenizer.decode").reshape(-1).tolist()
         return self._tok.decode(ids, skip_special_tokens=self._skip)
 
     def decode_batch(self, tokens: Any) -> list[str]:
-        arr = tokens.as_numpy() if isinstance(tokens, Tensor) else np.asarray(tokens)
+        arr = _token_ids(tokens.as_numpy() if isinstance(tokens, Tensor) else tokens, "Tokenizer.decode_batch")
         if arr.ndim != 2:
             raise ValueError(f"Tokenizer.decode_batch takes a [batch, length] array, got shape {arr.shape}")
         return self._tok.decode_batch(arr.tolist(), skip_special_tokens=self._skip)
@@ -227,7 +227,10 @@ class TokenizerStream:
         self._read = 0
 
     def decode(self, token: int) -> str:
-        self._ids.append(int(token))
+        arr = _token_ids(token, "TokenizerStream.decode")
+        if arr.size != 1:
+            raise ValueError(f"TokenizerStream.decode takes one token id, got {arr.size} values")
+        self._ids.append(int(arr.reshape(-1)[0]))
         skip = self._owner._skip
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], skip_special_tokens=skip)
         text = self._tok.decode(self._ids[self._prefix:], skip_special_tokens=skip)
@@ -240,6 +243,17 @@ class TokenizerStream:
                 self._prefix = 0
             return new
         return ""
+
+
+def _token_ids(tokens: Any, what: str) -> np.ndarray:
+    """``tokens`` as an integer array, or the error naming ``what`` and the offending value: token ids are
+    non-negative integers (the tokenizer cannot represent others; an id past the vocabulary decodes to nothing)."""
+    arr = np.asarray(tokens)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} takes integer token ids, got {arr.dtype} values")
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{what}: token id {int(arr.min())} is negative; token ids are integers >= 0")
+    return arr
 
 
 def _flag(key: str, value: Any) -> bool:
