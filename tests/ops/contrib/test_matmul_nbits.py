@@ -94,6 +94,58 @@ def test_matmul_nbits_fp16(level, zp_kind):
     _run(4, 32, 128, 32, zp_kind, level=level, dtype=np.float16)
 
 
+PACKED_CASES = [  # bits, block_size, K, N, zero points: N a multiple of 16, K of the block (the packed kernel's)
+    (4, 32, 96, 16, "packed"), (4, 64, 256, 48, "float"), (4, 128, 384, 32, None), (4, 256, 512, 16, "packed"),
+]
+
+
+@pytest.mark.parametrize("M", [(1,), (2, 3)])
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_packed_kernel(case, level, M, monkeypatch):
+    """Decode-sized products of constant 4-bit weights on the CPU take torch's packed int4 kernel (checked with a spy),
+    within the same tolerance of onnxruntime as the dequantizing path; the weight is packed once, on its first run."""
+    from crossml.ops.contrib import matmul_nbits as module
+
+    calls = []
+    real = module._cpu_packed
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(out is not None and hasattr(args[1], module._CPU_PACKED))
+        return out
+
+    monkeypatch.setattr(module, "_cpu_packed", spy)
+    d = _run(*case, level=level, M=M)
+    assert calls and all(calls), "the product did not take the packed kernel"
+    if level == 4:
+        LEVEL4_DIFFS[f"packed {case} M{M}"] = d
+
+
+def test_cpu_packed_kernel_only_where_it_applies():
+    """The packed kernel declines what it does not take (the dequantizing path then runs): more than
+    CPU_PACKED_MAX_M rows, N not a multiple of 16, K not a multiple of the block, blocks of 16, weights that are not
+    model constants; and it packs a weight once."""
+    import torch
+
+    from crossml.ops.contrib.matmul_nbits import CPU_PACKED_MAX_M, _cpu_packed
+
+    def args(N, K, bs, rows=1):
+        B, scales, zp = quantized_weight(N, K, 4, bs, "packed")
+        return (torch.zeros(rows, K), torch.from_numpy(B), torch.from_numpy(scales), torch.from_numpy(zp), None, 4, K,
+                N, bs)
+
+    assert _cpu_packed(*args(32, 64, 32), True) is not None
+    assert _cpu_packed(*args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
+    assert _cpu_packed(*args(24, 64, 32), True) is None
+    assert _cpu_packed(*args(32, 80, 16), True) is None
+    assert _cpu_packed(*args(32, 64, 16), True) is None
+    assert _cpu_packed(*args(32, 64, 32), False) is None
+    a = args(32, 64, 32)
+    first = _cpu_packed(*a, True)
+    assert all(x is y for x, y in zip(_cpu_packed(*a, True), first, strict=True))
+
+
 def test_report_level4():
     """Print the accuracy-level-4 differences (run with -s to see them)."""
     if LEVEL4_DIFFS:
