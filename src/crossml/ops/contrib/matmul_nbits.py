@@ -210,7 +210,8 @@ def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
             or not scales.is_floating_point() or N % 16 or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M
             or K % block_size or block_size not in _CPU_PACKED_GROUPS
-            or not hasattr(torch, "_weight_int4pack_mm_for_cpu")):
+            or not hasattr(torch, "_weight_int4pack_mm_for_cpu")
+            or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu")):
         return None
     if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
         return None
@@ -228,7 +229,10 @@ def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
         zp = unpack_bits(zero_points.reshape(N, -1), 4)[:, :n_blocks].float()
     else:
         zp = zero_points.reshape(N, n_blocks).float()
-    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    try:
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    except RuntimeError:  # a torch build whose kernel takes other shapes: the dequantizing path runs instead
+        return None
     scales_zeros = torch.stack([s.t(), ((8.0 - zp) * s).t()], dim=-1).contiguous()  # [n_blocks, N, 2]
     setattr(B, _CPU_PACKED, (packed, scales_zeros, scales, zero_points))
     return packed, scales_zeros
