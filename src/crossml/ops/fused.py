@@ -211,7 +211,9 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
         sub = OpContext(ctx.node_name, "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4,
                         (True, False, False, want_sum), ctx.device)
         normed, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, epsilon=epsilon, ctx=sub)
-    y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits)
+    sub = OpContext(ctx.node_name, "MatMulNBits", 1, 1, (None,), (True,), ctx.device,
+                    const_inputs=(False, *(ctx.constant(i) for i in (3, 4, 5)), False, ctx.constant(6)))
+    y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits, ctx=sub)
     return y, s
 
 

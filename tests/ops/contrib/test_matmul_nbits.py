@@ -94,8 +94,9 @@ def test_matmul_nbits_fp16(level, zp_kind):
     _run(4, 32, 128, 32, zp_kind, level=level, dtype=np.float16)
 
 
-PACKED_CASES = [  # bits, block_size, K, N, zero points: N a multiple of 16, K of the block (the packed kernel's)
+PACKED_CASES = [  # bits, block_size, K, N, zero points: K a multiple of the block (the packed kernel's); N any
     (4, 32, 96, 16, "packed"), (4, 64, 256, 48, "float"), (4, 128, 384, 32, None), (4, 256, 512, 16, "packed"),
+    (4, 32, 64, 24, "packed"), (4, 64, 128, 7, None),  # N padded to a multiple of 16 for the kernel
 ]
 
 
@@ -124,8 +125,8 @@ def test_matmul_nbits_cpu_packed_kernel(case, level, M, monkeypatch):
 
 def test_cpu_packed_kernel_only_where_it_applies():
     """The packed kernel declines what it does not take (the dequantizing path then runs): more than
-    CPU_PACKED_MAX_M rows, N not a multiple of 16, K not a multiple of the block, blocks of 16, weights that are not
-    model constants; and it packs a weight once."""
+    CPU_PACKED_MAX_M rows, K not a multiple of the block, blocks of 16, weights that are not model constants; and it
+    packs a weight once."""
     import torch
 
     from crossml.ops.contrib.matmul_nbits import CPU_PACKED_MAX_M, _cpu_packed
@@ -137,7 +138,7 @@ def test_cpu_packed_kernel_only_where_it_applies():
 
     assert _cpu_packed(*args(32, 64, 32), True) is not None
     assert _cpu_packed(*args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
-    assert _cpu_packed(*args(24, 64, 32), True) is None
+    assert _cpu_packed(*args(24, 64, 32), True) is not None  # N padded to 32 inside
     assert _cpu_packed(*args(32, 80, 16), True) is None
     assert _cpu_packed(*args(32, 64, 16), True) is None
     assert _cpu_packed(*args(32, 64, 32), False) is None

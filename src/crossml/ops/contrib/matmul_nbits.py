@@ -18,9 +18,9 @@ product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM'
 packed int4 kernel (``torch._weight_int4pack_mm_for_cpu``) on a copy of the weight packed once and kept with it,
 ``(q - 8) * scale + (8 - zero_point) * scale`` per block, float32 products (A quantized first on the int8 path,
 as above): within float32 rounding of the dequantized product, without writing a dense float32 matrix per call.
-On a 2-core x86 host (AVX2), a Qwen2.5-0.5B-shaped builder int4 CPU model's decode went from 4,318 to 677 ms a
-token, against 28-29 for onnxruntime-genai (``benchmarks/cpu_genai.py``, results/cpu_genai.md); its lm_head product
-alone from about 3.2 s to 0.16 s. Prompts (more rows) and everything else dequantize with torch ops and multiply as
+On a 2-core x86 host (AVX2), a Qwen2.5-0.5B-shaped builder int4 CPU model's decode went from 4,318 to 662 ms a
+token, against 26.5-28.3 for onnxruntime-genai in the same runs (``benchmarks/cpu_genai.py`` before and after,
+results/cpu_genai.md); its lm_head product alone from about 3.2 s to 0.16 s. Prompts (more rows) and everything else dequantize with torch ops and multiply as
 below.
 """
 
@@ -174,7 +174,7 @@ def matmul_nbits(
         a = A.reshape(-1, K).to(compute)
         if int8_path:
             a = quantize_dequantize_int8_blocks(a, block_size)
-        y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])
+        y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
         if bias is not None:
             y = y + bias.to(compute)
         return y.reshape(*A.shape[:-1], N).to(A.dtype)
@@ -204,11 +204,13 @@ def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
                 constant: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(packed weight, scales and zeros) for torch's CPU int4 kernel, packed on the first call and kept on B, or None
     where that kernel does not take the product: not the CPU, not a model constant, more rows than CPU_PACKED_MAX_M,
-    bits other than 4, g_idx, N not a multiple of 16, K not a multiple of block_size, block_size outside 32-256.
+    bits other than 4, g_idx, K not a multiple of block_size, block_size outside 32-256. The kernel takes N in
+    multiples of 16: the packed weight has zero rows past N (the caller keeps the first N columns), so a product's
+    columns come out the same whatever N is (a merged gate+up product equals its two halves exactly).
     Float32 throughout: with bfloat16 activations and scales the kernel is about 10x faster, but a product then
     differs from onnxruntime's by up to 0.05 where the float32 one stays within 2e-3 (tests/ops/contrib)."""
     if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
-            or not scales.is_floating_point() or N % 16 or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M
+            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M
             or K % block_size or block_size not in _CPU_PACKED_GROUPS
             or not hasattr(torch, "_weight_int4pack_mm_for_cpu")
             or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu")):
@@ -229,6 +231,9 @@ def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
         zp = unpack_bits(zero_points.reshape(N, -1), 4)[:, :n_blocks].float()
     else:
         zp = zero_points.reshape(N, n_blocks).float()
+    pad = -N % 16
+    if pad:  # zero rows: scale 0 and zero term 0
+        q, s, zp = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, s, zp))
     try:
         packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
     except RuntimeError:  # a torch build whose kernel takes other shapes: the dequantizing path runs instead
