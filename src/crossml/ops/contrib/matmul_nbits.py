@@ -18,8 +18,8 @@ product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM'
 packed int4 kernel (``torch._weight_int4pack_mm_for_cpu``) on a copy of the weight packed once and kept with it,
 ``(q - 8) * scale + (8 - zero_point) * scale`` per block, float32 products (A quantized first on the int8 path,
 as above): within float32 rounding of the dequantized product, without writing a dense float32 matrix per call.
-On a 2-core x86 host (AVX2), a Qwen2.5-0.5B-shaped builder int4 CPU model's decode went from 4,318 to 662 ms a
-token, against 26.5-28.3 for onnxruntime-genai in the same runs (``benchmarks/cpu_genai.py`` before and after,
+On a 2-core x86 host (AVX2), a Qwen2.5-0.5B-shaped builder int4 CPU model's decode went from 4,318 to 662-695 ms a
+token, against 26.5-29.3 for onnxruntime-genai in the same runs (``benchmarks/cpu_genai.py`` before and after,
 results/cpu_genai.md); its lm_head product alone from about 3.2 s to 0.16 s. Prompts (more rows) and everything else dequantize with torch ops and multiply as
 below.
 """
@@ -75,7 +75,7 @@ def dequantize_nbits(
         raise ValueError(
             f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], got {B.dtype} {tuple(B.shape)}"
         )
-    q = unpack_bits(B.reshape(N, n_blocks, blob), bits).reshape(N, n_blocks * block_size)[:, :K]
+    full = unpack_bits(B.reshape(N, n_blocks, blob), bits).reshape(N, n_blocks, block_size)
     s = scales.reshape(N, n_blocks).to(dtype)
     if zero_points is None:
         zp = torch.full((N, n_blocks), float(1 << (bits - 1)), dtype=dtype, device=B.device)
@@ -85,14 +85,11 @@ def dequantize_nbits(
         zp = zero_points.reshape(N, n_blocks).to(dtype)
     if g_idx is not None:
         g = g_idx.reshape(K).long()
-        s = s[:, g]
-        zp = zp[:, g]
-        return (q.to(dtype) - zp) * s
-    wq = q.to(dtype).reshape(N, -1)
-    pad = n_blocks * block_size - K
-    if pad:
-        wq = torch.nn.functional.pad(wq, (0, pad))
-    w = (wq.reshape(N, n_blocks, block_size) - zp.reshape(N, -1, 1)) * s.reshape(N, n_blocks, 1)
+        q = full.reshape(N, n_blocks * block_size)[:, :K]
+        return (q.to(dtype) - zp[:, g]) * s[:, g]
+    # (q - zero point) * scale in two passes over the block-padded values: the difference (exact) promoted to dtype as
+    # it is taken, the scale applied in place; the padding past K is cut after
+    w = (full - zp.reshape(N, n_blocks, 1)).to(dtype).mul_(s.reshape(N, n_blocks, 1))
     return w.reshape(N, n_blocks * block_size)[:, :K]
 
 
