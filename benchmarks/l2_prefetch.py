@@ -35,8 +35,9 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
 from _common import machine, write  # noqa: E402
+from persistent_decode import _step_kernel  # noqa: E402  (a small dependent kernel)
 
-from crossml.kernels._launch import cdiv, pdl, pdl_wait  # noqa: E402
+from crossml.kernels._launch import cdiv, pdl  # noqa: E402
 from crossml.kernels.gemv import gemv, gemv_skip_norm  # noqa: E402
 
 
@@ -51,14 +52,6 @@ def _prefetch_kernel(p, nbytes, per_program, CHUNK: tl.constexpr):
         size = tl.minimum(hi - at, CHUNK).to(tl.int32)
         tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
                                   [base + at, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _step_kernel(x_ptr, y_ptr, VEC: tl.constexpr, PDL: tl.constexpr = False):
-    """y[program's VEC values] = x[the next program's VEC values] + 1 (a small dependent kernel)."""
-    pdl_wait(PDL)
-    offs = tl.program_id(0) * VEC + tl.arange(0, VEC)
-    tl.store(y_ptr + offs, tl.load(x_ptr + (offs + VEC) % (VEC * tl.num_programs(0))) + 1.0)
 
 
 def prefetch(ts: list[torch.Tensor], programs: int, chunk: int) -> None:

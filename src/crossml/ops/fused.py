@@ -213,10 +213,11 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
         normed, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, epsilon=epsilon, ctx=sub)
     # on the CPU the product's weight is flagged constant (so torch's packed int4 kernel may take it, as it takes the
     # unfused op's); GPU launches keep the plain launch measured in the decode steps
-    sub = OpContext(ctx.node_name, "MatMulNBits", 1, 1, (None,), (True,), ctx.device,
-                    const_inputs=(False, *(ctx.constant(i) for i in (3, 4, 5)), False, ctx.constant(6)))
+    product = OpContext(ctx.node_name, "MatMulNBits", 1, 1, (None,), (True,), ctx.device,
+                        const_inputs=(False, *(ctx.constant(i) for i in (3, 4, 5)), False, ctx.constant(6))) \
+        if x.device.type == "cpu" else None
     y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits,
-                     ctx=sub if x.device.type == "cpu" else None)
+                     ctx=product)
     return y, s
 
 

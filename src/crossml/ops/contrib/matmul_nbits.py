@@ -21,8 +21,8 @@ much memory again as the 4-bit weight: prompts still dequantize the original),
 as above): within float32 rounding of the dequantized product, without writing a dense float32 matrix per call.
 On a 2-core x86 host (AVX2), a Qwen2.5-0.5B-shaped builder int4 CPU model's decode went from 4,318 to 662-695 ms a
 token, against 26.5-29.3 for onnxruntime-genai in the same runs (``benchmarks/cpu_genai.py`` before and after,
-results/cpu_genai.md); its lm_head product alone from about 3.2 s to 0.16 s. Prompts (more rows) and everything else dequantize with torch ops and multiply as
-below.
+results/cpu_genai.md); its lm_head product alone from about 3.2 s to 0.16 s. Prompts (more rows) and everything else
+dequantize with torch ops and multiply as below.
 """
 
 from __future__ import annotations
@@ -77,13 +77,7 @@ def dequantize_nbits(
             f"B must be uint8 of shape [N={N}, k_blocks={n_blocks}, blob_size={blob}], got {B.dtype} {tuple(B.shape)}"
         )
     full = unpack_bits(B.reshape(N, n_blocks, blob), bits).reshape(N, n_blocks, block_size)
-    s = scales.reshape(N, n_blocks).to(dtype)
-    if zero_points is None:
-        zp = torch.full((N, n_blocks), float(1 << (bits - 1)), dtype=dtype, device=B.device)
-    elif zero_points.dtype == torch.uint8:
-        zp = unpack_bits(zero_points.reshape(N, -1), bits)[:, :n_blocks].to(dtype)
-    else:
-        zp = zero_points.reshape(N, n_blocks).to(dtype)
+    s, zp = _scales_zero_points(scales, zero_points, N, n_blocks, bits, dtype)
     if g_idx is not None:
         g = g_idx.reshape(K).long()
         q = full.reshape(N, n_blocks * block_size)[:, :K]
@@ -92,6 +86,20 @@ def dequantize_nbits(
     # it is taken, the scale applied in place; the padding past K is cut after
     w = (full - zp.reshape(N, n_blocks, 1)).to(dtype).mul_(s.reshape(N, n_blocks, 1))
     return w.reshape(N, n_blocks * block_size)[:, :K]
+
+
+def _scales_zero_points(scales: torch.Tensor, zero_points: torch.Tensor | None, N: int, n_blocks: int, bits: int,
+                        dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """MatMulNBits' scales and zero points as [N, n_blocks] of ``dtype``: packed uint8 zero points unpacked (low bits
+    first), float ones as given, absent ones the midpoint 2 ** (bits - 1)."""
+    s = scales.reshape(N, n_blocks).to(dtype)
+    if zero_points is None:
+        zp = torch.full((N, n_blocks), float(1 << (bits - 1)), dtype=dtype, device=scales.device)
+    elif zero_points.dtype == torch.uint8:
+        zp = unpack_bits(zero_points.reshape(N, -1), bits)[:, :n_blocks].to(dtype)
+    else:
+        zp = zero_points.reshape(N, n_blocks).to(dtype)
+    return s, zp
 
 
 def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -222,13 +230,7 @@ def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     if B.numel() != N * K // 2 or scales.numel() != N * n_blocks:
         return None  # the dequantizing path names what is wrong
     q = unpack_bits(B.reshape(N, K // 2), 4).to(torch.int32)
-    s = scales.reshape(N, n_blocks).float()
-    if zero_points is None:
-        zp = torch.full_like(s, 8.0)
-    elif zero_points.dtype == torch.uint8:
-        zp = unpack_bits(zero_points.reshape(N, -1), 4)[:, :n_blocks].float()
-    else:
-        zp = zero_points.reshape(N, n_blocks).float()
+    s, zp = _scales_zero_points(scales, zero_points, N, n_blocks, 4, torch.float32)
     pad = -N % 16
     if pad:  # zero rows: scale 0 and zero term 0
         q, s, zp = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, s, zp))
