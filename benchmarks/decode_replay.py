@@ -17,8 +17,9 @@ bound it); with --timeline, also every kernel's start and end in OUT/decode_time
 (row-major) and as GPU plans store them (column-major, ``crossml.ops.matmul.column_major_weight``), alternating
 the two --rounds times in one process; the table then has a row per (model, layout, round), written to
 OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``
-and ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``), written to
-OUT/decode_variants.{json,md}.
+``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``) and
+``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
+``pick_tiles``'; several joined by ``+``), written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -39,6 +40,7 @@ import genai_bench as gb  # noqa: E402
 from _common import genai_parser, machine, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
+import crossml.kernels.gemv as gemv_module  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
 import crossml.runtime.session as session_module  # noqa: E402
 
@@ -46,9 +48,22 @@ import crossml.runtime.session as session_module  # noqa: E402
 @contextlib.contextmanager
 def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
-    ("rows"), or ("no-RULE") leave out the graph rule named RULE."""
-    kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
-    if layout == "rows":
+    ("rows"), or ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
+    "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'."""
+    kept, kept_rules, kept_tiles = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, gemv_module.pick_tiles
+    if "=" in layout:
+        chosen = {}
+        for part in layout.split("+"):
+            shape, _, tiles = part.partition("=")
+            k, _, n = shape.partition("x")
+            chosen[(int(k), int(n))] = tuple(int(v) for v in tiles.split(":"))
+
+        def pick(M, K, N, elem_size, processors, **kw):
+            if M == 1 and elem_size == 2 and (K, N) in chosen:
+                return chosen[(K, N)]
+            return kept_tiles(M, K, N, elem_size, processors, **kw)
+        gemv_module.pick_tiles = pick
+    elif layout == "rows":
         matmul_ops.GEMV_WEIGHT_OPS = set()
     elif layout.startswith("no-"):
         def without(*args, name=layout[3:]):
@@ -59,11 +74,11 @@ def variant(layout: str):
             return [r for r in rules if r.name != name]
         session_module.fusion_rules = without
     elif layout != "cols":
-        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols or no-RULE")
+        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols, no-RULE or KxN=tiles")
     try:
         yield
     finally:
-        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules = kept, kept_rules
+        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, gemv_module.pick_tiles = kept, kept_rules, kept_tiles
 
 
 def replay_ms(folder: str, replays: int, kernels: bool,
@@ -120,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="with --kernels, also write one replay's kernels in start order (name, start, end µs) to "
                          "OUT/decode_timeline.json")
     ap.add_argument("--layouts", default="cols", help="rows, cols or rows,cols: how half decode weights are stored")
-    ap.add_argument("--variants", help="comma-separated cols, rows, no-RULE (instead of --layouts)")
+    ap.add_argument("--variants", help="comma-separated cols, rows, no-RULE, KxN=BM:BN:BK:SPLIT:WARPS[+...] "
+                                       "(instead of --layouts)")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of the layouts, alternated")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -146,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
              f"replayed {args.replays} times back to back (mean)."
              + (" Variants alternated in one process: `cols` the session as it is (half-precision decode weights "
-                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule." if several
+                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule, `KxN=BM:BN:BK:SPLIT:WARPS` "
+                "the one-row GEMVs of that weight shape with those tiles." if several
                 else ""), "",
              "| model | precision | weights | round | ms per replay |" if several else
              "| model | precision | ms per replay |",

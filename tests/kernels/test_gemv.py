@@ -145,8 +145,8 @@ def test_tiles_for_decode_shapes() -> None:
 def test_column_major_tiles_for_decode_shapes() -> None:
     """The column-major rule at Qwen2-0.5B's and Llama-3.2-1B's decode shapes on a 132-SM GPU (measured in their
     captured decode steps, kernels/gemv.py's docstring): 1 KB runs along K where the slices are few (the whole K
-    range of a 896-deep product in two tiles), 256-byte runs for wide N, K split in 4 only for the deep down
-    projections, register-sized tiles."""
+    range of a 896-deep product in two tiles), 256-byte runs for wide N, K split only for the deep down projections
+    (in 2 with 2 KB runs where 8-column slices are fewer than the SMs), register-sized tiles."""
     for M in (1, 2, 3, 4):
         for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (2048, 3072), (2048, 16384), (8192, 2048)]:
             bm, bn, bk, split, warps = pick_tiles(M, K, N, 2, 132, colmajor=True)
@@ -156,7 +156,8 @@ def test_column_major_tiles_for_decode_shapes() -> None:
     assert pick_tiles(1, 896, 1152, 2, 132, colmajor=True) == (1, 16, 512, 1, 8)
     assert pick_tiles(1, 896, 9728, 2, 132, colmajor=True) == (1, 8, 128, 1, 4)
     assert pick_tiles(1, 2048, 16384, 2, 132, colmajor=True) == (1, 16, 128, 1, 4)
-    assert pick_tiles(1, 4864, 896, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
+    assert pick_tiles(1, 4864, 896, 2, 132, colmajor=True) == (1, 8, 1024, 2, 8)
+    assert pick_tiles(4, 4864, 896, 2, 132, colmajor=True) == (4, 8, 256, 4, 4)
     assert pick_tiles(1, 8192, 2048, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
     assert pick_tiles(4, 2048, 3072, 2, 132, colmajor=True) == (4, 8, 256, 1, 4)
     assert pick_tiles(4, 2048, 16384, 2, 132, colmajor=True) == (4, 32, 64, 1, 4)
@@ -361,6 +362,7 @@ NORM_CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, S
     (3, 64, 256, True, (2, 128, 16, 1, 4)),  # K not split: a one-slice workspace; bias; rows past M masked
     (1, 1024, 130, True, (1, 128, 16, 64, 4)),  # 64 splits: the row's partial sums in one [64, 256] tile
     (1, 1024, 300, False, (1, 128, 16, 64, 4)),  # 64 splits, too many for one tile: the row walked in 64-column chunks
+    (2, 2500, 24, True, (2, 8, 1024, 2, 8)),  # a short down projection's tiles: 2 splits of 2 steps and 1 partial step
 ]
 
 

@@ -400,7 +400,17 @@ def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
     - Where 8-column slices would exceed 4 programs per SM (an MLP's gate+up), slices of 8 columns with 256-byte
       runs, of 16 past 10 programs per SM; with 3-4 rows, 32-column slices of 128-byte runs.
     - Where 8-column slices are fewer than 2 per SM and one would walk more than 4 of its 1 KB tiles (a down
-      projection), 512-byte runs with K split in 4 ranges.
+      projection), 512-byte runs with K split in 4 ranges; but where they are fewer than the SMs (Qwen2.5-0.5B's
+      down projection, N = 896), with 1-2 rows, 8-column slices of 2 KB runs, 8 warps and K split in 2 ranges: as
+      many programs, each asking for twice the bytes a step, and half the partial sums for the skip-norm to add.
+      That took the Qwen2.5-0.5B fp16 decode step from 0.629 / 0.652 / 0.652 to 0.607 / 0.632 / 0.631 ms on an H100
+      and from 0.545 / 0.570 / 0.568 to 0.522 / 0.547 / 0.547 ms on an H200 (``decode_replay.py --variants`` with
+      the tiles forced, three alternated rounds; results/decode_tiles.md). At Llama-3.2-1B's down projection (256
+      slices of 8 columns) the same tiles were slower (0.824-0.827 -> 0.850-0.853 ms on an H200), and so was or
+      tied every other variant tried (K whole or split in 2, 4 or 8; 8- or 16-column slices; 512-byte to 2 KB runs:
+      1.061-1.063 -> 1.073-1.102 ms on an H100, 0.829-0.832 -> 0.825-0.927 on an H200); at Qwen2.5-0.5B's qkv and o
+      projections 8- or 4-column slices, and at its gate+up 1-2 KB runs, were slower too (0.607-0.632 ->
+      0.625-0.706 ms on an H100).
 
     Measured on an H200 in the GenAI benchmark's captured decode steps (benchmarks/decode_replay.py, the module
     docstring) and per product in CUDA graphs (benchmarks/gemv_tiles.py --colmajor, results/gemv_colmajor.md)."""
@@ -414,6 +424,8 @@ def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
             block_n, run = 32, 128
         elif n_prog > 10 * processors:
             block_n = 16
+    elif n_prog < processors and block_m <= 2 and cdiv(K, run // elem_size) > 4:
+        block_n, run, split, num_warps, tile = 8, 2048, 2, 8, 2 * tile
     elif n_prog < 2 * processors and cdiv(K, run // elem_size) > 4:
         run, split = 512, 4
     elif block_m <= 2:
