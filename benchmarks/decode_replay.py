@@ -19,7 +19,8 @@ the two --rounds times in one process; the table then has a row per (model, layo
 OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``
 ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``) and
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
-``pick_tiles``'; several joined by ``+``), written to OUT/decode_variants.{json,md}.
+``pick_tiles``'; ``q4:KxN=BM:BN:BK:WARPS`` the same for 4-bit MatMulNBits products, with the kernel their rule
+picks; several joined by ``+``), written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -41,6 +42,7 @@ from _common import genai_parser, machine, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
 import crossml.kernels.gemv as gemv_module  # noqa: E402
+import crossml.kernels.matmul_nbits as nbits_module  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
 import crossml.runtime.session as session_module  # noqa: E402
 
@@ -49,20 +51,31 @@ import crossml.runtime.session as session_module  # noqa: E402
 def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
     ("rows"), or ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
-    "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'."""
-    kept, kept_rules, kept_tiles = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, gemv_module.pick_tiles
+    "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'
+    ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks)."""
+    kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
+    kept_tiles = gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles
     if "=" in layout:
-        chosen = {}
+        chosen, chosen4 = {}, {}
         for part in layout.split("+"):
             shape, _, tiles = part.partition("=")
-            k, _, n = shape.partition("x")
-            chosen[(int(k), int(n))] = tuple(int(v) for v in tiles.split(":"))
+            four = shape.startswith("q4:")
+            k, _, n = shape.removeprefix("q4:").partition("x")
+            (chosen4 if four else chosen)[(int(k), int(n))] = tuple(int(v) for v in tiles.split(":"))
 
         def pick(M, K, N, elem_size, processors, **kw):
             if M == 1 and elem_size == 2 and (K, N) in chosen:
                 return chosen[(K, N)]
-            return kept_tiles(M, K, N, elem_size, processors, **kw)
+            return kept_tiles[0](M, K, N, elem_size, processors, **kw)
+
+        def pick4(M, N, K, block_size, processors):
+            return chosen4[(K, N)] if M == 1 and (K, N) in chosen4 else kept_tiles[1](M, N, K, block_size, processors)
+
+        def pick4_pairs(M, N, K, block_size, processors):
+            rule = kept_tiles[2](M, N, K, block_size, processors)
+            return chosen4[(K, N)] if M == 1 and (K, N) in chosen4 and rule is not None else rule
         gemv_module.pick_tiles = pick
+        nbits_module.pick_tiles, nbits_module.pick_pair_tiles = pick4, pick4_pairs
     elif layout == "rows":
         matmul_ops.GEMV_WEIGHT_OPS = set()
     elif layout.startswith("no-"):
@@ -78,7 +91,8 @@ def variant(layout: str):
     try:
         yield
     finally:
-        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, gemv_module.pick_tiles = kept, kept_rules, kept_tiles
+        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules = kept, kept_rules
+        gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 
 
 def replay_ms(folder: str, replays: int, kernels: bool,

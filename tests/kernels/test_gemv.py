@@ -155,7 +155,7 @@ def test_column_major_tiles_for_decode_shapes() -> None:
             assert split == 1 or K >= 4864, (M, K, N, split)
     assert pick_tiles(1, 896, 1152, 2, 132, colmajor=True) == (1, 16, 512, 1, 8)
     assert pick_tiles(1, 896, 9728, 2, 132, colmajor=True) == (1, 8, 128, 1, 4)
-    assert pick_tiles(1, 2048, 16384, 2, 132, colmajor=True) == (1, 16, 128, 1, 4)
+    assert pick_tiles(1, 2048, 16384, 2, 132, colmajor=True) == (1, 16, 256, 1, 4)
     assert pick_tiles(1, 4864, 896, 2, 132, colmajor=True) == (1, 8, 1024, 2, 8)
     assert pick_tiles(4, 4864, 896, 2, 132, colmajor=True) == (4, 8, 256, 4, 4)
     assert pick_tiles(1, 8192, 2048, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
@@ -363,6 +363,7 @@ NORM_CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, S
     (1, 1024, 130, True, (1, 128, 16, 64, 4)),  # 64 splits: the row's partial sums in one [64, 256] tile
     (1, 1024, 300, False, (1, 128, 16, 64, 4)),  # 64 splits, too many for one tile: the row walked in 64-column chunks
     (2, 2500, 24, True, (2, 8, 1024, 2, 8)),  # a short down projection's tiles: 2 splits of 2 steps and 1 partial step
+    (1, 70, 1, False, (1, 16, 16, 3, 4)),  # one column (one-valued sizes are constants to the GPU compiler)
 ]
 
 

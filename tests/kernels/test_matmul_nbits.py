@@ -132,9 +132,9 @@ def test_tiles_for_decode_shapes() -> None:
             assert bn * bk <= 8192 or bk == bs
             assert -(-N // bn) >= 4 * 132
     assert pick_tiles(1, 16384, 2048, 32, 132) == (1, 4, 512, 1)  # wide: 4 x 512
-    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 1, 2048, 1)  # long K: one row per program
-    assert pick_tiles(1, 3072, 2048, 32, 132) == (1, 2, 2048, 1)
-    assert pick_tiles(1, 1152, 896, 32, 132) == (1, 2, 1024, 1)  # all of K in one step
+    assert pick_tiles(1, 2048, 8192, 32, 132) == (1, 1, 2048, 2)  # long K: one row per program, two warps
+    assert pick_tiles(1, 3072, 2048, 32, 132) == (1, 2, 2048, 2)
+    assert pick_tiles(1, 1152, 896, 32, 132) == (1, 2, 1024, 2)  # all of K in one step
     assert pick_tiles(3, 4864, 896, 32, 132)[0] == 4
     assert pick_tiles(40, 4864, 896, 32, 132)[0] == 16
 
@@ -488,7 +488,7 @@ def test_pair_tiles_rule() -> None:
     assert pick_pair_tiles(1, 896, 4864, 32, 132) is None and pick_pair_tiles(1, 1152, 896, 32, 132) is None
     assert pick_pair_tiles(1, 151936, 896, 32, 132) == (1, 32, 256, 1)
     assert pick_pair_tiles(1, 16384, 2048, 32, 132) == (1, 8, 512, 1)
-    assert pick_pair_tiles(1, 9728, 896, 32, 132) == (1, 4, 1024, 1)
+    assert pick_pair_tiles(1, 9728, 896, 32, 132) == (1, 8, 1024, 2)
     assert pick_pair_tiles(1, 2048, 8192, 32, 132) == (1, 8, 2048, 2)
     for N, K, bs, M in [(3072, 2048, 16, 1), (16384, 2048, 128, 3), (151936, 64, 256, 17), (2048, 100, 32, 1)]:
         bm, bn, bk, warps = pick_pair_tiles(M, N, K, bs, 132)

@@ -403,14 +403,20 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     projection's activations as this kernel loads them (SiLU of [g | up], as the fp16 GEMV does, one launch fewer per
     layer) made those steps slower, 0.635 against 0.492 ms and 0.56 against 0.51: each program of one or two weight
     rows recomputes the gate for all of K.
+
+    The one- and two-row programs run two warps, not one: with the fp16-pair kernel's merged gate+up at 8 rows
+    by 896 (``pick_pair_tiles``), that took the captured Qwen2.5-0.5B int4 decode step from 0.485 / 0.494 / 0.493
+    to 0.474 / 0.469 / 0.469 ms on an H100 (down projection alone 0.478-0.483, gate+up alone 0.478-0.483;
+    ``decode_replay.py --variants`` with the tiles forced, alternated rounds; results/decode_tiles.md).
     """
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     block_k = min(2048, next_power_of_2(max(K, 1)))
+    warps = 1
     if cdiv(N, 2) > 16 * processors:
         block_n, block_k = 4, min(block_k, 512)
     else:
-        block_n = 1 if K > 2 * block_k else 2
-    return block_m, block_n, max(block_size, block_k), 1
+        block_n, warps = 1 if K > 2 * block_k else 2, 2
+    return block_m, block_n, max(block_size, block_k), warps
 
 
 def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int] | None:
@@ -424,7 +430,12 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     o and down products, N <= 1152) the float32 kernel's one- and two-row programs win by 0.05-0.1 us. Above
     it: 32 rows by 256 for the lm_head (N of a vocabulary); for the merged gate+up 4 rows by all of K up to
     1024, 8 by 512 for longer K; 8 rows by all of K
-    (to 2048) at two warps otherwise.
+    (to 2048) at two warps otherwise. For the gate+up of K up to 1024, 8 rows at two warps (half the programs, each
+    normalizing the row once when NormMatMulNBits fuses the norm) instead of 4 at one: in the captured Qwen2.5-0.5B
+    int4 decode step on an H100, with ``pick_tiles``' two-warp programs, 0.485-0.494 -> 0.469-0.474 ms (results/
+    decode_tiles.md); Llama-3.2-1B's gate+up (K = 2048) at 8 rows by 1024, two warps, or 4 by 2048, one, was
+    slower (0.541-0.543 -> 0.562-0.614 ms), as were its down projection at 4 rows by 2048, one warp, or 16 by 2048,
+    four (0.554-0.556), and its qkv and o at 4 rows by 2048 (0.559-0.560).
 
     The down projections' long K (K > 2048, N <= 16 per SM) was measured with BLOCK_K past 2048 on an H100
     (``benchmarks/int4_long_k.py``, results/int4_long_k.md): about two programs per SM of 4096 packed words a step at
@@ -440,7 +451,7 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     if N >= 512 * processors:
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
-        block_n, block_k, warps = (4, k2, 1) if K <= 1024 else (8, 512, 1)
+        block_n, block_k, warps = (8, k2, 2) if K <= 1024 else (8, 512, 1)
     else:
         block_n, block_k, warps = 8, min(2048, k2), 2
     return block_m, block_n, max(block_size, block_k), warps
