@@ -20,7 +20,7 @@ OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (
 ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``) and
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
 ``pick_tiles``'; ``q4:KxN=BM:BN:BK:WARPS`` the same for 4-bit MatMulNBits products, with the kernel their rule
-picks; several joined by ``+``), written to OUT/decode_variants.{json,md}.
+picks; ``vocab`` / ``cap=BITS`` the GEMV's weight-size cap lifted / set to 2**BITS; several joined by ``+``), written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -47,17 +47,38 @@ import crossml.ops.matmul as matmul_ops  # noqa: E402
 import crossml.runtime.session as session_module  # noqa: E402
 
 
+class _Warps:
+    """A Triton kernel whose launches (``kernel[grid](...)``) use ``warps`` warps whenever they name a count."""
+
+    def __init__(self, kernel, warps: int) -> None:
+        self.kernel, self.warps = kernel, warps
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kw: launch(*args, **({**kw, "num_warps": self.warps} if "num_warps" in kw else kw))
+
+
 @contextlib.contextmanager
 def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
     ("rows"), or ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
     "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'
-    ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks)."""
+    ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks), or
+    ("vocab", alone or joined by "+") lift the GEMV's weight-size cap, so the vocabulary products run on it too
+    ("cap=BITS": set it to 2**BITS; ``cap=26`` keeps them on the vendor GEMM, as before), or ("normwarps=W") launch
+    the skip-norm kernel after the fp16 products with W warps."""
     kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
     kept_tiles = gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles
-    if "=" in layout:
+    kept_cap, kept_norm = matmul_ops.GEMV_MAX_WEIGHT, gemv_module._split_k_norm_kernel
+    if "=" in layout or layout == "vocab":
         chosen, chosen4 = {}, {}
         for part in layout.split("+"):
+            if part.startswith("normwarps="):  # the skip-norm kernel after split products at this many warps
+                gemv_module._split_k_norm_kernel = _Warps(kept_norm, int(part[10:]))
+                continue
+            if part == "vocab" or part.startswith("cap="):  # the GEMV's weight-size cap: 2**BITS
+                matmul_ops.GEMV_MAX_WEIGHT = 1 << (40 if part == "vocab" else int(part[4:]))
+                continue
             shape, _, tiles = part.partition("=")
             four = shape.startswith("q4:")
             k, _, n = shape.removeprefix("q4:").partition("x")
@@ -91,7 +112,8 @@ def variant(layout: str):
     try:
         yield
     finally:
-        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules = kept, kept_rules
+        matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, matmul_ops.GEMV_MAX_WEIGHT = kept, kept_rules, kept_cap
+        gemv_module._split_k_norm_kernel = kept_norm
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 
 

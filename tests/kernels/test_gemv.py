@@ -148,7 +148,8 @@ def test_column_major_tiles_for_decode_shapes() -> None:
     range of a 896-deep product in two tiles), 256-byte runs for wide N, K split only for the deep down projections
     (in 2 with 2 KB runs where 8-column slices are fewer than the SMs), register-sized tiles."""
     for M in (1, 2, 3, 4):
-        for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (2048, 3072), (2048, 16384), (8192, 2048)]:
+        for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (2048, 3072), (2048, 16384), (8192, 2048),
+                     (2048, 128256)]:
             bm, bn, bk, split, warps = pick_tiles(M, K, N, 2, 132, colmajor=True)
             assert bm == min(4, 1 << (M - 1).bit_length()) and bn in (8, 16, 32) and bk & (bk - 1) == 0
             assert 1 <= split <= MAX_SPLIT_K and warps in (4, 8) and bm * bk * bn <= 16384
@@ -156,6 +157,7 @@ def test_column_major_tiles_for_decode_shapes() -> None:
     assert pick_tiles(1, 896, 1152, 2, 132, colmajor=True) == (1, 16, 512, 1, 8)
     assert pick_tiles(1, 896, 9728, 2, 132, colmajor=True) == (1, 8, 128, 1, 4)
     assert pick_tiles(1, 2048, 16384, 2, 132, colmajor=True) == (1, 16, 256, 1, 4)
+    assert pick_tiles(1, 2048, 128256, 2, 132, colmajor=True) == (1, 16, 512, 1, 8)  # a vocabulary product
     assert pick_tiles(1, 4864, 896, 2, 132, colmajor=True) == (1, 8, 1024, 2, 8)
     assert pick_tiles(4, 4864, 896, 2, 132, colmajor=True) == (4, 8, 256, 4, 4)
     assert pick_tiles(1, 8192, 2048, 2, 132, colmajor=True) == (1, 16, 256, 4, 4)
