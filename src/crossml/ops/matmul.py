@@ -65,18 +65,18 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 #: / 7.0 us at the Qwen2.5-0.5B decode shapes (K x N 896x1152, 896x896, 896x9728, 4864x896) and 6.2 / 5.1 / 19.1
 #: / 12.3 us against 6.3 / 5.9 / 18.3 / 13.0 us at Llama-3.2-1B's (2048x3072, 2048x2048, 2048x16384, 8192x2048);
 #: whole decode steps: Qwen 0.78 against 0.83-0.93 ms, Llama 0.99 against 1.05 ms. The vocabulary
-#: products (896x151936, 2048x128256) stayed on the vendor GEMM while the GEMV read row-major weights (cuBLAS read
-#: them 8-23% faster, benchmarks/results/gemv_tiles.md); on column-major weights the GEMV takes them too (no
-#: launch gap and no memset before them, their first tiles read under the previous kernel): the captured fp16
-#: decode steps on an H100, Qwen2.5-0.5B 0.610 / 0.634 / 0.634 -> 0.604 / 0.629 / 0.629 ms and Llama-3.2-1B
-#: 1.055-1.056 -> 1.043-1.047 ms (benchmarks/results/decode_tiles.md). GEMV_MAX_WEIGHT only bounds the
-#: weights a plan re-lays out.
+#: products (K x N >= 2**26: 896x151936, 2048x128256) stay on the vendor GEMM. On row-major weights cuBLAS read
+#: them 8-23% faster than the GEMV (benchmarks/results/gemv_tiles.md); on column-major ones the GEMV (no launch
+#: gap or memset before it, its first tiles read under the previous kernel) made the captured fp16 decode steps
+#: faster on an H100 (Qwen2.5-0.5B 0.610 / 0.634 / 0.634 -> 0.604 / 0.629 / 0.629 ms, Llama-3.2-1B 1.051-1.059 ->
+#: 1.043-1.047) but slower on an H200 (0.522 / 0.545 -> 0.530 / 0.554, 0.828-0.837 -> 0.836-0.840; no other tiles
+#: did better there), so the cap stays (benchmarks/results/decode_tiles.md).
 #: XPU is not listed: not measured.
 GEMV_DEVICES: tuple[str, ...] = ("cuda",)
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_M = 4
 GEMV_MIN_KN = 256
-GEMV_MAX_WEIGHT = 1 << 34
+GEMV_MAX_WEIGHT = 1 << 26
 
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
