@@ -16,11 +16,12 @@ bound it); with --timeline, also every kernel's start and end in OUT/decode_time
 ``--layouts rows,cols`` measures each model with its half-precision decode weights stored as ONNX gives them
 (row-major) and as GPU plans store them (column-major, ``crossml.ops.matmul.column_major_weight``), alternating
 the two --rounds times in one process; the table then has a row per (model, layout, round), written to
-OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``
-``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``) and
+OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``,
+``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``),
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
-``pick_tiles``'; ``q4:KxN=BM:BN:BK:WARPS`` the same for 4-bit MatMulNBits products, with the kernel their rule
-picks; ``vocab`` / ``cap=BITS`` the GEMV's weight-size cap lifted / set to 2**BITS; several joined by ``+``), written to OUT/decode_variants.{json,md}.
+``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
+picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS) and ``normwarps=W`` (the
+skip-norm kernel at W warps), several joined by ``+``; written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -198,9 +199,10 @@ def main(argv: list[str] | None = None) -> None:
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
              f"replayed {args.replays} times back to back (mean)."
              + (" Variants alternated in one process: `cols` the session as it is (half-precision decode weights "
-                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule, `KxN=BM:BN:BK:SPLIT:WARPS` "
-                "the one-row GEMVs of that weight shape with those tiles." if several
-                else ""), "",
+                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule, "
+                "`KxN=BM:BN:BK:SPLIT:WARPS` the one-row GEMVs of that weight shape with those tiles (`q4:` 4-bit "
+                "products; `vocab` / `cap=BITS` the GEMV's weight cap; `normwarps=W` the skip-norm's warps)."
+                if several else ""), "",
              "| model | precision | weights | round | ms per replay |" if several else
              "| model | precision | ms per replay |",
              "| --- | --- | --- | ---: | ---: |" if several else "| --- | --- | ---: |"]

@@ -426,9 +426,8 @@ def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
       slices of 8 columns) the same tiles were slower (0.824-0.827 -> 0.850-0.853 ms on an H200), and so was or
       tied every other variant tried (K whole or split in 2, 4 or 8; 4- to 16-column slices; 512-byte to 4 KB runs:
       1.061-1.063 -> 1.073-1.102 ms and 1.040-1.053 -> 1.043-1.096 on an H100, 0.829-0.832 -> 0.825-0.927 on an
-      H200); at Qwen2.5-0.5B's qkv and o
-      projections 8- or 4-column slices, and at its gate+up 1-2 KB runs, were slower too (0.607-0.632 ->
-      0.625-0.706 ms on an H100).
+      H200); at Qwen2.5-0.5B's qkv and o projections 8- or 4-column slices, and at its gate+up 1-2 KB runs, were
+      slower too (0.607-0.632 -> 0.625-0.706 ms on an H100).
 
     Measured on an H200 in the GenAI benchmark's captured decode steps (benchmarks/decode_replay.py, the module
     docstring) and per product in CUDA graphs (benchmarks/gemv_tiles.py --colmajor, results/gemv_colmajor.md)."""

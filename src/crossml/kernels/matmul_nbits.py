@@ -392,8 +392,8 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) for a problem on a GPU of ``processors`` SMs.
 
     From the in-graph sweep of benchmarks/gemv_tiles.py on an H200 (results/gemv_tiles.md; weights not in
-    L2, constant-weight launches): one warp per program (two since, below), BLOCK_K the whole of K up to 2048 (K rounded up
-    to a power of two), two weight rows per program, or one when K spans more than two such steps (more
+    L2, constant-weight launches): one warp per program (two since, below), BLOCK_K the whole of K up to 2048 (K
+    rounded up to a power of two), two weight rows per program, or one when K spans more than two such steps (more
     programs for the long products, e.g. down: each still takes three or more K steps); for wide
     products, where two-row programs would exceed 16 per SM (merged gate+up, lm_head), four rows by 512
     (many short programs cost more than they hide). BLOCK_K is at least one quantization block. In the GenAI
@@ -430,7 +430,7 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     activation preparation is paid once per program, so below about 12 output rows per SM (Qwen2-0.5B's qkv,
     o and down products, N <= 1152) the float32 kernel's one- and two-row programs win by 0.05-0.1 us. Above
     it: 32 rows by 256 for the lm_head (N of a vocabulary); for the merged gate+up 4 rows by all of K up to
-    1024, 8 by 512 for longer K; 8 rows by all of K
+    1024 (8 at two warps since, below), 8 by 512 for longer K; 8 rows by all of K
     (to 2048) at two warps otherwise. For the gate+up of K up to 1024, 8 rows at two warps (half the programs, each
     normalizing the row once when NormMatMulNBits fuses the norm) instead of 4 at one: in the captured Qwen2.5-0.5B
     int4 decode step on an H100, with ``pick_tiles``' two-warp programs, 0.485-0.494 -> 0.469-0.474 ms (results/
