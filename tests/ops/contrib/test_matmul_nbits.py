@@ -147,6 +147,27 @@ def test_cpu_packed_kernel_only_where_it_applies():
     assert all(x is y for x, y in zip(_cpu_packed(*a, True), first, strict=True))
 
 
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("case", [(4, 32, 96, 40, "packed"), (4, 16, 80, 37, "float"), (8, 32, 64, 33, None),
+                                  (2, 32, 64, 50, "packed")], ids=lambda c: f"b{c[0]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_chunks(case, level, monkeypatch):
+    """Prompt-sized CPU products dequantize and multiply the weight in chunks of rows (a last partial chunk
+    included): within onnxruntime's tolerance, and equal to the product of the whole dequantized weight."""
+    import torch
+
+    from crossml.ops.contrib import matmul_nbits as module
+
+    bits, bs, K, N, zp_kind = case
+    monkeypatch.setattr(module, "CPU_DEQUANT_CHUNK_BYTES", 8 * -(-K // bs) * bs * 4)  # 8 rows a chunk
+    _run(*case, level=level, M=(2, 9))
+    B, scales, zp = (None if t is None else torch.from_numpy(t) for t in quantized_weight(N, K, bits, bs, zp_kind))
+    a = torch.from_numpy(RNG.standard_normal((3, K)).astype(np.float32))
+    chunked = module._dequantized_product_cpu(a, B, scales, zp, K=K, N=N, bits=bits, block_size=bs)
+    whole = a @ module.dequantize_nbits(B, scales, zp, None, K=K, N=N, bits=bits, block_size=bs,
+                                        dtype=torch.float32).T
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+
+
 def test_report_level4():
     """Print the accuracy-level-4 differences (run with -s to see them)."""
     if LEVEL4_DIFFS:
