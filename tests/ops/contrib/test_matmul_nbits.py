@@ -152,7 +152,8 @@ def test_cpu_packed_kernel_only_where_it_applies():
                                   (2, 32, 64, 50, "packed")], ids=lambda c: f"b{c[0]}_K{c[2]}_N{c[3]}_{c[4]}")
 def test_matmul_nbits_cpu_chunks(case, level, monkeypatch):
     """Prompt-sized CPU products dequantize and multiply the weight in chunks of rows (a last partial chunk
-    included): within onnxruntime's tolerance, and equal to the product of the whole dequantized weight."""
+    included): within onnxruntime's tolerance, and the product of the whole dequantized weight up to float32
+    summation order (a one-row chunk's product may add in another order: 5e-6 apart, seen)."""
     import torch
 
     from crossml.ops.contrib import matmul_nbits as module
@@ -165,7 +166,7 @@ def test_matmul_nbits_cpu_chunks(case, level, monkeypatch):
     chunked = module._dequantized_product_cpu(a, B, scales, zp, K=K, N=N, bits=bits, block_size=bs)
     whole = a @ module.dequantize_nbits(B, scales, zp, None, K=K, N=N, bits=bits, block_size=bs,
                                         dtype=torch.float32).T
-    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(chunked, whole, rtol=2e-5, atol=2e-5)
 
 
 def test_report_level4():

@@ -210,8 +210,8 @@ CPU_DEQUANT_CHUNK_BYTES = 8 << 20
 def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
                              *, K: int, N: int, bits: int, block_size: int) -> torch.Tensor:
     """``a @ dequantize_nbits(B).T`` on the CPU for float32 ``a`` [..., K], the weight dequantized and multiplied in
-    chunks of rows of at most CPU_DEQUANT_CHUNK_BYTES (the same values: each output column is one chunk's
-    product). With the faster dequantization, a 128-token prompt of the Qwen2.5-0.5B-shaped builder int4 model on a
+    chunks of rows of at most CPU_DEQUANT_CHUNK_BYTES (the same products up to float32 summation order: the BLAS may
+    add a narrow chunk's in another order). With the faster dequantization, a 128-token prompt of the Qwen2.5-0.5B-shaped builder int4 model on a
     2-core host took 2.6-3.1 s against 3.1-4.6 s before (three prompts a process, the trees' processes alternated
     twice); the lm_head's product alone (128 rows), whole against in chunks, 1,058 -> 524 ms: the chunks avoid mapping
     and faulting in a fresh float32 copy of the whole weight on every call."""
