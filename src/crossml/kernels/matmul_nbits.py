@@ -416,7 +416,7 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     if cdiv(N, 2) > 16 * processors:
         block_n, block_k = 4, min(block_k, 512)
     else:
-        block_n, warps = 1 if K > 2 * block_k else 2, 2
+        block_n, warps = (1 if K > 2 * block_k else 2), 2
     return block_m, block_n, max(block_size, block_k), warps
 
 

@@ -211,10 +211,10 @@ def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Ten
                              *, K: int, N: int, bits: int, block_size: int) -> torch.Tensor:
     """``a @ dequantize_nbits(B).T`` on the CPU for float32 ``a`` [..., K], the weight dequantized and multiplied in
     chunks of rows of at most CPU_DEQUANT_CHUNK_BYTES (the same products up to float32 summation order: the BLAS may
-    add a narrow chunk's in another order). With the faster dequantization, a 128-token prompt of the Qwen2.5-0.5B-shaped builder int4 model on a
-    2-core host took 2.6-3.1 s against 3.1-4.6 s before (three prompts a process, the trees' processes alternated
-    twice); the lm_head's product alone (128 rows), whole against in chunks, 1,058 -> 524 ms: the chunks avoid mapping
-    and faulting in a fresh float32 copy of the whole weight on every call."""
+    add a narrow chunk's in another order). With the faster dequantization, a 128-token prompt of the
+    Qwen2.5-0.5B-shaped builder int4 model on a 2-core host took 2.6-3.1 s against 3.1-4.6 s before (three prompts a
+    process, the trees' processes alternated twice); the lm_head's product alone (128 rows), whole against in chunks,
+    1,058 -> 524 ms: the chunks avoid mapping and faulting in a fresh float32 copy of the whole weight on every call."""
     n_blocks = (K + block_size - 1) // block_size
     rows = max(1, CPU_DEQUANT_CHUNK_BYTES // (n_blocks * block_size * 4))
     if rows >= N:
