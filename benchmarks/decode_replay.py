@@ -17,6 +17,7 @@ bound it); with --timeline, also every kernel's start and end in OUT/decode_time
 (row-major) and as GPU plans store them (column-major, ``crossml.ops.matmul.column_major_weight``), alternating
 the two --rounds times in one process; the table then has a row per (model, layout, round), written to
 OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``,
+``lmcols`` (the vocabulary products' half-precision weights stored column-major as well, still on the vendor GEMM),
 ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``),
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
@@ -44,6 +45,7 @@ from _common import genai_parser, machine, write  # noqa: E402
 import crossml.genai as og  # noqa: E402
 import crossml.kernels.gemv as gemv_module  # noqa: E402
 import crossml.kernels.matmul_nbits as nbits_module  # noqa: E402
+import crossml.ops.layout as layout_module  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
 import crossml.runtime.session as session_module  # noqa: E402
 
@@ -62,7 +64,8 @@ class _Warps:
 @contextlib.contextmanager
 def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
-    ("rows"), or ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
+    ("rows"), or ("lmcols") store the vocabulary products' weights column-major too (still on the vendor GEMM), or
+    ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
     "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'
     ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks), or
     ("vocab", alone or joined by "+") lift the GEMV's weight-size cap, so the vocabulary products run on it too
@@ -71,7 +74,16 @@ def variant(layout: str):
     kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
     kept_tiles = gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles
     kept_cap, kept_norm = matmul_ops.GEMV_MAX_WEIGHT, gemv_module._split_k_norm_kernel
-    if "=" in layout or layout == "vocab":
+    kept_layout = layout_module.column_major_weight
+    if layout == "lmcols":  # the vocabulary products' weights column-major too, still on the vendor GEMM
+        def column_major(domain, op_type, w, device, attrs, tf32):
+            if ((domain, op_type) in matmul_ops.GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor)
+                    and w.dtype in matmul_ops.GEMV_DTYPES and w.dim() == 2 and device.type in matmul_ops.GEMV_DEVICES
+                    and w.numel() >= matmul_ops.GEMV_MAX_WEIGHT):
+                return True
+            return kept_layout(domain, op_type, w, device, attrs, tf32)
+        layout_module.column_major_weight = column_major
+    elif "=" in layout or layout == "vocab":
         chosen, chosen4 = {}, {}
         for part in layout.split("+"):
             if part.startswith("normwarps="):  # the skip-norm kernel after split products at this many warps
@@ -109,12 +121,13 @@ def variant(layout: str):
             return [r for r in rules if r.name != name]
         session_module.fusion_rules = without
     elif layout != "cols":
-        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols, no-RULE or KxN=tiles")
+        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols, lmcols, no-RULE or "
+                         "KxN=tiles")
     try:
         yield
     finally:
         matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, matmul_ops.GEMV_MAX_WEIGHT = kept, kept_rules, kept_cap
-        gemv_module._split_k_norm_kernel = kept_norm
+        gemv_module._split_k_norm_kernel, layout_module.column_major_weight = kept_norm, kept_layout
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 
 
@@ -199,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. Prompt 512 tokens, then the recorded decode step "
              f"replayed {args.replays} times back to back (mean)."
              + (" Variants alternated in one process: `cols` the session as it is (half-precision decode weights "
-                "column-major), `rows` those weights row-major, `no-RULE` without that graph rule, "
+                "column-major), `rows` those weights row-major, `lmcols` the vocabulary weights column-major too (vendor GEMM), "
+                "`no-RULE` without that graph rule, "
                 "`KxN=BM:BN:BK:SPLIT:WARPS` the one-row GEMVs of that weight shape with those tiles (`q4:` 4-bit "
                 "products; `vocab` / `cap=BITS` the GEMV's weight cap; `normwarps=W` the skip-norm's warps)."
                 if several else ""), "",

@@ -19,6 +19,7 @@ import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, Match, Rule, apply_rules
 from crossml.graph.passes.gate_up import GATE_UP
+from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL
@@ -88,7 +89,7 @@ def test_registered_after_swiglu_off_the_cpu_only():
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
-        GELU, SWIGLU, GATE_UP, NORM_MATMUL, MASK_LENGTHS, SKIP_LAYER_NORM]
+        GELU, SWIGLU, GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [GELU, SWIGLU]
 
 

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 import pytest  # noqa: E402
 
 from crossml.kernels import rmsnorm  # noqa: E402
-from crossml.kernels.rmsnorm import rms_norm, skip_layer_norm, skip_rms_norm  # noqa: E402
+from crossml.kernels.rmsnorm import gather_rms_norm, rms_norm, skip_layer_norm, skip_rms_norm  # noqa: E402
 from crossml.ops.contrib import norm  # noqa: E402
 from crossml.ops.registry import OpContext  # noqa: E402
 from tests.kernels._common import DEVICES, rand, record_calls  # noqa: E402
@@ -147,6 +147,58 @@ def test_long_rows_loop_over_blocks(device: str, dtype: torch.dtype, hidden: int
     _assert_ulps(y, ry)
     _assert_ulps(inv, rinv)
     assert torch.equal(s.cpu(), rs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "w_dtype", "hidden", "idx_dtype"), [
+    (torch.float16, torch.float16, 96, torch.int64), (torch.bfloat16, torch.bfloat16, 64, torch.int32),
+    (torch.float32, torch.float32, 896, torch.int64), (torch.float16, torch.float32, 64, torch.int32)])
+def test_gather_rms_norm_matches_gather_then_op(device: str, dtype: torch.dtype, w_dtype: torch.dtype, hidden: int,
+                                                idx_dtype: torch.dtype) -> None:
+    """The rows, bit for bit the gathered ones; y and inv as the RMSNorm op of those rows. Indices of any shape,
+    negative ones counted from the end."""
+    table = rand(11, hidden, dtype=dtype, device=device, seed=12) * 2
+    w = rand(hidden, dtype=w_dtype, device=device, seed=13)
+    idx = torch.tensor([[3, -1, 0], [10, 7, -11]], dtype=idx_dtype)
+    y, inv, rows = gather_rms_norm(table, idx.to(device), w, EPS)
+    want_rows = table.cpu()[idx.long() % 11]
+    assert rows.dtype == dtype and torch.equal(rows.cpu(), want_rows)
+    ry, rinv = norm.simplified_layer_normalization(want_rows, w.cpu(), epsilon=EPS)
+    assert y.shape == ry.shape == (2, 3, hidden) and inv.shape == rinv.shape == (2, 3, 1)
+    _assert_ulps(y, ry)
+    _assert_ulps(inv, rinv)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_rms_norm_edges(device: str, loop_blocks: None) -> None:
+    """Indices outside [-V, V) give zero rows (y 0, inv rsqrt(eps)), as the Gather kernel; a strided table
+    (every other row of a bigger one) and rows longer than one block (loop_blocks); no rows output when not asked;
+    no indices at all."""
+    big = rand(14, 96, dtype=torch.float16, device=device, seed=14)
+    table, w = big[::2], rand(96, dtype=torch.float16, device=device, seed=15)
+    assert not rmsnorm._tiling(96)[1] and table.stride(0) == 192
+    idx = torch.tensor([1, 7, -8, 6], device=device)
+    y, inv, rows = gather_rms_norm(table, idx, w, EPS)
+    assert torch.equal(rows[1:3].cpu(), torch.zeros(2, 96, dtype=torch.float16))
+    assert torch.equal(y[1:3].cpu(), torch.zeros(2, 96, dtype=torch.float16))
+    assert torch.equal(rows[[0, 3]].cpu(), table.cpu()[[1, 6]])
+    ry, rinv = norm.simplified_layer_normalization(table.cpu()[[1, 6]], w.cpu(), epsilon=EPS)
+    _assert_ulps(y[[0, 3]], ry)
+    _assert_ulps(inv[[0, 3]], rinv)
+    y2, _, none = gather_rms_norm(table, idx, w, EPS, store_rows=False)
+    assert none is None and torch.equal(y2.cpu(), y.cpu())
+    y, inv, rows = gather_rms_norm(table, idx[:0], w, EPS)
+    assert y.shape == rows.shape == (0, 96) and inv.shape == (0, 1)
+
+
+def test_gather_rms_norm_errors_name_the_problem() -> None:
+    w = rand(8)
+    with pytest.raises(ValueError, match="2-D with contiguous rows"):
+        gather_rms_norm(rand(4, 8).t(), torch.tensor([0]), w, EPS)
+    with pytest.raises(ValueError, match="int32/int64"):
+        gather_rms_norm(rand(4, 8), torch.tensor([0.0]), w, EPS)
+    with pytest.raises(ValueError, match="not a vector of the hidden size 8"):
+        gather_rms_norm(rand(4, 8), torch.tensor([0]), rand(9), EPS)
 
 
 @pytest.mark.parametrize("device", DEVICES)

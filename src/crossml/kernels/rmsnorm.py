@@ -26,7 +26,7 @@ import triton.language as tl
 from crossml.kernels._launch import next_power_of_2, pdl, pdl_wait, use_interpreter
 from crossml.ops._util import broadcast_shapes
 
-__all__ = ["DTYPES", "LAYER_NORM_MAX", "rms_norm", "skip_layer_norm", "skip_rms_norm"]
+__all__ = ["DTYPES", "LAYER_NORM_MAX", "gather_rms_norm", "rms_norm", "skip_layer_norm", "skip_rms_norm"]
 
 #: storage types the kernels take (statistics are float32 for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -49,9 +49,14 @@ def _cast(v, dst_ptr, BF16_RTNE: tl.constexpr):
 
 
 @triton.jit
-def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """float32 ``x (+ skip) (+ bias)`` at ``offs`` of one row, added in that order."""
-    s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr,
+             GATHER: tl.constexpr = False, inside=None):
+    """float32 ``x (+ skip) (+ bias)`` at ``offs`` of one row, added in that order (GATHER: x reads zeros
+    unless ``inside``)."""
+    if GATHER:
+        s = tl.load(x_row + offs, mask=mask & inside, other=0.0).to(tl.float32)
+    else:
+        s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_SKIP:
         s = s + tl.load(skip_row + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_BIAS:
@@ -64,21 +69,30 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
                      inv_n, eps, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr,
                      STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
                      SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False, CENTER: tl.constexpr = False,
-                     HAS_BETA: tl.constexpr = False):
+                     HAS_BETA: tl.constexpr = False, GATHER: tl.constexpr = False, idx_ptr=None, V=1, s_v=0):
     """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x (+ skip) (+ bias) in float32, then
     y = (s * rsqrt(mean(s * s) + eps)) * w. ``skip`` is read through (batch, sequence) strides, so a
     broadcast skip (stride 0) needs no copy. CENTER (LayerNorm; whole rows only, SINGLE): s - mean(s) in
-    place of s, then + beta (HAS_BETA)."""
+    place of s, then + beta (HAS_BETA). GATHER: x is a [V, H] table (rows ``s_v`` elements apart) and the row's
+    x is table row ``idx_ptr[row]`` (negative: counted from the end; outside [-V, V): a row of zeros, as the
+    Gather kernel writes)."""
     pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * H
+    if GATHER:
+        idx = tl.load(idx_ptr + row).to(tl.int64)
+        idx = tl.where(idx < 0, idx + V, idx)
+        inside = (idx >= 0) & (idx < V)
+        x_row = x_ptr + tl.where(inside, idx, 0) * s_v
+    else:
+        inside = True
+        x_row = x_ptr + row * H
     y_row = y_ptr + row * H
     sum_row = sum_ptr + row * H
     skip_row = skip_ptr + (row // S) * s_skip_b + (row % S) * s_skip_s
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         mask = cols < H
-        s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS)
+        s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
         if STORE_SUM:
             tl.store(sum_row + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
         if CENTER:
@@ -93,14 +107,14 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(0, H, BLOCK):
             mask = c0 + cols < H
-            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
             if STORE_SUM:
                 tl.store(sum_row + c0 + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
             acc += s * s
         inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
         for c0 in range(0, H, BLOCK):  # the float32 sum again (the stored one is rounded to the input type)
             mask = c0 + cols < H
-            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
             w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + c0 + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
     if STORE_INV:
@@ -170,6 +184,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.T
         flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": False}
         _launch(_rms_norm_kernel, xc, rows, H, args, flags, "RMSNorm", y, None)
     return y, inv
+
+
+def gather_rms_norm(table: torch.Tensor, indices: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                    store_rows: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """RMSNorm of the rows of ``table`` [V, H] at ``indices`` (any shape, int32 / int64; negative ones counted
+    from the end, ones outside [-V, V) give a row of zeros, as the Gather kernel): ONNX Gather (axis 0) then
+    SimplifiedLayerNormalization (axis -1, stash_type 1) in one launch, one program per index.
+
+    Returns ``y`` (``indices.shape + (H,)``, weight's dtype), the float32 inverse standard deviation
+    (``indices.shape + (1,)``) and, with ``store_rows``, the gathered rows (table's dtype, bit for bit; else None).
+    The table's rows must be contiguous (``table.stride(1) == 1``)."""
+    if table.dim() != 2 or (table.shape[1] > 1 and table.stride(1) != 1):
+        raise ValueError(f"GatherRMSNorm: the table must be 2-D with contiguous rows, got shape {tuple(table.shape)} "
+                         f"strides {table.stride()}")
+    if indices.dtype not in (torch.int32, torch.int64) or indices.device != table.device:
+        raise ValueError(f"GatherRMSNorm: indices must be int32/int64 on {table.device}, got {indices.dtype} on "
+                         f"{indices.device}")
+    H = _check("GatherRMSNorm", table, weight)
+    w = _vector("GatherRMSNorm", "weight", weight, H)
+    idx = indices.contiguous()
+    y = torch.empty((*indices.shape, H), dtype=weight.dtype, device=table.device)
+    inv = torch.empty((*indices.shape, 1), dtype=torch.float32, device=table.device)
+    rows_out = torch.empty((*indices.shape, H), dtype=table.dtype, device=table.device) if store_rows else None
+    rows = idx.numel()
+    if rows and H:
+        args = (table, table, w, w, w, y, inv, rows_out if rows_out is not None else y, H, 1, 0, 0, 1.0 / H,
+                float(eps))
+        flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": store_rows, "GATHER": True,
+                 "idx_ptr": idx, "V": table.shape[0], "s_v": table.stride(0)}
+        _launch(_rms_norm_kernel, table, rows, H, args, flags, "GatherRMSNorm", y, rows_out)
+    return y, inv, rows_out
 
 
 def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

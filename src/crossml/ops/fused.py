@@ -10,7 +10,8 @@ decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, wit
 feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere;
 MatMulSkipNorm (a product feeding the residual stream's SkipSimplifiedLayerNormalization) is the GEMV and
 one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere. SumCast (an integer row sum,
-offset and cast: the GenAI builder's attention-mask lengths) is one Triton launch on GPUs.
+offset and cast: the GenAI builder's attention-mask lengths) is one Triton launch on GPUs. GatherNorm (an
+embedding lookup feeding the first layer's RMSNorm) is one Triton launch on GPUs and the two ops elsewhere.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import sdpa
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
-from crossml.ops.contrib.norm import simplified_layer_normalization, skip_simplified_layer_normalization
+from crossml.ops.contrib.norm import (
+    _rmsnorm_kernels,
+    simplified_layer_normalization,
+    skip_simplified_layer_normalization,
+)
 from crossml.ops.conv import conv, gpu_conv2d
+from crossml.ops.indexing import gather as gather_op
 from crossml.ops.matmul import gemv_eligible
 from crossml.ops.matmul import matmul as matmul_op
 from crossml.ops.registry import OpContext, op
@@ -120,6 +126,31 @@ def sum_cast(x: torch.Tensor, *, offset: int = 0, to: int = dtypes.TP.INT64, kee
         if kernel is not None:
             return kernel.sum_cast(x, int(offset), out_dtype, bool(keepdims))
     return (x.sum(-1, keepdim=bool(keepdims), dtype=x.dtype) + int(offset)).to(out_dtype)
+
+
+#: table / scale dtypes the GatherNorm kernel takes (crossml.kernels.rmsnorm.gather_rms_norm)
+_GATHER_NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@op("GatherNorm", since=1, domain=DOMAIN)
+def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, *,
+                epsilon: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """SimplifiedLayerNormalization(Gather(data, indices), scale) (Gather on axis 0, the norm over the last axis,
+    stash_type 1; graph rule GatherNorm: an LLM's embedding lookup and its first layer's RMSNorm), returning the
+    normalized rows and the gathered rows. One Triton launch on GPUs (``crossml.kernels.rmsnorm.gather_rms_norm``)
+    for a 2-D table with contiguous rows; the two ops elsewhere, where an index outside the table raises as
+    Gather does (the kernel writes zeros there, as the Gather kernel does)."""
+    if data.dim() != 2:
+        raise ValueError(f"GatherNorm takes a 2-D table, got shape {tuple(data.shape)}")
+    if (data.device.type in TRITON_DEVICES and data.dtype in _GATHER_NORM_DTYPES and scale.dtype in _GATHER_NORM_DTYPES
+            and indices.dtype in (torch.int32, torch.int64) and indices.device == data.device == scale.device
+            and (data.shape[1] <= 1 or data.stride(1) == 1) and scale.numel() == data.shape[1] > 0):
+        kernels = _rmsnorm_kernels()
+        if kernels is not None:
+            y, _, rows = kernels.gather_rms_norm(data, indices, scale, epsilon)
+            return y, rows
+    rows = gather_op(data, indices, axis=0)
+    return simplified_layer_normalization(rows, scale, epsilon=epsilon)[0], rows
 
 
 #: dtypes the Triton SiluMul kernel takes

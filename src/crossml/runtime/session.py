@@ -24,6 +24,7 @@ from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
 from crossml.graph.passes.gate_up import GATE_UP
+from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
@@ -587,12 +588,13 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
 
     With disable_metacommands only fusions that call no vendor library remain. Off the CPU the gate
     and up products of SwiGLU MLPs are merged into one (GATE_UP), then RMSNorms feeding a 4-bit
-    product are fused into it (NORM_MATMUL), the attention mask's lengths become one node (MASK_LENGTHS),
+    product are fused into it (NORM_MATMUL), an embedding lookup feeding an RMSNorm becomes one node
+    (GATHER_NORM), the attention mask's lengths become one node (MASK_LENGTHS),
     residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM),
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM, then SILU_MUL_NORM
     folds the MLP's gate into the down projection; not with disable_metacommands); the CPU keeps the
     model's ops (its results stay bit-close to onnxruntime's)."""
-    merge = [GATE_UP, NORM_MATMUL, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else []
+    merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else []
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
