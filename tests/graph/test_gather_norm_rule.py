@@ -24,22 +24,28 @@ V, H = 50, 32
 
 
 def embed_norm(*, dtype: int = T.FLOAT, gather_axis: int | None = None, norm_attrs: dict | None = None,
-               inv_used: bool = False, table_input: bool = False, table_shape: list | None = None) -> onnx.ModelProto:
+               inv_used: bool = False, table_input: bool = False, table_shape: list | None = None,
+               tied: bool = False) -> onnx.ModelProto:
     """The builder's model head: Gather(table, input_ids) -> rows, SimplifiedLayerNormalization(rows, scale) -> y,
-    and rows read again by the first residual Add."""
+    and rows read again by the first residual Add. ``tied``: the table is Transpose(lm_head weight [H, V]), as the
+    builder exports a model whose embeddings are tied to its output projection."""
     np_type = {T.FLOAT: np.float32, T.FLOAT16: np.float16, T.INT64: np.int64}[dtype]
     rng = np.random.default_rng(0)
     table = (rng.standard_normal((V, H)) * 2).astype(np_type)
     scale = rng.standard_normal(H).astype(np.float32 if dtype == T.INT64 else np_type)
     inits = [numpy_helper.from_array(scale, "scale")]
     inputs = [h.make_tensor_value_info("input_ids", T.INT64, ["batch", "seq"])]
+    nodes = []
     if table_input:
         inputs.append(h.make_tensor_value_info("table", dtype, table_shape))
+    elif tied:
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(table.T), "lm_head"))
+        nodes.append(h.make_node("Transpose", ["lm_head"], ["table"], name="tied", perm=[1, 0]))
     else:
         inits.append(numpy_helper.from_array(table, "table"))
     gather_kw = {} if gather_axis is None else {"axis": gather_axis}
     norm_outputs = ["y", "inv"] if inv_used else ["y"]
-    nodes = [h.make_node("Gather", ["table", "input_ids"], ["rows"], name="embed", **gather_kw),
+    nodes += [h.make_node("Gather", ["table", "input_ids"], ["rows"], name="embed", **gather_kw),
              h.make_node("SimplifiedLayerNormalization", ["rows", "scale"], norm_outputs, name="norm",
                          **({"axis": -1, "epsilon": 1e-6, "stash_type": 1} | (norm_attrs or {}))),
              h.make_node("Add", ["rows", "y"], ["residual"], name="residual")]
@@ -55,8 +61,8 @@ def _ids() -> np.ndarray:
 
 
 @pytest.mark.parametrize("variant", [{}, {"gather_axis": 0}, {"norm_attrs": {"axis": 2}},
-                                     {"norm_attrs": {"epsilon": 1e-2}}, {"dtype": T.FLOAT16}],
-                         ids=["builder", "axis-0-explicit", "positive-norm-axis", "epsilon", "float16"])
+                                     {"norm_attrs": {"epsilon": 1e-2}}, {"dtype": T.FLOAT16}, {"tied": True}],
+                         ids=["builder", "axis-0-explicit", "positive-norm-axis", "epsilon", "float16", "tied"])
 def test_fused_model_equals_unfused(variant: dict) -> None:
     m = embed_norm(**variant)
     feed = {"input_ids": _ids()}
@@ -64,8 +70,8 @@ def test_fused_model_equals_unfused(variant: dict) -> None:
     fused = onnx.ModelProto()
     fused.CopyFrom(m)
     assert apply_rules(fused, [GATHER_NORM]) == {"GatherNorm": 1}
-    assert [n.op_type for n in fused.graph.node] == ["GatherNorm", "Add"]
-    assert list(fused.graph.node[0].output) == ["y", "rows"]
+    assert [n.op_type for n in fused.graph.node] == ["Transpose"] * bool(variant.get("tied")) + ["GatherNorm", "Add"]
+    assert list(fused.graph.node[-2].output) == ["y", "rows"]
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, feed)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape == (2, 4, H)
@@ -112,14 +118,20 @@ def test_rule_runs_off_the_cpu_only() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU: the fused node's Triton kernel runs on GPUs")
-@pytest.mark.parametrize("dtype", [T.FLOAT, T.FLOAT16])
-def test_gpu_session_fuses_and_matches_the_cpu(dtype: int) -> None:
-    m = embed_norm(dtype=dtype)
+@pytest.mark.parametrize(("dtype", "tied"), [(T.FLOAT, False), (T.FLOAT16, False), (T.FLOAT16, True)])
+def test_gpu_session_fuses_and_matches_the_cpu(dtype: int, tied: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused node runs the one kernel (a tied table too: a transposed view) and gives the CPU's results."""
+    from crossml.kernels import rmsnorm
+    from tests.kernels._common import record_calls
+
+    calls = record_calls(monkeypatch, rmsnorm, "gather_rms_norm")
+    m = embed_norm(dtype=dtype, tied=tied)
     feed = {"input_ids": _ids()}
     want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feed)
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
-    assert [n.op_type for n in sess._model.graph.node] == ["GatherNorm", "Add"]
+    assert [n.op_type for n in sess._model.graph.node if n.op_type != "Transpose"] == ["GatherNorm", "Add"]
     got = sess.run(None, feed)
+    assert calls == ["gather_rms_norm"]
     tol = 1e-5 if dtype == T.FLOAT else 2e-3
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape

@@ -171,9 +171,9 @@ def test_gather_rms_norm_matches_gather_then_op(device: str, dtype: torch.dtype,
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gather_rms_norm_edges(device: str, loop_blocks: None) -> None:
-    """Indices outside [-V, V) give zero rows (y 0, inv rsqrt(eps)), as the Gather kernel; a strided table
-    (every other row of a bigger one) and rows longer than one block (loop_blocks); no rows output when not asked;
-    no indices at all."""
+    """Indices outside [-V, V) give zero rows (y 0, inv rsqrt(eps)), as the Gather kernel; a table of strided
+    rows (every other row of a bigger one) and rows longer than one block (loop_blocks); no rows output when not asked;
+    no indices at all; a transposed table (a tied model's output projection weight, viewed)."""
     big = rand(14, 96, dtype=torch.float16, device=device, seed=14)
     table, w = big[::2], rand(96, dtype=torch.float16, device=device, seed=15)
     assert not rmsnorm._tiling(96)[1] and table.stride(0) == 192
@@ -189,12 +189,18 @@ def test_gather_rms_norm_edges(device: str, loop_blocks: None) -> None:
     assert none is None and torch.equal(y2.cpu(), y.cpu())
     y, inv, rows = gather_rms_norm(table, idx[:0], w, EPS)
     assert y.shape == rows.shape == (0, 96) and inv.shape == (0, 1)
+    lm_head = rand(96, 9, dtype=torch.float16, device=device, seed=16)  # [H, V]: the table is its transpose
+    y, inv, rows = gather_rms_norm(lm_head.t(), idx[[0, 3]], w, EPS)
+    assert torch.equal(rows.cpu(), lm_head.t().cpu()[[1, 6]])
+    ry, rinv = norm.simplified_layer_normalization(lm_head.t().cpu()[[1, 6]], w.cpu(), epsilon=EPS)
+    _assert_ulps(y, ry)
+    _assert_ulps(inv, rinv)
 
 
 def test_gather_rms_norm_errors_name_the_problem() -> None:
     w = rand(8)
-    with pytest.raises(ValueError, match="2-D with contiguous rows"):
-        gather_rms_norm(rand(4, 8).t(), torch.tensor([0]), w, EPS)
+    with pytest.raises(ValueError, match="the table must be 2-D"):
+        gather_rms_norm(rand(4, 8, 1), torch.tensor([0]), w, EPS)
     with pytest.raises(ValueError, match="int32/int64"):
         gather_rms_norm(rand(4, 8), torch.tensor([0.0]), w, EPS)
     with pytest.raises(ValueError, match="not a vector of the hidden size 8"):

@@ -50,11 +50,11 @@ def _cast(v, dst_ptr, BF16_RTNE: tl.constexpr):
 
 @triton.jit
 def _row_sum(x_row, skip_row, b_ptr, offs, mask, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr,
-             GATHER: tl.constexpr = False, inside=None):
-    """float32 ``x (+ skip) (+ bias)`` at ``offs`` of one row, added in that order (GATHER: x reads zeros
-    unless ``inside``)."""
+             GATHER: tl.constexpr = False, inside=None, s_h=1):
+    """float32 ``x (+ skip) (+ bias)`` at ``offs`` of one row, added in that order (GATHER: x's elements ``s_h``
+    apart, zeros unless ``inside``)."""
     if GATHER:
-        s = tl.load(x_row + offs, mask=mask & inside, other=0.0).to(tl.float32)
+        s = tl.load(x_row + offs.to(tl.int64) * s_h, mask=mask & inside, other=0.0).to(tl.float32)
     else:
         s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_SKIP:
@@ -69,11 +69,11 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
                      inv_n, eps, HAS_SKIP: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_INV: tl.constexpr,
                      STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, Y_RTNE: tl.constexpr,
                      SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False, CENTER: tl.constexpr = False,
-                     HAS_BETA: tl.constexpr = False, GATHER: tl.constexpr = False, idx_ptr=None, V=1, s_v=0):
+                     HAS_BETA: tl.constexpr = False, GATHER: tl.constexpr = False, idx_ptr=None, V=1, s_v=0, s_h=1):
     """Row ``program_id(0)`` = (b, s) of a [B, S, H] input: s = x (+ skip) (+ bias) in float32, then
     y = (s * rsqrt(mean(s * s) + eps)) * w. ``skip`` is read through (batch, sequence) strides, so a
     broadcast skip (stride 0) needs no copy. CENTER (LayerNorm; whole rows only, SINGLE): s - mean(s) in
-    place of s, then + beta (HAS_BETA). GATHER: x is a [V, H] table (rows ``s_v`` elements apart) and the row's
+    place of s, then + beta (HAS_BETA). GATHER: x is a [V, H] table of strides (``s_v``, ``s_h``) and the row's
     x is table row ``idx_ptr[row]`` (negative: counted from the end; outside [-V, V): a row of zeros, as the
     Gather kernel writes)."""
     pdl_wait(PDL)
@@ -92,7 +92,7 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         mask = cols < H
-        s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
+        s = _row_sum(x_row, skip_row, b_ptr, cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside, s_h)
         if STORE_SUM:
             tl.store(sum_row + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
         if CENTER:
@@ -107,14 +107,14 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
         acc = tl.zeros([BLOCK], dtype=tl.float32)
         for c0 in range(0, H, BLOCK):
             mask = c0 + cols < H
-            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside, s_h)
             if STORE_SUM:
                 tl.store(sum_row + c0 + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
             acc += s * s
         inv = tl.math.rsqrt(tl.sum(acc, axis=0) * inv_n + eps)
         for c0 in range(0, H, BLOCK):  # the float32 sum again (the stored one is rounded to the input type)
             mask = c0 + cols < H
-            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside)
+            s = _row_sum(x_row, skip_row, b_ptr, c0 + cols, mask, HAS_SKIP, HAS_BIAS, GATHER, inside, s_h)
             w = tl.load(w_ptr + c0 + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + c0 + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
     if STORE_INV:
@@ -194,10 +194,10 @@ def gather_rms_norm(table: torch.Tensor, indices: torch.Tensor, weight: torch.Te
 
     Returns ``y`` (``indices.shape + (H,)``, weight's dtype), the float32 inverse standard deviation
     (``indices.shape + (1,)``) and, with ``store_rows``, the gathered rows (table's dtype, bit for bit; else None).
-    The table's rows must be contiguous (``table.stride(1) == 1``)."""
-    if table.dim() != 2 or (table.shape[1] > 1 and table.stride(1) != 1):
-        raise ValueError(f"GatherRMSNorm: the table must be 2-D with contiguous rows, got shape {tuple(table.shape)} "
-                         f"strides {table.stride()}")
+    The table may have any strides: a tied model's embedding table is the transpose of its output projection's
+    weight, whose rows are then read with a stride of the vocabulary size, as the Gather kernel reads them."""
+    if table.dim() != 2:
+        raise ValueError(f"GatherRMSNorm: the table must be 2-D, got shape {tuple(table.shape)}")
     if indices.dtype not in (torch.int32, torch.int64) or indices.device != table.device:
         raise ValueError(f"GatherRMSNorm: indices must be int32/int64 on {table.device}, got {indices.dtype} on "
                          f"{indices.device}")
@@ -212,7 +212,7 @@ def gather_rms_norm(table: torch.Tensor, indices: torch.Tensor, weight: torch.Te
         args = (table, table, w, w, w, y, inv, rows_out if rows_out is not None else y, H, 1, 0, 0, 1.0 / H,
                 float(eps))
         flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": store_rows, "GATHER": True,
-                 "idx_ptr": idx, "V": table.shape[0], "s_v": table.stride(0)}
+                 "idx_ptr": idx, "V": table.shape[0], "s_v": table.stride(0), "s_h": table.stride(1)}
         _launch(_rms_norm_kernel, table, rows, H, args, flags, "GatherRMSNorm", y, rows_out)
     return y, inv, rows_out
 

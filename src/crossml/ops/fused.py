@@ -137,14 +137,14 @@ def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, 
                 epsilon: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     """SimplifiedLayerNormalization(Gather(data, indices), scale) (Gather on axis 0, the norm over the last axis,
     stash_type 1; graph rule GatherNorm: an LLM's embedding lookup and its first layer's RMSNorm), returning the
-    normalized rows and the gathered rows. One Triton launch on GPUs (``crossml.kernels.rmsnorm.gather_rms_norm``)
-    for a 2-D table with contiguous rows; the two ops elsewhere, where an index outside the table raises as
+    normalized rows and the gathered rows. One Triton launch on GPUs (``crossml.kernels.rmsnorm.gather_rms_norm``,
+    any strides: a tied model's table is a transposed view of its output projection); the two ops elsewhere, where an index outside the table raises as
     Gather does (the kernel writes zeros there, as the Gather kernel does)."""
     if data.dim() != 2:
         raise ValueError(f"GatherNorm takes a 2-D table, got shape {tuple(data.shape)}")
     if (data.device.type in TRITON_DEVICES and data.dtype in _GATHER_NORM_DTYPES and scale.dtype in _GATHER_NORM_DTYPES
             and indices.dtype in (torch.int32, torch.int64) and indices.device == data.device == scale.device
-            and (data.shape[1] <= 1 or data.stride(1) == 1) and scale.numel() == data.shape[1] > 0):
+            and scale.numel() == data.shape[1] > 0):
         kernels = _rmsnorm_kernels()
         if kernels is not None:
             y, _, rows = kernels.gather_rms_norm(data, indices, scale, epsilon)
