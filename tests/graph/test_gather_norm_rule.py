@@ -131,7 +131,7 @@ def test_gpu_session_fuses_and_matches_the_cpu(dtype: int, tied: bool, monkeypat
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
     assert [n.op_type for n in sess._model.graph.node if n.op_type != "Transpose"] == ["GatherNorm", "Add"]
     got = sess.run(None, feed)
-    assert calls == ["gather_rms_norm"]
+    assert calls and set(calls) == {"gather_rms_norm"}
     tol = 1e-5 if dtype == T.FLOAT else 2e-3
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
