@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from crossml.graph import external
-from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -111,7 +111,7 @@ def check(view: GraphView, m: Match) -> str | None:
         return f"g and up are one product ('{gate.name}')"
     if gate.input[0] != up.input[0]:
         return f"'{gate.name}' and '{up.name}' read different activations: '{gate.input[0]}' and '{up.input[0]}'"
-    nested = subgraph_reads(view.graph)
+    nested = view.nested_reads
     for name, what in ((g, "g"), (u, "up")):
         if len(view.consumers.get(name, [])) != 1 or name in view.outputs or name in nested:
             return f"{what} ('{name}') is used elsewhere"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule, node_attrs, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 DOMAIN = "com.crossml"
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
@@ -56,7 +56,7 @@ def check(view: GraphView, m: Match) -> str | None:
         if rank is None or axis != len(rank) - 1:
             return f"'{norm.name}' does not normalize over the last axis alone (axis {axis})"
     inv = norm.output[1] if len(norm.output) > 1 else ""
-    if inv and (view.consumers.get(inv) or inv in view.outputs or inv in subgraph_reads(view.graph)):
+    if inv and (view.consumers.get(inv) or inv in view.outputs or inv in view.nested_reads):
         return f"the inverse standard deviation '{norm.output[1]}' of '{norm.name}' is used"
     return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from crossml.graph.passes import GraphView, Match, Rule, subgraph_reads
+from crossml.graph.passes import GraphView, Match, Rule
 from crossml.graph.passes._consts import other_input
 
 DOMAIN = "com.crossml"
@@ -56,7 +56,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if sg is not None and su is not None and (
             len(sg) != len(su) or any(a is not None and b is not None and a != b for a, b in zip(sg, su))):
         return f"g ('{g}') and up ('{up}') differ in shape: {sg} and {su} (SiluMul does not broadcast)"
-    if {sig.output[0], act.output[0]} & subgraph_reads(view.graph):
+    if {sig.output[0], act.output[0]} & view.nested_reads:
         return "an intermediate value is read inside a subgraph"
     return None
 
