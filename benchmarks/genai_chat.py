@@ -15,8 +15,9 @@ before. This benchmark times those, each phase ending when the host holds the ph
   from the third).
 
 Every generator asks for max_length 2048. Each (model, precision, runtime) runs in its own process, twice: the
-first run warms the on-disk caches (Triton's kernels; the model files) and is not reported, the second is the
-"warm process" a user's next start would be. Models are the GenAI benchmark's (random weights, builder folders
+first run warms the on-disk caches (Triton's kernels; the model files; Python's bytecode, which an installed
+package has: ``_common.child_result``) and is not reported, the second is the "warm process" a user's next start
+would be. Models are the GenAI benchmark's (random weights, builder folders
 under --workdir, built on first use).
 
     PYTHONPATH=src:$ORT_GENAI_CUDA python benchmarks/genai_chat.py --out benchmarks/results
@@ -112,7 +113,8 @@ def markdown(payload: dict[str, Any]) -> str:
         "# A chat session's latencies in a fresh process: crossml.genai vs onnxruntime-genai", "",
         f"GPU: {m.get('gpu')}; torch {m.get('torch')}; onnxruntime-genai {payload.get('ortgenai_version')}. "
         f"Batch 1, greedy, max_length {MAX_LENGTH}; random-weight builder models. Each runtime in its own process, "
-        "the second of two (on-disk caches warm); ms until the host holds the phase's first new token.", "",
+        "the second of two (on-disk caches warm, Python's bytecode caches included); ms until the host holds the "
+        "phase's first new token.", "",
         f"Turns: continuation prompts of {', '.join(map(str, TURNS))} tokens on the first generator. New widths: "
         f"new generators with prompts of {', '.join(map(str, WIDTHS))} tokens.", "",
         "| model | precision | runtime | load s | first prompt ms | first turn ms | turns median ms "
