@@ -18,6 +18,7 @@ bound it); with --timeline, also every kernel's start and end in OUT/decode_time
 the two --rounds times in one process; the table then has a row per (model, layout, round), written to
 OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (the session as it is), ``rows``,
 ``lmcols`` (the vocabulary products' half-precision weights stored column-major as well, still on the vendor GEMM),
+``blaslt`` (torch's vendor GEMMs through cuBLASLt, ``torch.backends.cuda.preferred_blas_library``),
 ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``),
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
@@ -65,6 +66,7 @@ class _Warps:
 def variant(layout: str):
     """Sessions made inside store half-precision decode weights column-major ("cols", the default) or as given
     ("rows"), or ("lmcols") store the vocabulary products' weights column-major too (still on the vendor GEMM), or
+    ("blaslt") run torch's vendor GEMMs through cuBLASLt, or
     ("no-RULE") leave out the graph rule named RULE, or ("KxN=BM:BN:BK:SPLIT:WARPS", several joined by
     "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'
     ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks), or
@@ -75,7 +77,10 @@ def variant(layout: str):
     kept_tiles = gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles
     kept_cap, kept_norm = matmul_ops.GEMV_MAX_WEIGHT, gemv_module._split_k_norm_kernel
     kept_layout = layout_module.column_major_weight
-    if layout == "lmcols":  # the vocabulary products' weights column-major too, still on the vendor GEMM
+    kept_blas = torch.backends.cuda.preferred_blas_library()
+    if layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    elif layout == "lmcols":  # the vocabulary products' weights column-major too, still on the vendor GEMM
         def column_major(domain, op_type, w, device, attrs, tf32):
             if ((domain, op_type) in matmul_ops.GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor)
                     and w.dtype in matmul_ops.GEMV_DTYPES and w.dim() == 2 and device.type in matmul_ops.GEMV_DEVICES
@@ -121,13 +126,14 @@ def variant(layout: str):
             return [r for r in rules if r.name != name]
         session_module.fusion_rules = without
     elif layout != "cols":
-        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols, lmcols, no-RULE or "
-                         "KxN=tiles")
+        raise SystemExit(f"decode_replay: unknown variant {layout!r}; expected rows, cols, lmcols, blaslt, no-RULE "
+                         "or KxN=tiles")
     try:
         yield
     finally:
         matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, matmul_ops.GEMV_MAX_WEIGHT = kept, kept_rules, kept_cap
         gemv_module._split_k_norm_kernel, layout_module.column_major_weight = kept_norm, kept_layout
+        torch.backends.cuda.preferred_blas_library(kept_blas)
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 
 
