@@ -138,8 +138,8 @@ def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, 
     """SimplifiedLayerNormalization(Gather(data, indices), scale) (Gather on axis 0, the norm over the last axis,
     stash_type 1; graph rule GatherNorm: an LLM's embedding lookup and its first layer's RMSNorm), returning the
     normalized rows and the gathered rows. One Triton launch on GPUs (``crossml.kernels.rmsnorm.gather_rms_norm``,
-    any strides: a tied model's table is a transposed view of its output projection); the two ops elsewhere, where an index outside the table raises as
-    Gather does (the kernel writes zeros there, as the Gather kernel does)."""
+    any strides: a tied model's table is a transposed view of its output projection); the two ops elsewhere, where
+    an index outside the table raises as Gather does (the kernel writes zeros there, as the Gather kernel does)."""
     if data.dim() != 2:
         raise ValueError(f"GatherNorm takes a 2-D table, got shape {tuple(data.shape)}")
     if (data.device.type in TRITON_DEVICES and data.dtype in _GATHER_NORM_DTYPES and scale.dtype in _GATHER_NORM_DTYPES
