@@ -22,8 +22,9 @@ OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (
 ``no-RULE`` (the session without the graph rule named RULE, e.g. ``no-SkipNormProduct``),
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
-picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS) and ``normwarps=W`` (the
-skip-norm kernel at W warps), several joined by ``+``; written to OUT/decode_variants.{json,md}.
+picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS), ``normwarps=W`` (the
+skip-norm kernel at W warps) and ``rmswarps=W`` (the RMSNorm kernel, GatherNorm's in an fp16 step, at W warps),
+several joined by ``+``; written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
 """
@@ -46,6 +47,7 @@ from _common import genai_parser, machine, write  # noqa: E402
 import crossml.genai as og  # noqa: E402
 import crossml.kernels.gemv as gemv_module  # noqa: E402
 import crossml.kernels.matmul_nbits as nbits_module  # noqa: E402
+import crossml.kernels.rmsnorm as rmsnorm_module  # noqa: E402
 import crossml.ops.layout as layout_module  # noqa: E402
 import crossml.ops.matmul as matmul_ops  # noqa: E402
 import crossml.runtime.session as session_module  # noqa: E402
@@ -72,10 +74,12 @@ def variant(layout: str):
     ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks), or
     ("vocab", alone or joined by "+") lift the GEMV's weight-size cap, so the vocabulary products run on it too
     ("cap=BITS": set it to 2**BITS; ``cap=26`` keeps them on the vendor GEMM, as before), or ("normwarps=W") launch
-    the skip-norm kernel after the fp16 products with W warps."""
+    the skip-norm kernel after the fp16 products with W warps, or ("rmswarps=W") the RMSNorm kernel (in an fp16 decode
+    step, the GatherNorm's) with W warps."""
     kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
     kept_tiles = gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles
     kept_cap, kept_norm = matmul_ops.GEMV_MAX_WEIGHT, gemv_module._split_k_norm_kernel
+    kept_rms = rmsnorm_module._rms_norm_kernel
     kept_layout = layout_module.column_major_weight
     kept_blas = torch.backends.cuda.preferred_blas_library()
     if layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
@@ -93,6 +97,9 @@ def variant(layout: str):
         for part in layout.split("+"):
             if part.startswith("normwarps="):  # the skip-norm kernel after split products at this many warps
                 gemv_module._split_k_norm_kernel = _Warps(kept_norm, int(part[10:]))
+                continue
+            if part.startswith("rmswarps="):  # the RMSNorm kernel (the fp16 step's GatherNorm) at this many warps
+                rmsnorm_module._rms_norm_kernel = _Warps(kept_rms, int(part[9:]))
                 continue
             if part == "vocab" or part.startswith("cap="):  # the GEMV's weight-size cap: 2**BITS
                 matmul_ops.GEMV_MAX_WEIGHT = 1 << (40 if part == "vocab" else int(part[4:]))
@@ -133,6 +140,7 @@ def variant(layout: str):
     finally:
         matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, matmul_ops.GEMV_MAX_WEIGHT = kept, kept_rules, kept_cap
         gemv_module._split_k_norm_kernel, layout_module.column_major_weight = kept_norm, kept_layout
+        rmsnorm_module._rms_norm_kernel = kept_rms
         torch.backends.cuda.preferred_blas_library(kept_blas)
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 
