@@ -28,10 +28,12 @@ from crossml.ops._util import sdpa
 from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import (
+    _kernel_vector,
     _rmsnorm_kernels,
     simplified_layer_normalization,
     skip_simplified_layer_normalization,
 )
+from crossml.ops.contrib.norm import _use_kernel as _norm_kernel
 from crossml.ops.conv import conv, gpu_conv2d
 from crossml.ops.indexing import gather as gather_op
 from crossml.ops.matmul import gemv_eligible
@@ -128,10 +130,6 @@ def sum_cast(x: torch.Tensor, *, offset: int = 0, to: int = dtypes.TP.INT64, kee
     return (x.sum(-1, keepdim=bool(keepdims), dtype=x.dtype) + int(offset)).to(out_dtype)
 
 
-#: table / scale dtypes the GatherNorm kernel takes (crossml.kernels.rmsnorm.gather_rms_norm)
-_GATHER_NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
 @op("GatherNorm", since=1, domain=DOMAIN)
 def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, *,
                 epsilon: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,13 +140,10 @@ def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, 
     an index outside the table raises as Gather does (the kernel writes zeros there, as the Gather kernel does)."""
     if data.dim() != 2:
         raise ValueError(f"GatherNorm takes a 2-D table, got shape {tuple(data.shape)}")
-    if (data.device.type in TRITON_DEVICES and data.dtype in _GATHER_NORM_DTYPES and scale.dtype in _GATHER_NORM_DTYPES
-            and indices.dtype in (torch.int32, torch.int64) and indices.device == data.device == scale.device
-            and scale.numel() == data.shape[1] > 0):
-        kernels = _rmsnorm_kernels()
-        if kernels is not None:
-            y, _, rows = kernels.gather_rms_norm(data, indices, scale, epsilon)
-            return y, rows
+    if (indices.dtype in (torch.int32, torch.int64) and indices.device == data.device
+            and _norm_kernel(data, scale) and _kernel_vector(scale, data)):
+        y, _, rows = _rmsnorm_kernels().gather_rms_norm(data, indices, scale, epsilon)
+        return y, rows
     rows = gather_op(data, indices, axis=0)
     return simplified_layer_normalization(rows, scale, epsilon=epsilon)[0], rows
 
