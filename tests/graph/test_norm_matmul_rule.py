@@ -174,3 +174,34 @@ def test_gpu_wide_norm_in_one_step_matches_the_two_ops(skip: bool, monkeypatch: 
         assert torch.equal(s, h32.half())
     else:
         assert s is None
+
+
+@pytest.mark.gpu
+def test_gpu_batched_rows_run_the_norm_then_the_matrix_unit_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 8 fp16 rows (a batched decode step) NormMatMulNBits runs the norm kernel, then the 4-bit product on the
+    matrix-unit kernel (no fused norm, whose per-row arithmetic would grow with the rows): the two ops' results,
+    bit for bit."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch sees none on this machine")
+    from crossml.kernels import matmul_nbits as kernels
+    from crossml.ops.contrib.matmul_nbits import matmul_nbits
+    from crossml.ops.contrib.norm import skip_simplified_layer_normalization
+    from crossml.ops.fused import norm_matmul_nbits
+    from crossml.ops.registry import OpContext
+
+    k, n, rows, dev = 896, 1152, 8, torch.device("cuda")
+    B, scales, _ = quantized_weight(n, k, 4, 32, None)
+    B, scales = torch.from_numpy(B).to(dev), torch.from_numpy(scales).half().to(dev)
+    gen = torch.Generator().manual_seed(4)
+    x, sk = (torch.randn(rows, 1, k, generator=gen).half().to(dev) for _ in range(2))
+    gamma = (torch.rand(k, generator=gen) + 0.5).half().to(dev)
+    dot_calls = []
+    real = kernels._dot_product
+    monkeypatch.setattr(kernels, "_dot_product", lambda *a, **kw: dot_calls.append(1) or real(*a, **kw))
+    ctx = OpContext("norm_proj", "NormMatMulNBits", 1, 2, (None, None), (True, True), dev)
+    y, s = norm_matmul_nbits(x, sk, gamma, B, scales, epsilon=1e-6, K=k, N=n, block_size=32, ctx=ctx)
+    assert dot_calls == [1]
+    sub = OpContext("norm", "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4, (True, False, False, True), dev)
+    normed, _, _, want_s = skip_simplified_layer_normalization(x, sk, gamma, epsilon=1e-6, ctx=sub)
+    assert torch.equal(y, matmul_nbits(normed, B, scales, K=k, N=n, block_size=32))
+    assert torch.equal(s, want_s)

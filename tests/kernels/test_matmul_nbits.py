@@ -14,7 +14,15 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.matmul_nbits import dequantize, gather_rows, matmul_nbits, pick_pair_tiles, pick_tiles  # noqa: E402
+import crossml.kernels.matmul_nbits as kernel_module  # noqa: E402
+from crossml.kernels.matmul_nbits import (  # noqa: E402
+    dequantize,
+    gather_rows,
+    matmul_nbits,
+    pick_dot_tiles,
+    pick_pair_tiles,
+    pick_tiles,
+)
 from crossml.ops.contrib.matmul_nbits import dequantize_nbits  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import gather_block_quantized as gather_op  # noqa: E402
 from crossml.ops.contrib.matmul_nbits import matmul_nbits as matmul_nbits_op  # noqa: E402
@@ -237,6 +245,161 @@ def test_op_dequantizes_prompt_sizes_with_the_kernel(monkeypatch: pytest.MonkeyP
     assert torch.equal(y, ref)
 
 
+# --- the matrix-unit kernel (batched decode: 4 to 64 rows of fp16 / bf16 activations) ---
+
+DOT_CASES = [  # block_size, K, N, M, zero points, bias, SPLIT_K (interpreter tiles)
+    (16, 64, 24, 4, None, False, 1),
+    (32, 96, 130, 5, "packed", True, 1),  # K = 3 blocks, a partial N tile
+    (32, 300, 40, 17, "float", True, 3),  # K not a multiple of the block, two M tiles, K split
+    (128, 96, 24, 4, "packed", False, 1),  # K < block_size: one partial block
+    (64, 256, 48, 20, None, True, 2),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", DOT_CASES, ids=lambda c: "bs{}_K{}_N{}_M{}_{}_{}_split{}".format(
+    *c[:5], "bias" if c[5] else "", c[6]))
+def test_dot_kernel_matches_dequantize_matmul(device: str, dtype: torch.dtype, case: tuple) -> None:
+    """The matrix-unit kernel is the dequantize-then-matmul product: against it in fp64, on the interpreter's tiles
+    (16 weight rows, 64-value K steps past the block size) or the GPU's rule."""
+    bs, K, N, M, zp_kind, with_bias, split = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device)
+    a = rand(M, K, dtype=dtype, device=device, seed=1)
+    bias = rand(N, dtype=dtype, device=device, seed=2) if with_bias else None
+    tiles = (16, 16, max(bs, 64), split, 4) if device == "cpu" else None
+    y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, tiles=tiles, dot=True)
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert_close(y, _reference(a, B, scales, zp, bias, K=K, N=N, block_size=bs), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dot_kernel_dequantizes_as_the_dequantize_kernel(device: str, dtype: torch.dtype,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one-hot activation rows the product is the dequantized weight itself: every weight, every kind of zero
+    point, bit for bit equal to ``dequantize``, with the exponent-trick dequantization and with the float32 one."""
+    K, N, bs = 64, 32, 32
+    eye = torch.eye(K, dtype=dtype, device=device)
+    tiles = (16, 16, 64, 1, 4) if device == "cpu" else None
+    for zp_kind in (None, "packed", "float"):
+        B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device, seed=3)
+        want = dequantize(B, scales, zp, K=K, N=N, block_size=bs, dtype=dtype).T
+        for fast in (True, False):
+            monkeypatch.setitem(kernel_module.DOT_OPTIONS, "fast_dq", fast)
+            y = matmul_nbits(eye, B, scales, zp, K=K, N=N, block_size=bs, tiles=tiles, dot=True)
+            assert torch.equal(y, want), (zp_kind, fast)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dot_kernel_const_w_split_and_replays(device: str) -> None:
+    """const_w changes when the first weights are read, not the result; a K split adds its partial sums in a fixed
+    order (the same call twice is bit-identical) and stays within rounding of the unsplit product."""
+    K, N, M, bs = 256, 40, 6, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, device, seed=4)
+    a = rand(M, K, dtype=torch.float16, device=device, seed=5)
+    bias = rand(N, dtype=torch.float16, device=device, seed=6)
+    kw = {"K": K, "N": N, "block_size": bs, "dot": True}
+    one = (16, 16, 64, 1, 4) if device == "cpu" else (16, 64, 128, 1, 4)
+    split = (16, 16, 64, 4, 4) if device == "cpu" else (16, 64, 64, 4, 4)
+    y1 = matmul_nbits(a, B, scales, zp, bias, tiles=one, **kw)
+    assert torch.equal(matmul_nbits(a, B, scales, zp, bias, tiles=one, const_w=True, **kw), y1)
+    y4 = matmul_nbits(a, B, scales, zp, bias, tiles=split, **kw)
+    assert torch.equal(matmul_nbits(a, B, scales, zp, bias, tiles=split, **kw), y4)
+    ref = _reference(a, B, scales, zp, bias, K=K, N=N, block_size=bs)
+    assert_close(y1, ref, torch.float16)
+    assert_close(y4, ref, torch.float16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dot_kernel_routing(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``matmul_nbits`` takes the matrix-unit kernel from DOT_MIN_M fp16 / bf16 rows (DOT_WIDE_MIN_M for N of 512
+    or more per SM), never for fp32 activations or with a fused norm."""
+    calls = record_calls(monkeypatch, kernel_module, "_dot_product")
+    sms = 1 if device == "cpu" else kernel_module.processors(torch.empty(0, device=device))
+    K, bs = 64, 32
+    B, scales, zp = _weight(24, K, bs, None, torch.float16, device)
+    tiles_for = {True: (16, 16, 64, 1, 4), False: (4, 8, 64, 4)} if device == "cpu" else {True: None, False: None}
+
+    def run(M: int, dtype: torch.dtype, *, N: int = 24, norm: bool = False) -> bool:
+        calls.clear()
+        w = (B, scales) if N == 24 else _weight(N, K, bs, None, dtype, device)[:2]
+        a = rand(M, K, dtype=dtype, device=device, seed=M)
+        gamma = torch.ones(K, dtype=dtype, device=device) if norm else None
+        dot = kernel_module.dot_eligible(a, M, N) and not norm
+        matmul_nbits(a, *w, K=K, N=N, block_size=bs, tiles=tiles_for[dot],
+                     norm=(None, gamma, 1e-5) if norm else None)
+        return bool(calls)
+
+    low, wide = kernel_module.DOT_MIN_M, kernel_module.DOT_WIDE_MIN_M
+    assert not run(low - 1, torch.float16)
+    assert run(low, torch.float16) and run(low, torch.bfloat16)
+    assert not run(16, torch.float32)
+    assert not run(low, torch.float16, norm=True)
+    wide_n = 512 * sms
+    if device == "cpu":  # the interpreter's rule counts one SM: N = 512 is vocabulary-wide there
+        assert not run(wide - 1, torch.float16, N=wide_n) and run(wide, torch.float16, N=wide_n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dot_kernel_errors(device: str) -> None:
+    B, scales, zp = _weight(16, 64, 32, None, torch.float16, device)
+    a = rand(4, 64, dtype=torch.float16, device=device)
+    kw = {"K": 64, "N": 16, "block_size": 32, "dot": True}
+    with pytest.raises(TypeError, match="float16/bfloat16"):
+        matmul_nbits(a.float(), B, scales, **kw)
+    with pytest.raises(ValueError, match="BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps"):
+        matmul_nbits(a, B, scales, tiles=(16, 16, 64, 4), **kw)
+    with pytest.raises(ValueError, match="powers of two >= 16"):
+        matmul_nbits(a, B, scales, tiles=(16, 8, 64, 1, 4), **kw)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        matmul_nbits(a, B, scales, tiles=(16, 16, 16, 1, 4), **kw)
+    with pytest.raises(ValueError, match="SPLIT_K in"):
+        matmul_nbits(a, B, scales, tiles=(16, 16, 64, 65, 4), **kw)
+
+
+def test_dot_tiles_for_decode_shapes() -> None:
+    """The matrix-unit rule on a 132-SM GPU at Qwen2-0.5B's and Llama-3.2-1B's decode shapes: legal tiles, about four
+    programs per SM where the N tiles are fewer, no split for the vocabulary products, 64-row tiles past 16 rows."""
+    for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (896, 151936), (2048, 3072), (2048, 2048),
+                 (2048, 16384), (8192, 2048), (2048, 128256)]:
+        for M in (4, 8, 16, 32, 64):
+            bm, bn, bk, split, warps = pick_dot_tiles(M, N, K, 32, 132)
+            assert (bn, bk, warps) == (64, 128, 4) and bm == (16 if M <= 16 else 64)
+            n_prog = -(-N // bn) * -(-M // bm)
+            assert 1 <= split <= min(64, -(-K // bk))
+            assert n_prog >= 4 * 132 and split == 1 or n_prog * split >= min(4 * 132, n_prog * -(-K // bk))
+    assert pick_dot_tiles(8, 151936, 896, 32, 132)[3] == 1
+    assert pick_dot_tiles(8, 896, 4864, 32, 132)[3] == 38
+    assert pick_dot_tiles(8, 16, 64, 128, 132)[2] == 128  # a K step holds a whole quantization block
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_op_routes_batched_rows_to_the_dot_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op (forced onto the kernels for CPU tensors, interpreted): fp16 rows past KERNEL_MAX_M up to DOT_MAX_M
+    take the matrix-unit kernel; more rows, or fp32 ones past KERNEL_MAX_M, dequantize and multiply."""
+    import crossml.ops.contrib.matmul_nbits as op_module
+
+    calls = record_calls(monkeypatch, kernel_module, "_dot_product", "dequantize")
+    original = kernel_module.matmul_nbits
+    monkeypatch.setattr(kernel_module, "matmul_nbits",
+                        lambda *args, **kw: original(*args, **kw, tiles=(16, 16, 64, 2, 4)))
+    monkeypatch.setattr(op_module, "_use_kernel", lambda *args: True)
+    K, N, bs = 96, 24, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cpu")
+    bias = rand(N, dtype=torch.float16, seed=2)
+    for M, dtype, want in [(op_module.KERNEL_MAX_M + 4, torch.float16, "_dot_product"),
+                           (kernel_module.DOT_MAX_M, torch.float16, "_dot_product"),
+                           (kernel_module.DOT_MAX_M + 1, torch.float16, "dequantize"),
+                           (op_module.KERNEL_MAX_M + 4, torch.float32, "dequantize")]:
+        calls.clear()
+        a = rand(M, K, dtype=dtype, seed=M)
+        y = matmul_nbits_op(a, B, scales.to(dtype), zp, None, bias.to(dtype), K=K, N=N, block_size=bs)
+        assert calls == [want], (M, dtype)
+        ref = _reference(a, B, scales.to(dtype), zp, bias.to(dtype), K=K, N=N, block_size=bs)
+        assert_close(y, ref, dtype)
+
+
 GATHER_CASES = [  # V, row bytes (K / 2), block size, zero points, indices
     (10, 48, 32, "packed", [[3]]),  # one decode token, K = 96: 3 blocks
     (10, 40, 32, None, [[0, -1, 9], [4, 4, 2]]),  # K = 80: a partial last block; a negative index
@@ -359,6 +522,39 @@ def test_gpu_graph_capture() -> None:
     assert torch.equal(y, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs))
     assert not torch.equal(y, y0)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("K", "N"), [(896, 1152), (4864, 896), (2048, 16384), (896, 151936)])
+@pytest.mark.parametrize("M", [4, 8, 16, 33, 64])
+def test_gpu_dot_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int) -> None:
+    """The matrix-unit kernel at batched-decode shapes (the rule's tiles, K split or not) against the reference."""
+    B, scales, zp = _weight(N, K, 32, "packed", dtype, "cuda")
+    a = rand(M, K, dtype=dtype, device="cuda", seed=1)
+    y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=32, dot=True, const_w=True)
+    rtol, atol = TOL[dtype]
+    assert_close(y, _reference(a, B, scales, zp, None, K=K, N=N, block_size=32), dtype, tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+def test_gpu_dot_graph_capture() -> None:
+    """The matrix-unit kernel with its K split (two launches, a workspace) inside a CUDA graph: replays follow the
+    input and equal the eager call bit for bit."""
+    K, N, M, bs = 4864, 896, 8, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cuda")
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
+    assert pick_dot_tiles(M, N, K, bs, kernel_module.processors(a))[3] > 1
+    y0 = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, const_w=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, const_w=True)
+    a.copy_(rand(M, K, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, const_w=True))
+    assert not torch.equal(y, y0)
 
 def _rms_reference(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, eps: float):
     """fp64 RMSNorm(x (+ skip)) * gamma of the (rounded) inputs, and x + skip rounded to x's dtype."""

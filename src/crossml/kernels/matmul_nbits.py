@@ -58,7 +58,8 @@ from crossml.kernels._launch import (
     use_interpreter,
 )
 
-__all__ = ["dequantize", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_pair_tiles", "pick_tiles"]
+__all__ = ["DOT_MAX_M", "DOT_MIN_M", "DOT_WIDE_MIN_M", "dequantize", "dot_eligible", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_dot_tiles",
+           "pick_pair_tiles", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest M one program handles (rows beyond it are more programs along grid dimension 1)
@@ -351,6 +352,105 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
 
 
 @triton.jit
+def _dot_weight_step(w_ptr, s_ptr, z_ptr, t_ptr, n2, byte, g2, k, ROW_BYTES, N_BLOCKS, s_zn, BS: tl.constexpr,
+                     ZP: tl.constexpr):
+    """Packed bytes [BLOCK_N, BLOCK_K / 2], scales and zero points [BLOCK_N, G] of weight rows ``n2`` for the K
+    step that starts at ``k`` (zeros past the row's end), scales and float zero points rounded to ``t_ptr``'s
+    dtype."""
+    b = k // 2 + byte
+    packed = tl.load(w_ptr + n2 * ROW_BYTES + b, mask=b < ROW_BYTES, other=0)
+    blk = k // BS + g2
+    scale, zp = _scales_zero_points(s_ptr, z_ptr, t_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
+    return packed, scale, zp
+
+
+@triton.jit
+def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, N_BLOCKS, ROW_BYTES, K_PER_SPLIT,
+                             s_am, s_zn, s_ym, s_ys,
+                             BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             CONST_W: tl.constexpr = False, F32_DOT: tl.constexpr = False,
+                             FAST_DQ: tl.constexpr = False, MAGIC_BITS: tl.constexpr = 0x6400,
+                             MAGIC: tl.constexpr = 1024.0, W_AS_A: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M) of y over K range pid1, on the
+    matrix units: each K step's weight tile is dequantized in registers as ``dequantize`` rounds it ((q -
+    zero point) in y's dtype, times the scale, in y's dtype), then one ``tl.dot`` of the rows' activations with
+    it accumulates in float32 (so the product is the dequantize-then-matmul one, up to the order of the float32
+    sums). y's dtype is a's (the scales are rounded to a's dtype: ``_dot_weight_step`` is handed ``a_ptr``).
+
+    PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias; else add the
+    bias (rounded to y's dtype) and store in y's dtype. CONST_W with PDL: the first K step's weights are requested
+    before waiting for the previous kernel."""
+    G: tl.constexpr = BLOCK_K // BS
+    HALF: tl.constexpr = BLOCK_K // 2
+    out_ty = a_ptr.dtype.element_ty  # (y's too, unless y is the PARTIAL workspace)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m0 = tl.program_id(2).to(tl.int64) * BLOCK_M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # columns past N re-read the last row (never stored): no load mask along N
+    n2 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None]
+    byte = tl.arange(0, HALF)[None, :]
+    g2 = tl.arange(0, G)[None, :]
+    rows = m0 + tl.arange(0, BLOCK_M)
+    kk = tl.arange(0, BLOCK_K)
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    if W_AS_A:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if not CONST_W:
+        pdl_wait(PDL)
+    packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k_lo, ROW_BYTES, N_BLOCKS, s_zn,
+                                         BS, ZP)
+    if CONST_W:
+        pdl_wait(PDL)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        packed_k, scale_k, zp_k = packed, scale, zp
+        packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k0 + BLOCK_K, ROW_BYTES,
+                                             N_BLOCKS, s_zn, BS, ZP)
+        k = k0 + kk
+        a = tl.load(a_ptr + rows[:, None] * s_am + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < k_hi),
+                    other=0.0)
+        if FAST_DQ:
+            # in a's dtype throughout: a nibble or-ed under the exponent of MAGIC (1024 in fp16, 128 in bf16) is
+            # MAGIC + q exactly, so q - zero point is one exact subtraction (two with float zero points, the
+            # second rounded as the float32 difference would be), and the product with the scale rounds once
+            p16 = packed_k.to(tl.int16)
+            q = tl.reshape(tl.join(p16 & 0xF, p16 >> 4), (BLOCK_N, G, BS))  # low nibble first
+            qm = (q | MAGIC_BITS).to(out_ty, bitcast=True)
+            if ZP == 2:
+                d = (qm - MAGIC) - zp_k.to(out_ty)[:, :, None]
+            else:
+                d = qm - (zp_k + MAGIC).to(out_ty)[:, :, None]
+            w = tl.reshape(d * scale_k.to(out_ty)[:, :, None], (BLOCK_N, BLOCK_K))
+        else:
+            p32 = packed_k.to(tl.int32)
+            q = tl.reshape(tl.join(p32 & 0xF, p32 >> 4), (BLOCK_N, G, BS)).to(tl.float32)  # low nibble first
+            d = (q - zp_k[:, :, None]).to(out_ty).to(tl.float32)
+            w = tl.reshape((d * scale_k[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
+        # K positions past this split (or K) are zeros in w too, not only in a: 0 * inf would be NaN
+        w = tl.where((k < k_hi)[None, :], w, 0.0).to(out_ty)
+        if F32_DOT:  # the same products (exact in float32), for Triton's interpreter, whose bf16 dot is wrong
+            if W_AS_A:
+                acc = tl.dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+        elif W_AS_A:
+            acc = tl.dot(w, tl.trans(a.to(out_ty)), acc)
+        else:
+            acc = tl.dot(a.to(out_ty), tl.trans(w), acc)
+    if W_AS_A:
+        acc = tl.trans(acc)
+    if PARTIAL:
+        y_rows = y_ptr + pid_k.to(tl.int64) * s_ys + rows[:, None] * s_ym
+        tl.store(y_rows + offs_n[None, :], acc, mask=(rows[:, None] < M) & (offs_n[None, :] < N))
+    else:
+        _store_rows(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS)
+
+
+@triton.jit
 def _dequantize_kernel(w_ptr, s_ptr, z_ptr, y_ptr, idx_ptr, N, K, N_BLOCKS, ROW_BYTES, s_zn, V,
                        BS: tl.constexpr, ZP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        GATHER: tl.constexpr = False, PDL: tl.constexpr = False):
@@ -458,6 +558,54 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     return block_m, block_n, max(block_size, block_k), warps
 
 
+#: fewest rows of fp16 / bf16 A that take the matrix-unit kernel (``_matmul_nbits_dot_kernel``) rather than the
+#: per-row GEMVs, whose arithmetic grows with the rows; DOT_WIDE_MIN_M for a vocabulary-wide product (N of 512 or
+#: more per SM), where the GEMVs stay faster longer (results/int4_batch.md)
+DOT_MIN_M = 4
+DOT_WIDE_MIN_M = 8
+#: most rows the op sends to the matrix-unit kernel: past them the dequantize-then-matmul path (which writes the
+#: dense weight once, then runs cuBLAS) costs about as much at Qwen2.5-0.5B's gate+up product, and less beyond
+DOT_MAX_M = 64
+_DOT_DTYPES = (torch.float16, torch.bfloat16)
+#: most K splits of the matrix-unit kernel (its reduction loads all of an output's partial sums at once)
+_DOT_MAX_SPLIT = 64
+
+
+def _sms(a: torch.Tensor) -> int:
+    """The SM count the tile rules take for a launch on ``a``'s device (1 in the interpreter and on the CPU)."""
+    return 1 if INTERPRET or a.device.type == "cpu" else processors(a)
+
+
+def dot_eligible(a: torch.Tensor, M: int, N: int) -> bool:
+    """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows and N outputs takes the matrix-unit kernel:
+    fp16 or bf16 activations, at least DOT_MIN_M rows (DOT_WIDE_MIN_M for N of 512 or more per SM). fp32 activations
+    keep the GEMVs: ``tl.dot`` would round them to tf32."""
+    return a.dtype in _DOT_DTYPES and M >= (DOT_WIDE_MIN_M if N >= 512 * _sms(a) else DOT_MIN_M)
+
+
+def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) of the matrix-unit kernel for a problem on a GPU of
+    ``processors`` SMs: 16-row tiles of A (64 for more rows), 64 weight rows by 128 values of K a step, four
+    warps, and K split (in whole steps, at most _DOT_MAX_SPLIT ranges) until there are about four programs per SM.
+
+    From the in-graph sweep at Qwen2.5-0.5B's and Llama-3.2-1B's decode shapes, 8 rows, on an H200
+    (``benchmarks/int4_batch.py``, results/int4_batch.md): 64 x 128 tiles were the fastest or within 0.2 us of it at
+    every shape but Qwen2.5-0.5B's o projection, with K split to 4-6 programs per SM for the narrow products and
+    not at all for the vocabulary's (2,000+ programs). At 4 rows the rule's tiles were within 1 us of the sweep's
+    best (Qwen2.5-0.5B's down projection 7.1 against 6.1 us with 32 weight rows and 19 splits, Llama-3.2-1B's o
+    projection 6.4 against 5.5 with 9 splits, the rest within 0.1 us). For 17 to 64 rows, 64-row tiles beat 32-row
+    ones even at 32 rows (Llama-3.2-1B's lm_head 184 against 241 us): the weight tile's dequantization, not the
+    matrix product, bounds the kernel, and the program count halves."""
+    block_m = 16 if M <= 16 else 64
+    block_n = 64
+    block_k = max(block_size, 128)
+    n_prog = cdiv(N, block_n) * cdiv(M, block_m)
+    split = 1
+    if n_prog < 4 * processors:
+        split = max(1, min(cdiv(4 * processors, n_prog), cdiv(K, block_k), _DOT_MAX_SPLIT))
+    return block_m, block_n, block_k, split, 4
+
+
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
                   block_size: int, whole_blocks: bool = True) -> tuple[int, int]:
     """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``whole_blocks``:
@@ -495,8 +643,9 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                  tiles: tuple[int, int, int, int] | None = None,
                  norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
                  sum_out: torch.Tensor | None = None, const_w: bool = False,
-                 pairs: bool | None = None) -> torch.Tensor:
-    """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch.
+                 pairs: bool | None = None, dot: bool | None = None) -> torch.Tensor:
+    """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch (two when
+    the matrix-unit kernel splits K).
 
     ``tiles`` (BLOCK_M, BLOCK_N, BLOCK_K, num_warps) overrides ``pick_tiles`` (tests); BLOCK_K must be
     a multiple of block_size, all powers of two.
@@ -509,6 +658,11 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     writes (initializers), so with programmatic dependent launch the first K step's are read while the
     previous kernel finishes. ``pairs`` (tests, benchmarks): take the fp16-pair kernel or not, instead of
     ``fp16_pairs(a)``.
+
+    Without ``norm``, fp16 / bf16 activations of at least DOT_MIN_M rows (``dot_eligible``) take the matrix-unit
+    kernel (``_matmul_nbits_dot_kernel``: the dequantize-then-matmul product, fused), whose arithmetic does not grow
+    with the rows as the GEMVs' does; ``dot`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) (``pick_dot_tiles``).
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -536,6 +690,15 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     bias1 = bias.reshape(N).contiguous() if bias is not None else s2
     y2 = y.view(M, N)
 
+    interpret = use_interpreter(a, "MatMulNBits")
+    sms = 1 if interpret or a.device.type == "cpu" else processors(a)
+    if norm is None and (dot_eligible(a, M, N) if dot is None else dot):
+        if a.dtype not in _DOT_DTYPES:
+            raise TypeError(f"MatMulNBits matrix-unit kernel: A must be float16/bfloat16, got {a.dtype}")
+        _dot_product(a2, b2, s2, z2 if zero_points is not None else None, bias, y2, K=K, N=N, n_blocks=n_blocks,
+                     block_size=block_size, zp_mode=zp_mode, tiles=tiles or pick_dot_tiles(M, N, K, block_size, sms),
+                     const_w=const_w, interpret=interpret)
+        return y
     skip, gamma, eps = norm if norm is not None else (None, None, 0.0)
     if norm is not None:
         if gamma.numel() != K or (skip is not None and skip.shape != a.shape):
@@ -547,8 +710,6 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     skip2 = skip.reshape(M, K).contiguous() if skip is not None else a2
     gamma1 = gamma.reshape(K).contiguous() if gamma is not None else a2
     sum2 = sum_out.view(M, K) if sum_out is not None else a2
-    interpret = use_interpreter(a, "MatMulNBits")
-    sms = 1 if interpret or a.device.type == "cpu" else processors(a)
     pair_tiles = pick_pair_tiles(M, N, K, block_size, sms)
     fp16_pairs_ = not interpret and (fp16_pairs(a) and pair_tiles is not None if pairs is None else pairs)
     if tiles is None:
@@ -578,6 +739,56 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     with torch.cuda.device(a.device) if a.device.type == "cuda" else contextlib.nullcontext():
         kernel[grid](*args, **meta, num_warps=num_warps, num_stages=2, **pdl(a))
     return y
+
+
+#: the matrix-unit kernel's variants (benchmarks/int4_batch.py measures them)
+DOT_OPTIONS = {"fast_dq": True, "w_as_a": False, "stages": 2}
+
+
+def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor | None,
+                 bias: torch.Tensor | None, y2: torch.Tensor, *, K: int, N: int, n_blocks: int, block_size: int,
+                 zp_mode: int, tiles: tuple[int, ...], const_w: bool, interpret: bool) -> None:
+    """``y2 [M, N] = a2 [M, K] @ dequantize(b2)^T (+ bias)`` by ``_matmul_nbits_dot_kernel``: one launch, or with K
+    split the partial sums' float32 workspace and ``crossml.kernels.gemv``'s reduction (bias and cast), which adds
+    them in a fixed order (replays of a captured graph give the eager result bit for bit)."""
+    from crossml.kernels.gemv import _reduce_tiles, _split_k_reduce_kernel
+
+    if len(tiles) != 5:
+        raise ValueError(f"tiles {tiles}: the matrix-unit kernel takes (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps)")
+    block_m, block_n, block_k, split, num_warps = tiles
+    if block_k % block_size or block_k & (block_k - 1) or block_n & (block_n - 1) or block_m & (block_m - 1) \
+            or min(block_m, block_n, block_k) < 16 or not 1 <= split <= _DOT_MAX_SPLIT:
+        raise ValueError(f"tiles {tiles}: BLOCK_M, BLOCK_N and BLOCK_K must be powers of two >= 16, BLOCK_K a multiple "
+                         f"of block_size={block_size}, SPLIT_K in [1, {_DOT_MAX_SPLIT}]")
+    M = a2.shape[0]
+    k_per_split = cdiv(cdiv(K, split), block_k) * block_k
+    split = cdiv(K, k_per_split)  # no empty splits
+    grid = (cdiv(N, block_n), split, cdiv(M, block_m))
+    if max(grid[1:]) > GRID_YZ_MAX:
+        raise ValueError(f"MatMulNBits matrix-unit kernel: M={M} rows need more than {GRID_YZ_MAX} programs along "
+                         "the grid's third dimension; use the dequantize path")
+    bias1 = bias.reshape(N).contiguous() if bias is not None else s2
+    z = z2 if z2 is not None else s2
+    out = y2 if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=a2.device)
+    args = (a2, b2, s2, z, bias1, out, M, N, K, n_blocks, b2.shape[1], k_per_split, a2.stride(0), z.stride(0),
+            out.stride(-2), M * N)
+    meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None, "PARTIAL": split > 1, "BLOCK_M": block_m,
+            "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w, "FAST_DQ": DOT_OPTIONS["fast_dq"],
+            "W_AS_A": DOT_OPTIONS["w_as_a"]}
+    if a2.dtype == torch.bfloat16:
+        meta.update(MAGIC_BITS=0x4300, MAGIC=128.0)
+    with torch.cuda.device(a2.device) if a2.device.type == "cuda" else contextlib.nullcontext():
+        if interpret:  # Triton 3.6's interpreter computes bf16 dots wrongly (F32_DOT) and lacks bf16 constants
+            bf16 = a2.dtype == torch.bfloat16
+            _matmul_nbits_dot_kernel[grid](*args, **{**meta, "FAST_DQ": meta["FAST_DQ"] and not bf16}, F32_DOT=bf16)
+        else:
+            _matmul_nbits_dot_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=DOT_OPTIONS["stages"],
+                                           **pdl(a2))
+        if split > 1:
+            block_s, block, warps = _reduce_tiles(split)
+            reduce_meta = {} if interpret else {"num_warps": warps, **pdl(a2)}
+            _split_k_reduce_kernel[(cdiv(M * N, block),)](out, bias1, y2, M * N, N, split, HAS_BIAS=bias is not None,
+                                                           BLOCK_S=block_s, BLOCK=block, **reduce_meta)
 
 
 #: CROSSML_INT4_FP16_PAIRS=0 keeps fp16 activations on the float32 path (for A/B measurements)

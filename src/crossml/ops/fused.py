@@ -210,6 +210,14 @@ def _pair_tiles(x: torch.Tensor, rows: int, N: int, K: int, block_size: int) -> 
     return kernels.pick_pair_tiles(rows, N, K, block_size, kernels.processors(x))
 
 
+def _dot_rows(x: torch.Tensor, rows: int, N: int) -> bool:
+    """Whether a 4-bit product of ``rows`` rows of ``x`` takes the matrix-unit kernel
+    (``crossml.kernels.matmul_nbits.dot_eligible``), which normalizes nothing: the norm then runs on its own kernel
+    first, as its arithmetic per row would otherwise be the fused GEMV's again."""
+    kernels = load("matmul_nbits")
+    return kernels is not None and kernels.dot_eligible(x, rows, N)
+
+
 @op("NormMatMulNBits", since=1, domain=DOMAIN, ctx=True)
 def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, B: torch.Tensor,
                       scales: torch.Tensor, zero_points: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -218,12 +226,14 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     """(MatMulNBits(RMSNorm(x (+ skip)) * gamma), x + skip): SimplifiedLayerNormalization (no skip) or
     SkipSimplifiedLayerNormalization feeding a 4-bit MatMulNBits (graph rule NormMatMulNBits). At decode sizes
     on a GPU where ``norm_fuses`` one Triton launch, which normalizes as it multiplies
-    (``crossml.kernels.matmul_nbits``); elsewhere the two ops (each on its own kernel on a GPU)."""
+    (``crossml.kernels.matmul_nbits``); elsewhere, and for rows the matrix-unit kernel takes (``_dot_rows``), the two
+    ops (each on its own kernel on a GPU)."""
     want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
     rows = math.prod(x.shape[:-1]) if x.dim() else 0
     if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
             and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
             and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None) \
+            and not _dot_rows(x, rows, N) \
             and (K <= NORM_FUSE_MAX_K or norm_fuses(K, _pair_tiles(x, rows, N, K, block_size))):
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,

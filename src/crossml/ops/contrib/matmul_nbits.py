@@ -13,7 +13,9 @@ float32 accumulation.
 On a GPU, 4-bit MatMulNBits without g_idx takes the Triton kernels of ``crossml.kernels.matmul_nbits``:
 decode sizes (at most ``KERNEL_MAX_M`` rows of A) the GEMV, which reads the packed weight once
 instead of dequantizing it to a dense matrix per call (the int8 path above quantizes A first, as
-here); larger products (prompts) a one-pass dequantization, then a dense matmul. On the CPU, a 4-bit
+here), and for fp16 / bf16 rows of a batched decode or beam search (4 to 64 rows, ``_kernel_rows``) the
+matrix-unit kernel, which dequantizes each weight tile in registers for a ``tl.dot``; larger products (prompts) a
+one-pass dequantization, then a dense matmul. On the CPU, a 4-bit
 product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM's decode step) takes torch's
 packed int4 kernel (``torch._weight_int4pack_mm_for_cpu``) on a copy of the weight packed once and kept with it (as
 much memory again as the 4-bit weight: prompts still dequantize the original),
@@ -117,7 +119,8 @@ def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.T
     return (q * scale).reshape(*a.shape[:-1], n_blocks * block_size)[..., :K]
 
 
-#: largest number of A rows (prod of its leading dims) that takes the Triton GEMV: decode sizes
+#: largest number of A rows (prod of its leading dims) that takes the Triton GEMVs: decode sizes (fp16 / bf16
+#: activations take the matrix-unit kernel from 4 or 8 rows up to 64: ``_kernel_rows``)
 KERNEL_MAX_M = 16
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -138,6 +141,17 @@ def _use_kernel(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     if any(t is not None and t.device != A.device for t in (B, scales, zero_points, bias)):
         return False
     return load("matmul_nbits") is not None  # imported on the first eligible call only
+
+
+def _kernel_rows(A: torch.Tensor, N: int) -> bool:
+    """Whether the rows of A take ``crossml.kernels.matmul_nbits.matmul_nbits`` (after ``_use_kernel``): at most
+    KERNEL_MAX_M, or up to its DOT_MAX_M where its matrix-unit kernel takes them (``dot_eligible``: fp16 / bf16, 4
+    rows or more); more rows dequantize the weight and multiply."""
+    M = math.prod(A.shape[:-1])
+    if M <= KERNEL_MAX_M:
+        return True
+    kernels = load("matmul_nbits")
+    return M <= kernels.DOT_MAX_M and kernels.dot_eligible(A, M, N)
 
 
 def constant_weight(ctx: OpContext | None, first: int, zero_points: torch.Tensor | None) -> bool:
@@ -171,7 +185,7 @@ def matmul_nbits(
         raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={K}")
     int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
     kernels = _use_kernel(A, B, scales, zero_points, g_idx, bias, bits)
-    if kernels and math.prod(A.shape[:-1]) <= KERNEL_MAX_M:
+    if kernels and _kernel_rows(A, N):
         a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
         return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                                  const_w=constant_weight(ctx, 1, zero_points))

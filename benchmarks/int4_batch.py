@@ -1,0 +1,139 @@
+"""4-bit products at batched-decode sizes (a few to 64 rows of fp16 activations): the per-row GEMVs against the
+matrix-unit kernel (``crossml.kernels.matmul_nbits._matmul_nbits_dot_kernel``) and the prompt path (dequantize, then
+cuBLAS), timed inside CUDA graphs.
+
+At Qwen2.5-0.5B's and Llama-3.2-1B's decode shapes (``gemv_tiles.SHAPES``: qkv, o, merged gate+up, down, lm_head;
+block size 32, packed zero points, constant weights, copies of the weight together larger than L2, as
+``gemv_tiles.py`` times them), per number of rows M:
+
+* ``gemv``: ``matmul_nbits(dot=False)``, the float32 or fp16-pair GEMV at its rule's tiles;
+* ``dot``: the matrix-unit kernel at ``pick_dot_tiles``' tiles, and at the --sweep row counts the fastest points
+  of a sweep of its tiles for each of its variants (``VARIANTS``);
+* ``dequant+mm``: ``dequantize`` to fp16, then ``a @ w.T`` (what the op runs for prompts).
+
+    python benchmarks/int4_batch.py [--out benchmarks/results] [--rows 1,2,4,8,16,32,64] [--sweep 8]
+
+Writes OUT/int4_batch.{json,md}. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import in_graph_us, machine, write  # noqa: E402
+from gemv_tiles import BLOCK_SIZE, SHAPES, int4_inputs  # noqa: E402
+
+from crossml.kernels import matmul_nbits as nbits  # noqa: E402
+from crossml.kernels._launch import processors  # noqa: E402
+
+#: matrix-unit kernel variants (``DOT_OPTIONS``): name -> (fast_dq, w_as_a, stages)
+VARIANTS = {"plain": (False, False, 2), "fast": (True, False, 2), "fast-wa": (True, True, 2),
+            "fast-s3": (True, False, 3), "fast-wa-s3": (True, True, 3)}
+
+
+def _variant(name: str) -> None:
+    fast, w_as_a, stages = VARIANTS[name]
+    nbits.DOT_OPTIONS.update(fast_dq=fast, w_as_a=w_as_a, stages=stages)
+
+
+def measure(N: int, K: int, rows: list[int], sweep_rows: list[int], variants: list[str], dev: torch.device) -> dict:
+    _, ws = int4_inputs(N, K, dev)
+    sms = processors(ws[0][0])
+    out: dict = {"packed_mb": N * K / 2 / 1e6, "copies": len(ws), "by_rows": {}}
+    default = dict(nbits.DOT_OPTIONS)
+    for M in rows:
+        a = torch.randn(M, K, device=dev, dtype=torch.float16)
+
+        def run(dot: bool, tiles: tuple | None = None, a: torch.Tensor = a) -> float:
+            return in_graph_us([lambda w=w: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE, tiles=tiles,
+                                                               const_w=True, dot=dot) for w in ws])
+
+        def dequant_mm(w: tuple, a: torch.Tensor = a) -> torch.Tensor:
+            return a @ nbits.dequantize(*w, K=K, N=N, block_size=BLOCK_SIZE, dtype=torch.float16).T
+
+        r = {"gemv_us": run(False), "dot_tiles": list(nbits.pick_dot_tiles(M, N, K, BLOCK_SIZE, sms)),
+             "dot_us": run(True), "dequant_mm_us": in_graph_us([lambda w=w: dequant_mm(w) for w in ws])}
+        if M in sweep_rows:
+            block_m = nbits.pick_dot_tiles(M, N, K, BLOCK_SIZE, sms)[0]
+            r["sweep"] = {}
+            for name in variants:
+                _variant(name)
+                sweep = []
+                for bn, bk in itertools.product([16, 32, 64], [64, 128, 256]):
+                    n_prog = -(-N // bn) * -(-M // block_m)
+                    for split in sorted({1, max(1, min(-(-2 * sms // n_prog), K // bk)),
+                                         max(1, min(-(-4 * sms // n_prog), K // bk))}):
+                        tiles = (block_m, bn, bk, split, 4)
+                        try:
+                            sweep.append({"us": run(True, tiles), "tiles": list(tiles)})
+                        except Exception as exc:  # noqa: BLE001 - a tile the compiler rejects (resources)
+                            sweep.append({"us": None, "tiles": list(tiles), "error": str(exc)[:200]})
+                r["sweep"][name] = sorted((s for s in sweep if s["us"] is not None), key=lambda s: s["us"]) + \
+                    [s for s in sweep if s["us"] is None]
+                nbits.DOT_OPTIONS.update(default)
+        out["by_rows"][str(M)] = r
+        best = "; ".join(f"{v} {sw[0]['us']:.2f} {tuple(sw[0]['tiles'])}" for v, sw in r.get("sweep", {}).items()
+                         if sw and sw[0]["us"] is not None)
+        print(f"N={N} K={K} M={M}: gemv {r['gemv_us']:.2f} dot {r['dot_us']:.2f} {tuple(r['dot_tiles'])} "
+              f"dequant+mm {r['dequant_mm_us']:.2f} {best}", flush=True)
+    return out
+
+
+def markdown(payload: dict) -> str:
+    m = payload["machine"]
+    rows = payload["rows_list"]
+    lines = ["# 4-bit products at batched-decode sizes (in-graph µs per call, fp16 activations, weights not in L2)",
+             "", f"GPU: {m['gpu']}; torch {m['torch']}. Block size {BLOCK_SIZE}, packed zero points. Per cell: "
+             "per-row GEMV / matrix-unit kernel at its rule's tiles / dequantize + cuBLAS; the best swept tiles "
+             "(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps) below.", "",
+             "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
+             "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
+    for r in payload["results"]:
+        cells = []
+        for M in rows:
+            c = r["by_rows"][str(M)]
+            cells.append(f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['dequant_mm_us']:.1f}")
+        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+    lines += ["", "Best swept matrix-unit tiles per variant (fast: dequantized in a's dtype by the exponent trick; wa: "
+              "the weight tile as the dot's first operand; s3: three pipeline stages):", ""]
+    for r in payload["results"]:
+        for M, c in r["by_rows"].items():
+            for name, sweep in c.get("sweep", {}).items():
+                top = "; ".join(f"{s['us']:.2f} {tuple(s['tiles'])}" for s in sweep[:2] if s["us"] is not None)
+                lines.append(f"- {r['model']} {r['layer']} M={M} {name}: {top}")
+    return "\n".join([*lines, "", "Produced by benchmarks/int4_batch.py.", ""])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--rows", default="1,2,4,8,16,32,64")
+    ap.add_argument("--sweep", default="8", help="row counts at which to sweep the matrix-unit kernel's tiles")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {','.join(VARIANTS)}")
+    ap.add_argument("--shapes", default="", help="comma list of model:layer to run (default: all)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("int4_batch needs a CUDA GPU")
+    dev = torch.device("cuda")
+    rows = [int(x) for x in args.rows.split(",") if x]
+    sweep = [int(x) for x in args.sweep.split(",") if x]
+    pick = {s for s in args.shapes.split(",") if s}
+    results = []
+    for model, layer, N, K in SHAPES:
+        if pick and f"{model}:{layer}" not in pick:
+            continue
+        results.append({"model": model, "layer": layer, "N": N, "K": K,
+                        **measure(N, K, rows, sweep, [v for v in args.variants.split(",") if v], dev)})
+    payload = {"machine": machine(), "rows_list": rows, "results": results}
+    write("int4_batch", payload, markdown(payload), args.out)
+    print(markdown(payload))
+
+
+if __name__ == "__main__":
+    main()
