@@ -1,4 +1,4 @@
-"""4-bit products at batched-decode sizes (a few to 64 rows of fp16 activations): the per-row GEMVs against the
+"""4-bit (and with --fp16, fp16) products at batched-decode sizes (a few to 64 rows of fp16 activations): the per-row GEMVs against the
 matrix-unit kernel (``crossml.kernels.matmul_nbits._matmul_nbits_dot_kernel``) and the prompt path (dequantize, then
 cuBLAS), timed inside CUDA graphs.
 
@@ -10,6 +10,9 @@ block size 32, packed zero points, constant weights, copies of the weight togeth
 * ``dot``: the matrix-unit kernel at ``pick_dot_tiles``' tiles, and at the --sweep row counts the fastest points
   of a sweep of its tiles for each of its variants (``VARIANTS``);
 * ``dequant+mm``: ``dequantize`` to fp16, then ``a @ w.T`` (what the op runs for prompts).
+
+``--fp16`` adds the fp16 products on column-major weights: the per-row GEMV (``crossml.kernels.gemv``), its
+matrix-unit kernel (``_gemv_dot_kernel``) and cuBLAS; ``--no-int4`` leaves the 4-bit ones out.
 
     python benchmarks/int4_batch.py [--out benchmarks/results] [--rows 1,2,4,8,16,32,64] [--sweep 8]
 
@@ -85,6 +88,46 @@ def measure(N: int, K: int, rows: list[int], sweep_rows: list[int], variants: li
     return out
 
 
+def measure_fp16(N: int, K: int, rows: list[int], sweep_rows: list[int], dev: torch.device) -> dict:
+    """The fp16 products (column-major weights, as GPU plans store decode weights): the per-row GEMV, the
+    matrix-unit kernel (``crossml.kernels.gemv._gemv_dot_kernel``) and cuBLAS, per number of rows."""
+    from gemv_tiles import copies
+
+    from crossml.kernels import gemv as fp16_gemv
+
+    ws = [torch.randn(N, K, device=dev, dtype=torch.float16).t() for _ in range(copies(N * K * 2))]
+    sms = processors(ws[0])
+    out: dict = {"mb": N * K * 2 / 1e6, "copies": len(ws), "by_rows": {}}
+    for M in rows:
+        a = torch.randn(M, K, device=dev, dtype=torch.float16)
+
+        def run(tiles: tuple, a: torch.Tensor = a) -> float:
+            return in_graph_us([lambda w=w: fp16_gemv.gemv(a, w, tiles=tiles, const_w=True) for w in ws])
+
+        gemv_tiles = fp16_gemv.pick_tiles(M, K, N, 2, sms, colmajor=True)
+        dot_tiles = fp16_gemv.pick_dot_tiles(M, K, N, 2, sms, colmajor=True)
+        r = {"gemv_tiles": list(gemv_tiles), "gemv_us": run(gemv_tiles), "dot_tiles": list(dot_tiles),
+             "dot_us": run(dot_tiles), "cublas_us": in_graph_us([lambda w=w, a=a: a @ w for w in ws])}
+        if M in sweep_rows:
+            sweep = []
+            for bn, bk in itertools.product([32, 64, 128], [64, 128, 256]):
+                n_prog = -(-N // bn)
+                for split in sorted({1, max(1, min(-(-2 * sms // n_prog), K // bk)),
+                                     max(1, min(-(-4 * sms // n_prog), K // bk))}):
+                    tiles = (16, bn, bk, split, 4)
+                    try:
+                        sweep.append({"us": run(tiles), "tiles": list(tiles)})
+                    except Exception as exc:  # noqa: BLE001 - a tile the compiler rejects (resources)
+                        sweep.append({"us": None, "tiles": list(tiles), "error": str(exc)[:200]})
+            r["sweep"] = {"fp16": sorted((s for s in sweep if s["us"] is not None), key=lambda s: s["us"])
+                          + [s for s in sweep if s["us"] is None]}
+        out["by_rows"][str(M)] = r
+        best = "; ".join(f"best {sw[0]['us']:.2f} {tuple(sw[0]['tiles'])}" for sw in r.get("sweep", {}).values() if sw)
+        print(f"fp16 N={N} K={K} M={M}: gemv {r['gemv_us']:.2f} {tuple(gemv_tiles)} dot {r['dot_us']:.2f} "
+              f"{tuple(dot_tiles)} cublas {r['cublas_us']:.2f} {best}", flush=True)
+    return out
+
+
 def markdown(payload: dict) -> str:
     m = payload["machine"]
     rows = payload["rows_list"]
@@ -100,9 +143,18 @@ def markdown(payload: dict) -> str:
             c = r["by_rows"][str(M)]
             cells.append(f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['dequant_mm_us']:.1f}")
         lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+    if payload.get("fp16"):
+        lines += ["", "## fp16 weights (column-major, as GPU plans store them)", "",
+                  "Per cell: per-row GEMV / matrix-unit kernel at its rule's tiles / cuBLAS.", "",
+                  "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
+                  "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
+        for r in payload["fp16"]:
+            cells = [f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['cublas_us']:.1f}"
+                     for c in (r["by_rows"][str(M)] for M in rows)]
+            lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
     lines += ["", "Best swept matrix-unit tiles per variant (fast: dequantized in a's dtype by the exponent trick; wa: "
               "the weight tile as the dot's first operand; s3: three pipeline stages):", ""]
-    for r in payload["results"]:
+    for r in payload["results"] + payload.get("fp16", []):
         for M, c in r["by_rows"].items():
             for name, sweep in c.get("sweep", {}).items():
                 top = "; ".join(f"{s['us']:.2f} {tuple(s['tiles'])}" for s in sweep[:2] if s["us"] is not None)
@@ -117,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sweep", default="8", help="row counts at which to sweep the matrix-unit kernel's tiles")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {','.join(VARIANTS)}")
     ap.add_argument("--shapes", default="", help="comma list of model:layer to run (default: all)")
+    ap.add_argument("--fp16", action="store_true", help="also the fp16 products (GEMV, matrix-unit kernel, cuBLAS)")
+    ap.add_argument("--no-int4", action="store_true", help="skip the 4-bit products")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("int4_batch needs a CUDA GPU")
@@ -124,13 +178,16 @@ def main(argv: list[str] | None = None) -> None:
     rows = [int(x) for x in args.rows.split(",") if x]
     sweep = [int(x) for x in args.sweep.split(",") if x]
     pick = {s for s in args.shapes.split(",") if s}
-    results = []
+    results, fp16 = [], []
     for model, layer, N, K in SHAPES:
         if pick and f"{model}:{layer}" not in pick:
             continue
-        results.append({"model": model, "layer": layer, "N": N, "K": K,
-                        **measure(N, K, rows, sweep, [v for v in args.variants.split(",") if v], dev)})
-    payload = {"machine": machine(), "rows_list": rows, "results": results}
+        if not args.no_int4:
+            results.append({"model": model, "layer": layer, "N": N, "K": K,
+                            **measure(N, K, rows, sweep, [v for v in args.variants.split(",") if v], dev)})
+        if args.fp16:
+            fp16.append({"model": model, "layer": layer, "N": N, "K": K, **measure_fp16(N, K, rows, sweep, dev)})
+    payload = {"machine": machine(), "rows_list": rows, "results": results, "fp16": fp16}
     write("int4_batch", payload, markdown(payload), args.out)
     print(markdown(payload))
 

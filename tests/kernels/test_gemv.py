@@ -15,8 +15,9 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
+import crossml.kernels.gemv as gemv_module  # noqa: E402
 import crossml.ops.matmul as matmul_module  # noqa: E402
-from crossml.kernels.gemv import MAX_SPLIT_K, column_major, gemv, pick_tiles  # noqa: E402
+from crossml.kernels.gemv import MAX_SPLIT_K, column_major, gemv, gemv_skip_norm, pick_dot_tiles, pick_tiles  # noqa: E402,E501
 from crossml.ops.fused import linear as linear_op  # noqa: E402
 from crossml.ops.matmul import gemv_eligible  # noqa: E402
 from crossml.ops.matmul import matmul as matmul_op  # noqa: E402
@@ -285,6 +286,96 @@ def test_session_marks_constant_weights(monkeypatch: pytest.MonkeyPatch) -> None
     assert onnx.checker.check_model(model) is None
 
 
+# --- the matrix-unit kernel (2 to 4 rows: a batched decode step, beam search) ---
+
+DOT_CASES = [  # M, K, N, bias, silu_mul, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps)
+    (2, 64, 24, False, False, (16, 32, 16, 1, 4)),  # one N tile wider than N, several K steps
+    (4, 96, 130, True, True, (16, 64, 32, 1, 4)),  # partial N tile, gated activations
+    (3, 320, 40, True, False, (16, 16, 32, 3, 4)),  # split K: 3 ranges, the last one partial
+    (20, 96, 48, False, True, (16, 16, 64, 2, 4)),  # two row tiles, split K with a partial last step
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", DOT_CASES, ids=lambda c: "M{}_K{}_N{}{}{}_split{}".format(
+    *c[:3], "_bias" if c[3] else "", "_silu" if c[4] else "", c[5][3]))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
+    """The matrix-unit kernel (tiles with BLOCK_M >= 16 ask for it; the GPU's rule from 2 fp16 / bf16 rows) against
+    the fp64 product, gated activations rounded to a's dtype first as the SiluMul op stores them; fp32 in IEEE
+    float32."""
+    M, K, N, with_bias, silu, tiles = case
+    a = rand(M, 2 * K if silu else K, dtype=dtype, device=device, seed=1)
+    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
+    dot_tiles = tiles if device == "cpu" else pick_dot_tiles(M, K, N, a.element_size(), 132)
+    y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
+    x = a
+    if silu:
+        g, up = a[:, :K].float(), a[:, K:].float()
+        x = ((g * torch.sigmoid(g)) * up).to(dtype)
+    assert y.shape == (M, N)
+    assert_close(y, _reference(x, w, bias), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_dot_kernel_skip_norm_const_w_and_replays(device: str, layout: str) -> None:
+    """gemv_skip_norm on the matrix-unit kernel's partial sums: the reference's normed output and sum; const_w and a
+    second call change nothing, bit for bit."""
+    M, K, N = 4, 320, 48
+    tiles = (16, 16, 32, 3, 4) if device == "cpu" else None
+    a = rand(M, K, dtype=torch.float16, device=device, seed=1)
+    w = _stored(rand(K, N, dtype=torch.float16, device=device, seed=2) * 0.1, layout)
+    bias, res = rand(N, dtype=torch.float16, device=device, seed=3), rand(M, N, dtype=torch.float16, device=device)
+    gamma = rand(N, dtype=torch.float16, device=device, seed=4)
+    normed, total = gemv_skip_norm(a, w, bias, res, gamma, 1e-5, tiles=tiles)
+    want_n, want_s = _skip_norm_reference(a, w, bias, res, gamma, 1e-5, torch.float16)
+    assert_close(total, want_s, torch.float16)
+    assert_close(normed, want_n, torch.float16)
+    again = gemv_skip_norm(a, w, bias, res, gamma, 1e-5, tiles=tiles, const_w=True)
+    assert torch.equal(again[0], normed) and torch.equal(again[1], total)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dot_kernel_routing_and_errors(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tiles, DOT_MIN_M or more fp16 / bf16 rows take the matrix-unit rule, fewer rows and fp32 the GEMV's;
+    malformed matrix-unit tiles are refused with the rule."""
+    picked = []
+    for name in ("pick_tiles", "pick_dot_tiles"):
+        real = getattr(gemv_module, name)
+        monkeypatch.setattr(gemv_module, name, lambda *a, _r=real, _n=name, **kw: picked.append(_n) or _r(*a, **kw))
+    K, N = 64, 32
+    w = rand(K, N, dtype=torch.float16, device=device, seed=2)
+    for M, dtype, want in [(gemv_module.DOT_MIN_M - 1, torch.float16, "pick_tiles"),
+                           (gemv_module.DOT_MIN_M, torch.float16, "pick_dot_tiles"),
+                           (4, torch.bfloat16, "pick_dot_tiles"), (4, torch.float32, "pick_tiles")]:
+        picked.clear()
+        a = rand(M, K, dtype=dtype, device=device, seed=M)
+        y = gemv(a, w.to(dtype))
+        assert picked == [want], (M, dtype)
+        assert_close(y, _reference(a, w.to(dtype)), dtype)
+    a = rand(4, K, dtype=torch.float16, device=device)
+    for bad in [(16, 8, 32, 1, 4), (16, 32, 8, 1, 4), (24, 32, 32, 1, 4), (16, 32, 32, MAX_SPLIT_K + 1, 4)]:
+        with pytest.raises(ValueError, match="matrix-unit kernel"):
+            gemv(a, w, tiles=bad)
+
+
+def test_dot_tiles_for_decode_shapes() -> None:
+    """The matrix-unit rule on a 132-SM GPU at the decode shapes: 64 x 64 tiles, about four programs per SM where the
+    column tiles are fewer, 16-row tiles up to 16 rows."""
+    for K, N in [(896, 1152), (896, 896), (896, 9728), (4864, 896), (2048, 3072), (2048, 16384), (8192, 2048)]:
+        for M in (2, 4, 16):
+            bm, bn, bk, split, warps = pick_dot_tiles(M, K, N, 2, 132, colmajor=True)
+            assert (bm, bn, bk, warps) == (16, 64, 64, 4) and 1 <= split <= MAX_SPLIT_K
+            n_prog = -(-N // bn)
+            # (whole steps per split: Llama's down projection, 32 column tiles, gets 16 splits of 8 steps, not 17)
+            assert split == 1 if n_prog >= 4 * 132 else n_prog * split >= min(3 * 132, n_prog * (K // bk))
+    assert pick_dot_tiles(4, 4864, 896, 2, 132)[3] == 38
+    assert pick_dot_tiles(40, 896, 896, 2, 132)[0] == 64
+
+
 def test_importing_crossml_does_not_import_triton() -> None:
     code = "import sys, crossml, crossml.ops.matmul, crossml.ops.fused; assert 'triton' not in sys.modules"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -468,3 +559,29 @@ def test_silu_mul_activations_equal_the_silu_mul_kernel_then_gemv(device: str, d
     assert all(torch.equal(g_, w_) for g_, w_ in zip(got, want, strict=True))
     with pytest.raises(ValueError, match=rf"2K={2 * K} \(\[g \| up\] for silu_mul\)"):
         gemv(h, w, silu_mul=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("silu", [False, True])
+def test_gpu_dot_kernel_graph_capture(layout: str, silu: bool) -> None:
+    """The matrix-unit kernel at 4 rows with its K split (Qwen2.5-0.5B's down projection) inside a CUDA graph, with
+    the skip-norm: replays follow the input and equal the eager calls bit for bit."""
+    K, N, M = 4864, 896, 4
+    a = rand(M, 2 * K if silu else K, dtype=torch.float16, device="cuda", seed=1)
+    w = _stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05, layout)
+    res, gamma = rand(M, N, dtype=torch.float16, device="cuda", seed=3), rand(N, dtype=torch.float16, device="cuda")
+    assert pick_dot_tiles(M, K, N, 2, 132)[3] > 1
+    y0 = gemv(a, w, silu_mul=silu, const_w=True)
+    gemv_skip_norm(a, w, None, res, gamma, 1e-5, silu_mul=silu, const_w=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(a, w, silu_mul=silu, const_w=True)
+        normed, total = gemv_skip_norm(a, w, None, res, gamma, 1e-5, silu_mul=silu, const_w=True)
+    a.copy_(rand(*a.shape, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, gemv(a, w, silu_mul=silu, const_w=True)) and not torch.equal(y, y0)
+    again = gemv_skip_norm(a, w, None, res, gamma, 1e-5, silu_mul=silu, const_w=True)
+    assert torch.equal(normed, again[0]) and torch.equal(total, again[1])

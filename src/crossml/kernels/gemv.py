@@ -92,7 +92,7 @@ from crossml.kernels._launch import (
 )
 from crossml.kernels.rmsnorm import _cast
 
-__all__ = ["DTYPES", "column_major", "gemv", "gemv_skip_norm", "pick_tiles"]
+__all__ = ["DOT_MIN_M", "DTYPES", "column_major", "gemv", "gemv_skip_norm", "pick_dot_tiles", "pick_tiles"]
 
 #: storage types the kernel takes (float32 accumulation for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -265,6 +265,61 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
 
 
 @triton.jit
+def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_wn, s_ym, s_ys, up_off,
+                     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False, SILU_MUL: tl.constexpr = False,
+                     COLMAJOR: tl.constexpr = False, F32_DOT: tl.constexpr = False, PDL: tl.constexpr = False):
+    """``_gemv_kernel`` on the matrix units, for a few rows of a (a batched decode step, beam search): rows [pid2 *
+    BLOCK_M, +BLOCK_M) (BLOCK_M >= 16, rows past M zeros) times columns [pid0 * BLOCK_N, +BLOCK_N) of W over K
+    range pid1, one ``tl.dot`` per K step accumulating in float32; same arguments, outputs and PARTIAL workspace.
+    The W tile of the next step is requested before this step's product (and, with CONST_W, the first one before
+    the PDL wait); with SILU_MUL each step's activations are gated as they are loaded (``_finish``)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(2).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    m_ok = rows < M
+    k_lo = pid_k * K_PER_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
+    if COLMAJOR:
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * s_wn + (k_lo + offs_k)[None, :]
+    else:
+        w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    a_ptrs = a_ptr + rows[:, None] * s_am + (k_lo + offs_k)[None, :] * s_ak
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if not CONST_W:
+        pdl_wait(PDL)
+    w_nxt = _w_tile(w_ptrs, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
+    if CONST_W:
+        pdl_wait(PDL)
+    for k in range(k_lo, k_hi, BLOCK_K):
+        w = w_nxt
+        w_ptrs += BLOCK_K * s_wk
+        w_nxt = _w_tile(w_ptrs, k + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
+        x, up = _raw(a_ptrs, m_ok[:, None] & (k + offs_k < k_hi)[None, :], up_off, SILU_MUL)
+        if SILU_MUL:
+            g = x.to(tl.float32)
+            x = ((g * tl.sigmoid(g)) * up.to(tl.float32)).to(up.dtype)
+        a_ptrs += BLOCK_K * s_ak
+        if COLMAJOR:
+            w = tl.trans(w)
+        if F32_DOT:  # the same products (exact in float32), for Triton's interpreter, whose bf16 dot is wrong
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w, acc)
+    if PARTIAL:
+        y_rows = y_ptr + pid_k.to(tl.int64) * s_ys + rows[:, None] * s_ym
+        tl.store(y_rows + offs_n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
+    else:
+        out_ty = y_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)[None, :]
+        tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _sum_splits(p, stride, ok, n, BLOCK_S: tl.constexpr):
     """The float32 partial sums ``p[s * stride]`` of splits s < n (at most BLOCK_S; ``ok`` masks the values) added
     in split order: all loads issued at once, then one add per split, so every kernel that adds a workspace's
@@ -399,6 +454,31 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
     return block_m, block_n, block_k, split, num_warps
 
 
+#: fewest rows of a that take the matrix-unit kernel (``_gemv_dot_kernel``) rather than the per-row GEMV
+DOT_MIN_M = 2
+
+
+def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
+                   colmajor: bool = False) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) of the matrix-unit kernel: 16-row tiles of a (64 past 16
+    rows), 64 columns by 64 values of K a step, four warps, K split (whole steps, at most MAX_SPLIT_K ranges) until
+    there are about four programs per SM. (Row-major or column-major W alike.)
+
+    From the in-graph sweep at Qwen2.5-0.5B's and Llama-3.2-1B's decode shapes, 4 rows, column-major fp16 weights,
+    on an H200 (``benchmarks/int4_batch.py --fp16``, results/int4_batch.md): 64 x 64 tiles split that way were the
+    fastest or within 0.2 us of it but at Llama-3.2-1B's gate+up (19.7 us with 128 columns); per layer the products
+    took 17.3 against 23.7 us for the 4-row GEMV (Qwen2.5-0.5B) and 41.3 against 56.1 (Llama-3.2-1B). At 2 rows the
+    GEMV's qkv and o products are 0.5 us faster, its gate+up and down 2-3 us slower."""
+    block_m = 16 if M <= 16 else 64
+    block_n, block_k = 64, max(16, min(64, next_power_of_2(max(K, 1))))
+    n_prog = cdiv(N, block_n) * cdiv(M, block_m)
+    split = 1
+    if n_prog < 4 * processors:
+        split = max(1, min(cdiv(4 * processors, n_prog), cdiv(K, block_k), MAX_SPLIT_K))
+        split = cdiv(K, _k_per_split(K, split, block_k))
+    return block_m, block_n, block_k, split, 4
+
+
 def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
     """``pick_tiles`` for a column-major W, whose programs read BLOCK_N contiguous runs of BLOCK_K values.
 
@@ -492,16 +572,21 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
               interpret: bool) -> torch.Tensor | None:
     """The GEMV launch of ``a2 [M, K] @ w`` (``a2 [M, 2K]`` with ``silu_mul``): into ``y2 [M, N]`` (bias added)
     when K is not split, else the float32 ``[SPLIT_K, M, N]`` workspace of partial sums it returns (no bias; so
-    also when ``y2`` is None)."""
+    also when ``y2`` is None). From DOT_MIN_M rows the matrix-unit kernel (``_gemv_dot_kernel``, tiles of
+    ``pick_dot_tiles``; tiles with BLOCK_M >= 16 ask for it)."""
     M = a2.shape[0]
     K, N = w.shape
     colmajor = column_major(w)
-    if tiles is None:
-        sms = 1 if interpret or a2.device.type == "cpu" else processors(a2)
-        tiles = pick_tiles(M, K, N, a2.element_size(), sms, colmajor=colmajor)
+    sms = 1 if interpret or a2.device.type == "cpu" else processors(a2)
+    if tiles is None:  # (fp32 keeps the GEMV: the matrix units would round it to tf32)
+        dot = M >= DOT_MIN_M and a2.dtype != torch.float32
+        tiles = (pick_dot_tiles if dot else pick_tiles)(M, K, N, a2.element_size(), sms, colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
-    if block_m not in (1, 2, 4) or block_n & (block_n - 1) or block_k & (block_k - 1) or not 1 <= split <= MAX_SPLIT_K:
-        raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4, BLOCK_N and BLOCK_K powers of two, "
+    dot = block_m >= 16
+    if (block_m not in (1, 2, 4) and not dot) or block_n & (block_n - 1) or block_k & (block_k - 1) \
+            or block_m & (block_m - 1) or not 1 <= split <= MAX_SPLIT_K or dot and min(block_n, block_k) < 16:
+        raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4 (the GEMV) or a power of two >= 16 (the "
+                         f"matrix-unit kernel, with BLOCK_N and BLOCK_K >= 16), BLOCK_N and BLOCK_K powers of two, "
                          f"SPLIT_K in [1, {MAX_SPLIT_K}]")
     k_per_split = _k_per_split(K, split, block_k)
     split = cdiv(K, k_per_split)  # no empty splits
@@ -512,15 +597,20 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2, **pdl(a2)}
     meta = {"HAS_BIAS": has_bias, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w,
             "SILU_MUL": silu_mul, "COLMAJOR": colmajor}
+    kernel = _gemv_kernel
+    if dot:
+        kernel = _gemv_dot_kernel
+        # float32 products in IEEE float32 (not tf32); Triton 3.6's interpreter computes bf16 dots wrongly
+        meta["F32_DOT"] = a2.dtype == torch.float32 or (interpret and a2.dtype == torch.bfloat16)
     up_off = K * a2.stride(1)
     s_wk, s_wn = (1, w.stride(1)) if colmajor else (w.stride(0), 1)
     if split == 1 and y2 is not None:
-        _gemv_kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
-                           y2.stride(0), 0, up_off, PARTIAL=False, **meta, **compiled)
+        kernel[grid](a2, w, bias1, y2, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
+                     y2.stride(0), 0, up_off, PARTIAL=False, **meta, **compiled)
         return None
     ws = torch.empty((split, M, N), dtype=torch.float32, device=a2.device)
-    _gemv_kernel[grid](a2, w, bias1, ws, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
-                       N, M * N, up_off, PARTIAL=True, **meta, **compiled)
+    kernel[grid](a2, w, bias1, ws, M, N, K, k_per_split, a2.stride(0), a2.stride(1), s_wk, s_wn,
+                 N, M * N, up_off, PARTIAL=True, **meta, **compiled)
     return ws
 
 
