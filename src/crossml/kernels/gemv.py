@@ -461,16 +461,19 @@ DOT_MIN_M = 2
 def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
                    colmajor: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) of the matrix-unit kernel: 16-row tiles of a (64 past 16
-    rows), 64 columns by 64 values of K a step, four warps, K split (whole steps, at most MAX_SPLIT_K ranges) until
-    there are about four programs per SM. (Row-major or column-major W alike.)
+    rows), 64 columns (128 where N has 96 or more per SM) by 64 values of K a step, four warps, K split (whole
+    steps, at most MAX_SPLIT_K ranges) until there are about four programs per SM. (Row-major or column-major W
+    alike.)
 
     From the in-graph sweep at Qwen2.5-0.5B's and Llama-3.2-1B's decode shapes, 4 rows, column-major fp16 weights,
     on an H200 (``benchmarks/int4_batch.py --fp16``, results/int4_batch.md): 64 x 64 tiles split that way were the
-    fastest or within 0.2 us of it but at Llama-3.2-1B's gate+up (19.7 us with 128 columns); per layer the products
-    took 17.3 against 23.7 us for the 4-row GEMV (Qwen2.5-0.5B) and 41.3 against 56.1 (Llama-3.2-1B). At 2 rows the
-    GEMV's qkv and o products are 0.5 us faster, its gate+up and down 2-3 us slower."""
+    fastest or within 0.2 us of it but at Llama-3.2-1B's gate+up (N = 16384: 19.7 against 24.5 us with 128
+    columns). With 64 columns everywhere, per layer the products took 17.4 against 20.8 us for the 2-row GEMV and
+    17.3 against 23.7 for the 4-row one (Qwen2.5-0.5B), 45.8 against 50.2 and 46.2 against 56.1 (Llama-3.2-1B); at
+    2 rows the GEMV's qkv and o products stay 0.3-0.6 us faster, its gate+up and down 2-4 us slower."""
     block_m = 16 if M <= 16 else 64
-    block_n, block_k = 64, max(16, min(64, next_power_of_2(max(K, 1))))
+    block_n = 128 if N >= 96 * processors else 64
+    block_k = max(16, min(64, next_power_of_2(max(K, 1))))
     n_prog = cdiv(N, block_n) * cdiv(M, block_m)
     split = 1
     if n_prog < 4 * processors:
