@@ -376,6 +376,19 @@ def test_dot_tiles_for_decode_shapes() -> None:
     assert pick_dot_tiles(40, 896, 896, 2, 132)[0] == 64
 
 
+def test_skip_norm_dot_tiles_keep_a_row_in_one_norm_tile() -> None:
+    """gemv_skip_norm's matrix-unit tiles split K no further than keeps a row's partial sums one tile of the norm
+    kernel (its chunked path is two latency-bound passes per row), at the decode shapes of both models."""
+    from crossml.kernels.gemv import _NORM_TILE, _norm_dot_tiles, _reduce_tiles
+
+    for K, N in [(4864, 896), (896, 896), (8192, 2048), (2048, 2048)]:
+        for M in (2, 4, 16):
+            bm, bn, bk, split, _ = _norm_dot_tiles(M, K, N, 2, 132)
+            assert bm == 16 and bn in (32, 64) and split >= 1
+            assert _reduce_tiles(split)[0] * 1 << (N - 1).bit_length() <= _NORM_TILE
+    assert _norm_dot_tiles(4, 4864, 896, 2, 132) == (16, 32, 64, 16, 4)
+
+
 def test_importing_crossml_does_not_import_triton() -> None:
     code = "import sys, crossml, crossml.ops.matmul, crossml.ops.fused; assert 'triton' not in sys.modules"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

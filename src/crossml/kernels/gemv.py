@@ -661,6 +661,21 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     return y
 
 
+def _norm_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
+    """``pick_dot_tiles`` for ``gemv_skip_norm``: at most as many K splits as keep a row's partial sums one tile of
+    the norm kernel (``_NORM_TILE``; past it that kernel walks the row in chunks, two latency-bound passes), with
+    32-column tiles where that gives more programs. Uncapped, Qwen2.5-0.5B's down projection at 2 and 4 rows
+    (38 splits) took its fp16 decode step from about 0.6 to 2.05 ms on an H200 (``benchmarks/genai_batch.py``)."""
+    block_m, block_n, block_k, split, warps = pick_dot_tiles(M, K, N, elem_size, processors)
+    cap = max(1, _NORM_TILE // next_power_of_2(N))
+    cap = 1 << (cap.bit_length() - 1)  # a power of two: the norm kernel's tile holds next_power_of_2(split) rows
+    if split <= cap:
+        return block_m, block_n, block_k, split, warps
+    if cdiv(N, block_n) * cap < 4 * processors:
+        block_n = 32
+    return block_m, block_n, block_k, cdiv(K, _k_per_split(K, cap, block_k)), warps
+
+
 def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                    gamma: torch.Tensor, eps: float, *, want_sum: bool = True, const_w: bool = False,
                    silu_mul: bool = False,
@@ -697,6 +712,8 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         if K == 0:  # the empty sum: a zero workspace of one split (bias added below)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)
         else:
+            if tiles is None and M >= DOT_MIN_M and a.dtype != torch.float32:
+                tiles = _norm_dot_tiles(M, K, N, a.element_size(), 1 if interpret else processors(a))
             ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret)
         block_s, block, warps = _reduce_tiles(ws.shape[0])
         single = block_s * next_power_of_2(N) <= _NORM_TILE
