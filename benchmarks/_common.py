@@ -118,6 +118,23 @@ def genai_models(args: argparse.Namespace) -> dict[tuple[str, str], str]:
                                  [p for p in args.precisions.split(",") if p], print)
 
 
+def genai_config(folder: str, runtime: str) -> tuple[Any, Any]:
+    """(module, Config of ``folder``) for a GenAI benchmark runtime: crossml.genai ("crossml"), or onnxruntime_genai's
+    CUDA build with its CUDA graph ("ortgenai-graph") or without ("ortgenai")."""
+    if runtime == "crossml":
+        import crossml.genai as og
+
+        return og, og.Config(folder)
+    import genai_bench
+
+    og = genai_bench._import_ortgenai()
+    config = og.Config(folder)
+    config.clear_providers()
+    config.append_provider("cuda")
+    config.set_provider_option("cuda", "enable_cuda_graph", "1" if runtime == "ortgenai-graph" else "0")
+    return og, config
+
+
 def chat_generator(og: Any, model: Any) -> Any:
     """A generator of module ``og`` on ``model`` for chat-turn benchmarks: max_length 4096, a 512-token prompt and
     4 generated tokens, so turns append to a started sequence."""

@@ -85,19 +85,9 @@ def child(folder: str, runtime: str, batches: list[int], prompt: int, new: int, 
     """One (model folder, runtime) in this process: a result per batch size."""
     import numpy as np
     import torch
+    from _common import genai_config
 
-    if runtime == "crossml":
-        import crossml.genai as og
-
-        config = og.Config(folder)
-    else:
-        import genai_bench
-
-        og = genai_bench._import_ortgenai()
-        config = og.Config(folder)
-        config.clear_providers()
-        config.append_provider("cuda")
-        config.set_provider_option("cuda", "enable_cuda_graph", "1" if runtime.endswith("graph") else "0")
+    og, config = genai_config(folder, runtime)
     model = og.Model(config)
     g = torch.Generator().manual_seed(0)
     out: dict[str, Any] = {}

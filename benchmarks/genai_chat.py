@@ -49,18 +49,9 @@ def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     sys.path.insert(0, HERE)
-    if runtime == "crossml":
-        import crossml.genai as og
+    from _common import genai_config
 
-        config = og.Config(folder)
-    else:
-        import genai_bench
-
-        og = genai_bench._import_ortgenai()
-        config = og.Config(folder)
-        config.clear_providers()
-        config.append_provider("cuda")
-        config.set_provider_option("cuda", "enable_cuda_graph", "1" if runtime == "ortgenai-graph" else "0")
+    og, config = genai_config(folder, runtime)
     t0 = time.perf_counter()
     model = og.Model(config)
     out: dict[str, Any] = {"load_s": time.perf_counter() - t0}

@@ -145,6 +145,17 @@ def _w_tile(w_ptrs, k_ok, n_ok, COLMAJOR: tl.constexpr):
 
 
 @triton.jit
+def _w_start(w_ptr, offs_n, offs_k, k_lo, s_wk, s_wn, COLMAJOR: tl.constexpr):
+    """Pointers of a program's first W tile at K offset ``k_lo`` (``_w_tile``'s layout; 64-bit arithmetic: W may
+    exceed 2**31 elements); they advance by whole tiles."""
+    if COLMAJOR:
+        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * s_wn + (k_lo + offs_k)[None, :]
+    else:
+        w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    return w_ptrs
+
+
+@triton.jit
 def _times(w, a, COLMAJOR: tl.constexpr):
     """float32 W tile (``_w_tile``) times a step's activations, broadcast along N."""
     if COLMAJOR:
@@ -193,11 +204,7 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
 
-    # pointers advance by whole tiles (64-bit pointer arithmetic: W may exceed 2**31 elements)
-    if COLMAJOR:
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * s_wn + (k_lo + offs_k)[None, :]
-    else:
-        w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    w_ptrs = _w_start(w_ptr, offs_n, offs_k, k_lo, s_wk, s_wn, COLMAJOR)
     a_ptrs = a_ptr + m0.to(tl.int64) * s_am + (k_lo + offs_k) * s_ak
     ok1 = m0 + 1 < M
     ok2 = m0 + 2 < M
@@ -292,10 +299,7 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
     m_ok = rows < M
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
-    if COLMAJOR:
-        w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * s_wn + (k_lo + offs_k)[None, :]
-    else:
-        w_ptrs = w_ptr + k_lo.to(tl.int64) * s_wk + offs_k[:, None] * s_wk + offs_n[None, :]
+    w_ptrs = _w_start(w_ptr, offs_n, offs_k, k_lo, s_wk, s_wn, COLMAJOR)
     a_ptrs = a_ptr + rows[:, None] * s_am + (k_lo + offs_k)[None, :] * s_ak
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if not CONST_W:
