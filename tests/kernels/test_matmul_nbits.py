@@ -316,7 +316,7 @@ def test_dot_kernel_routing(device: str, monkeypatch: pytest.MonkeyPatch) -> Non
     """``matmul_nbits`` takes the matrix-unit kernel from DOT_MIN_M fp16 / bf16 rows (DOT_WIDE_MIN_M for N of 512
     or more per SM), never for fp32 activations or with a fused norm."""
     calls = record_calls(monkeypatch, kernel_module, "_dot_product")
-    sms = 1 if device == "cpu" else kernel_module.processors(torch.empty(0, device=device))
+    sms = kernel_module.rule_processors(torch.empty(0, device=device))
     K, bs = 64, 32
     B, scales, zp = _weight(24, K, bs, None, torch.float16, device)
     tiles_for = {True: (16, 16, 64, 1, 4), False: (4, 8, 64, 4)} if device == "cpu" else {True: None, False: None}
@@ -544,7 +544,7 @@ def test_gpu_dot_graph_capture() -> None:
     K, N, M, bs = 4864, 896, 8, 32
     B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cuda")
     a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
-    assert pick_dot_tiles(M, N, K, bs, kernel_module.processors(a))[3] > 1
+    assert pick_dot_tiles(M, N, K, bs, kernel_module.rule_processors(a))[3] > 1
     y0 = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=bs, const_w=True)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

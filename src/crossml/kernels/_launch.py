@@ -127,6 +127,12 @@ def processors(t: torch.Tensor) -> int:
     return _processors(t.device.type, index)
 
 
+def rule_processors(t: torch.Tensor) -> int:
+    """The SM count the tile rules take for a launch on ``t``'s device: ``processors``, or 1 in Triton's interpreter
+    (which alone runs CPU tensors)."""
+    return 1 if INTERPRET or t.device.type == "cpu" else processors(t)
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) of host integers. (``triton.cdiv`` and ``triton.next_power_of_2`` are constexpr functions in
     Triton 3.6, about 6 us of Python a call on the host: a dozen of them in a GEMV's tile rule cost more than

@@ -92,8 +92,8 @@ from crossml.kernels._launch import (
     next_power_of_2,
     pdl,
     pdl_wait,
-    processors,
     product_output,
+    rule_processors,
     use_interpreter,
 )
 from crossml.kernels.rmsnorm import _cast
@@ -474,6 +474,12 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 DOT_MIN_M = 2
 
 
+def _dot_rows(M: int, dtype: torch.dtype) -> bool:
+    """Whether M rows of ``dtype`` take the matrix-unit kernel when no tiles are given: DOT_MIN_M rows or more, fp16
+    or bf16 (fp32 keeps the GEMV: the matrix units would round it to tf32)."""
+    return M >= DOT_MIN_M and dtype != torch.float32
+
+
 def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
                    colmajor: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) of the matrix-unit kernel: 16-row tiles of a (64 past 16
@@ -596,10 +602,9 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     M = a2.shape[0]
     K, N = w.shape
     colmajor = column_major(w)
-    sms = 1 if interpret or a2.device.type == "cpu" else processors(a2)
-    if tiles is None:  # (fp32 keeps the GEMV: the matrix units would round it to tf32)
-        dot = M >= DOT_MIN_M and a2.dtype != torch.float32
-        tiles = (pick_dot_tiles if dot else pick_tiles)(M, K, N, a2.element_size(), sms, colmajor=colmajor)
+    if tiles is None:
+        pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
+        tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
     dot = block_m >= 16
     if (block_m not in (1, 2, 4) and not dot) or block_n & (block_n - 1) or block_k & (block_k - 1) \
@@ -728,8 +733,8 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         if K == 0:  # the empty sum: a zero workspace of one split (bias added below)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)
         else:
-            if tiles is None and M >= DOT_MIN_M and a.dtype != torch.float32:
-                tiles = _norm_dot_tiles(M, K, N, a.element_size(), 1 if interpret else processors(a))
+            if tiles is None and _dot_rows(M, a.dtype):
+                tiles = _norm_dot_tiles(M, K, N, a.element_size(), rule_processors(a))
             ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret)
         block_s, block, warps = _reduce_tiles(ws.shape[0])
         single = block_s * next_power_of_2(N) <= _NORM_TILE

@@ -61,8 +61,8 @@ from crossml.kernels._launch import (
     next_power_of_2,
     pdl,
     pdl_wait,
-    processors,
     product_output,
+    rule_processors,
     use_interpreter,
 )
 
@@ -579,16 +579,11 @@ _DOT_DTYPES = (torch.float16, torch.bfloat16)
 _DOT_MAX_SPLIT = 64
 
 
-def _sms(a: torch.Tensor) -> int:
-    """The SM count the tile rules take for a launch on ``a``'s device (1 in the interpreter and on the CPU)."""
-    return 1 if INTERPRET or a.device.type == "cpu" else processors(a)
-
-
 def dot_eligible(a: torch.Tensor, M: int, N: int) -> bool:
     """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows and N outputs takes the matrix-unit kernel:
     fp16 or bf16 activations, at least DOT_MIN_M rows (DOT_WIDE_MIN_M for N of 512 or more per SM). fp32 activations
     keep the GEMVs: ``tl.dot`` would round them to tf32."""
-    return a.dtype in _DOT_DTYPES and M >= (DOT_WIDE_MIN_M if N >= 512 * _sms(a) else DOT_MIN_M)
+    return a.dtype in _DOT_DTYPES and M >= (DOT_WIDE_MIN_M if N >= 512 * rule_processors(a) else DOT_MIN_M)
 
 
 def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int, int]:
@@ -699,13 +694,13 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     y2 = y.view(M, N)
 
     interpret = use_interpreter(a, "MatMulNBits")
-    sms = 1 if interpret or a.device.type == "cpu" else processors(a)
+    sms = rule_processors(a)
     if norm is None and (dot_eligible(a, M, N) if dot is None else dot):
         if a.dtype not in _DOT_DTYPES:
             raise TypeError(f"MatMulNBits matrix-unit kernel: A must be float16/bfloat16, got {a.dtype}")
-        _dot_product(a2, b2, s2, z2 if zero_points is not None else None, bias, y2, K=K, N=N, n_blocks=n_blocks,
-                     block_size=block_size, zp_mode=zp_mode, tiles=tiles or pick_dot_tiles(M, N, K, block_size, sms),
-                     const_w=const_w, interpret=interpret)
+        _dot_product(a2, b2, s2, z2, bias1, bias is not None, y2, K=K, N=N, n_blocks=n_blocks, block_size=block_size,
+                     zp_mode=zp_mode, tiles=tiles or pick_dot_tiles(M, N, K, block_size, sms), const_w=const_w,
+                     interpret=interpret)
         return y
     skip, gamma, eps = norm if norm is not None else (None, None, 0.0)
     if norm is not None:
@@ -756,13 +751,14 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
 DOT_OPTIONS = {"fast_dq": True, "w_as_a": False, "stages": 2}
 
 
-def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor | None,
-                 bias: torch.Tensor | None, y2: torch.Tensor, *, K: int, N: int, n_blocks: int, block_size: int,
-                 zp_mode: int, tiles: tuple[int, ...], const_w: bool, interpret: bool) -> None:
-    """``y2 [M, N] = a2 [M, K] @ dequantize(b2)^T (+ bias)`` by ``_matmul_nbits_dot_kernel``: one launch, or with K
-    split the partial sums' float32 workspace and ``crossml.kernels.gemv``'s reduction (bias and cast), which adds
-    them in a fixed order (replays of a captured graph give the eager result bit for bit)."""
-    from crossml.kernels.gemv import _reduce_tiles, _split_k_reduce_kernel
+def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor, bias1: torch.Tensor,
+                 has_bias: bool, y2: torch.Tensor, *, K: int, N: int, n_blocks: int, block_size: int, zp_mode: int,
+                 tiles: tuple[int, ...], const_w: bool, interpret: bool) -> None:
+    """``y2 [M, N] = a2 [M, K] @ dequantize(b2)^T (+ bias1)`` by ``_matmul_nbits_dot_kernel`` (``matmul_nbits``'
+    operands: z2 and bias1 stand in with s2 where absent): one launch, or with K split the partial sums' float32
+    workspace and ``crossml.kernels.gemv``'s reduction (bias and cast), which adds them in a fixed order (replays of a
+    captured graph give the eager result bit for bit)."""
+    from crossml.kernels.gemv import _k_per_split, _reduce_tiles, _split_k_reduce_kernel
 
     if len(tiles) != 5:
         raise ValueError(f"tiles {tiles}: the matrix-unit kernel takes (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps)")
@@ -772,18 +768,16 @@ def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch
         raise ValueError(f"tiles {tiles}: BLOCK_M, BLOCK_N and BLOCK_K must be powers of two >= 16, BLOCK_K a multiple "
                          f"of block_size={block_size}, SPLIT_K in [1, {_DOT_MAX_SPLIT}]")
     M = a2.shape[0]
-    k_per_split = cdiv(cdiv(K, split), block_k) * block_k
+    k_per_split = _k_per_split(K, split, block_k)
     split = cdiv(K, k_per_split)  # no empty splits
     grid = (cdiv(N, block_n), split, cdiv(M, block_m))
     if max(grid[1:]) > GRID_YZ_MAX:
         raise ValueError(f"MatMulNBits matrix-unit kernel: M={M} rows need more than {GRID_YZ_MAX} programs along "
                          "the grid's third dimension; use the dequantize path")
-    bias1 = bias.reshape(N).contiguous() if bias is not None else s2
-    z = z2 if z2 is not None else s2
     out = y2 if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=a2.device)
-    args = (a2, b2, s2, z, bias1, out, M, N, K, n_blocks, b2.shape[1], k_per_split, a2.stride(0), z.stride(0),
+    args = (a2, b2, s2, z2, bias1, out, M, N, K, n_blocks, b2.shape[1], k_per_split, a2.stride(0), z2.stride(0),
             out.stride(-2), M * N)
-    meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": bias is not None, "PARTIAL": split > 1, "BLOCK_M": block_m,
+    meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": has_bias, "PARTIAL": split > 1, "BLOCK_M": block_m,
             "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w, "FAST_DQ": DOT_OPTIONS["fast_dq"],
             "W_AS_A": DOT_OPTIONS["w_as_a"]}
     if a2.dtype == torch.bfloat16:
@@ -798,7 +792,7 @@ def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch
         if split > 1:
             block_s, block, warps = _reduce_tiles(split)
             reduce_meta = {} if interpret else {"num_warps": warps, **pdl(a2)}
-            _split_k_reduce_kernel[(cdiv(M * N, block),)](out, bias1, y2, M * N, N, split, HAS_BIAS=bias is not None,
+            _split_k_reduce_kernel[(cdiv(M * N, block),)](out, bias1, y2, M * N, N, split, HAS_BIAS=has_bias,
                                                            BLOCK_S=block_s, BLOCK=block, **reduce_meta)
 
 

@@ -207,7 +207,7 @@ def _pair_tiles(x: torch.Tensor, rows: int, N: int, K: int, block_size: int) -> 
     kernels = load("matmul_nbits")
     if kernels is None or not kernels.fp16_pairs(x):
         return None
-    return kernels.pick_pair_tiles(rows, N, K, block_size, kernels.processors(x))
+    return kernels.pick_pair_tiles(rows, N, K, block_size, kernels.rule_processors(x))
 
 
 def _dot_rows(x: torch.Tensor, rows: int, N: int) -> bool:
