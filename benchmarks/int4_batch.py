@@ -35,17 +35,26 @@ from gemv_tiles import BLOCK_SIZE, SHAPES, int4_inputs  # noqa: E402
 from crossml.kernels import matmul_nbits as nbits  # noqa: E402
 from crossml.kernels._launch import processors  # noqa: E402
 
-#: matrix-unit kernel variants (``DOT_OPTIONS``): name -> (fast_dq, w_as_a, stages)
-VARIANTS = {"plain": (False, False, 2), "fast": (True, False, 2), "fast-wa": (True, True, 2),
-            "fast-s3": (True, False, 3), "fast-wa-s3": (True, True, 3)}
+#: matrix-unit kernel variants: name -> ``DOT_OPTIONS`` over the module's (``rule``: as shipped; halves and a_ahead
+#: are the largest BLOCK_M taking them). results/int4_batch_variants.md has earlier ones: the weight tile as the
+#: dot's first operand, three pipeline stages.
+VARIANTS = {"plain": {"fast_dq": False, "ptx_dq": False, "halves": 0, "a_ahead": 0},
+            "fast": {"fast_dq": True, "ptx_dq": False, "halves": 0, "a_ahead": 0},
+            "fast-ahead": {"fast_dq": True, "ptx_dq": False, "halves": 0, "a_ahead": 64},
+            "halves": {"fast_dq": True, "ptx_dq": False, "halves": 64, "a_ahead": 0},
+            "halves-ahead": {"fast_dq": True, "ptx_dq": False, "halves": 64, "a_ahead": 64},
+            "ptx": {"ptx_dq": True, "halves": 0, "a_ahead": 0},
+            "ptx-halves": {"ptx_dq": True, "halves": 64, "a_ahead": 0},
+            "ptx-halves-ahead": {"ptx_dq": True, "halves": 64, "a_ahead": 64},
+            "rule": {}}
 
 
 def _variant(name: str) -> None:
-    fast, w_as_a, stages = VARIANTS[name]
-    nbits.DOT_OPTIONS.update(fast_dq=fast, w_as_a=w_as_a, stages=stages)
+    nbits.DOT_OPTIONS.update(VARIANTS[name])
 
 
-def measure(N: int, K: int, rows: list[int], sweep_rows: list[int], variants: list[str], dev: torch.device) -> dict:
+def measure(N: int, K: int, rows: list[int], sweep_rows: list[int], variants: list[str], dev: torch.device,
+            compare: bool = False) -> dict:
     _, ws = int4_inputs(N, K, dev)
     sms = processors(ws[0][0])
     out: dict = {"packed_mb": N * K / 2 / 1e6, "copies": len(ws), "by_rows": {}}
@@ -62,6 +71,14 @@ def measure(N: int, K: int, rows: list[int], sweep_rows: list[int], variants: li
 
         r = {"gemv_us": run(False), "dot_tiles": list(nbits.pick_dot_tiles(M, N, K, BLOCK_SIZE, sms)),
              "dot_us": run(True), "dequant_mm_us": in_graph_us([lambda w=w: dequant_mm(w) for w in ws])}
+        if compare:  # each variant at the rule's tiles, taken in turn twice (the lower time kept)
+            r["variants_us"] = {}
+            for _ in range(2):
+                for name in variants:
+                    _variant(name)
+                    us = run(True)
+                    r["variants_us"][name] = min(us, r["variants_us"].get(name, us))
+                    nbits.DOT_OPTIONS.update(default)
         if M in sweep_rows:
             block_m = nbits.pick_dot_tiles(M, N, K, BLOCK_SIZE, sms)[0]
             r["sweep"] = {}
@@ -152,8 +169,18 @@ def markdown(payload: dict) -> str:
             cells = [f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['cublas_us']:.1f}"
                      for c in (r["by_rows"][str(M)] for M in rows)]
             lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
-    lines += ["", "Best swept matrix-unit tiles per variant (fast: dequantized in a's dtype by the exponent trick; wa: "
-              "the weight tile as the dot's first operand; s3: three pipeline stages):", ""]
+    compared = [r for r in payload["results"] if "variants_us" in r["by_rows"][str(rows[0])]]
+    if compared:
+        names = list(compared[0]["by_rows"][str(rows[0])]["variants_us"])
+        lines += ["", "## Matrix-unit kernel variants at the rule's tiles (``DOT_OPTIONS``, ``VARIANTS``)", "",
+                  "Per cell: " + " / ".join(names) + ".", "",
+                  "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
+                  "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
+        for r in compared:
+            cells = [" / ".join(f"{r['by_rows'][str(M)]['variants_us'][n]:.1f}" for n in names) for M in rows]
+            lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+    if any("sweep" in c for r in payload["results"] + payload.get("fp16", []) for c in r["by_rows"].values()):
+        lines += ["", "Best swept matrix-unit tiles per variant (``VARIANTS``):", ""]
     for r in payload["results"] + payload.get("fp16", []):
         for M, c in r["by_rows"].items():
             for name, sweep in c.get("sweep", {}).items():
@@ -168,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--sweep", default="8", help="row counts at which to sweep the matrix-unit kernel's tiles")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {','.join(VARIANTS)}")
+    ap.add_argument("--compare", action="store_true",
+                    help="time each of --variants at the rule's tiles at every row count (instead of sweeping tiles)")
     ap.add_argument("--shapes", default="", help="comma list of model:layer to run (default: all)")
     ap.add_argument("--fp16", action="store_true", help="also the fp16 products (GEMV, matrix-unit kernel, cuBLAS)")
     ap.add_argument("--no-int4", action="store_true", help="skip the 4-bit products")
@@ -176,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("int4_batch needs a CUDA GPU")
     dev = torch.device("cuda")
     rows = [int(x) for x in args.rows.split(",") if x]
-    sweep = [int(x) for x in args.sweep.split(",") if x]
+    sweep = [] if args.compare else [int(x) for x in args.sweep.split(",") if x]
     pick = {s for s in args.shapes.split(",") if s}
     results, fp16 = [], []
     for model, layer, N, K in SHAPES:
@@ -184,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if not args.no_int4:
             results.append({"model": model, "layer": layer, "N": N, "K": K,
-                            **measure(N, K, rows, sweep, [v for v in args.variants.split(",") if v], dev)})
+                            **measure(N, K, rows, sweep, [v for v in args.variants.split(",") if v], dev, args.compare)})
         if args.fp16:
             fp16.append({"model": model, "layer": layer, "N": N, "K": K, **measure_fp16(N, K, rows, sweep, dev)})
     payload = {"machine": machine(), "rows_list": rows, "results": results, "fp16": fp16}

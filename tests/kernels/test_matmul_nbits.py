@@ -256,13 +256,23 @@ DOT_CASES = [  # block_size, K, N, M, zero points, bias, SPLIT_K (interpreter ti
 ]
 
 
+#: ``DOT_OPTIONS`` variants of the matrix-unit kernel (``ptx_dq`` applies to fp16 on NVIDIA GPUs only)
+DOT_VARIANTS = [{"fast_dq": f, "ptx_dq": p, "halves": h, "a_ahead": ahead}
+                for h in (0, 64) for f, p in ((True, False), (False, False), (True, True)) for ahead in (0, 64)
+                if f or not h]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", DOT_CASES, ids=lambda c: "bs{}_K{}_N{}_M{}_{}_{}_split{}".format(
     *c[:5], "bias" if c[5] else "", c[6]))
-def test_dot_kernel_matches_dequantize_matmul(device: str, dtype: torch.dtype, case: tuple) -> None:
+@pytest.mark.parametrize("halves", [0, 64], ids=["one_dot", "halves"])
+def test_dot_kernel_matches_dequantize_matmul(device: str, dtype: torch.dtype, case: tuple, halves: int,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The matrix-unit kernel is the dequantize-then-matmul product: against it in fp64, on the interpreter's tiles
-    (16 weight rows, 64-value K steps past the block size) or the GPU's rule."""
+    (16 weight rows, 64-value K steps past the block size) or the GPU's rule; with one dot per K step, or two
+    (``halves``: even K positions with the low nibbles, odd with the high)."""
+    monkeypatch.setattr(kernel_module, "DOT_OPTIONS", {**kernel_module.DOT_OPTIONS, "halves": halves})
     bs, K, N, M, zp_kind, with_bias, split = case
     B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device)
     a = rand(M, K, dtype=dtype, device=device, seed=1)
@@ -278,17 +288,18 @@ def test_dot_kernel_matches_dequantize_matmul(device: str, dtype: torch.dtype, c
 def test_dot_kernel_dequantizes_as_the_dequantize_kernel(device: str, dtype: torch.dtype,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With one-hot activation rows the product is the dequantized weight itself: every weight, every kind of zero
-    point, bit for bit equal to ``dequantize``, with the exponent-trick dequantization and with the float32 one."""
+    point, bit for bit equal to ``dequantize``, with each of the kernel's variants (the exponent-trick dequantization,
+    the float32 one, the PTX one on NVIDIA GPUs with fp16)."""
     K, N, bs = 64, 32, 32
     eye = torch.eye(K, dtype=dtype, device=device)
     tiles = (16, 16, 64, 1, 4) if device == "cpu" else None
     for zp_kind in (None, "packed", "float"):
         B, scales, zp = _weight(N, K, bs, zp_kind, dtype, device, seed=3)
         want = dequantize(B, scales, zp, K=K, N=N, block_size=bs, dtype=dtype).T
-        for fast in (True, False):
-            monkeypatch.setitem(kernel_module.DOT_OPTIONS, "fast_dq", fast)
+        for options in DOT_VARIANTS:
+            monkeypatch.setattr(kernel_module, "DOT_OPTIONS", {**kernel_module.DOT_OPTIONS, **options})
             y = matmul_nbits(eye, B, scales, zp, K=K, N=N, block_size=bs, tiles=tiles, dot=True)
-            assert torch.equal(y, want), (zp_kind, fast)
+            assert torch.equal(y, want), (zp_kind, options)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -313,8 +324,8 @@ def test_dot_kernel_const_w_split_and_replays(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_dot_kernel_routing(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``matmul_nbits`` takes the matrix-unit kernel from DOT_MIN_M fp16 / bf16 rows (DOT_WIDE_MIN_M for N of 512
-    or more per SM), never for fp32 activations or with a fused norm."""
+    """``matmul_nbits`` takes the matrix-unit kernel from DOT_MIN_M fp16 / bf16 rows (vocabulary-wide products too),
+    never for fp32 activations or with a fused norm."""
     calls = record_calls(monkeypatch, kernel_module, "_dot_product")
     sms = kernel_module.rule_processors(torch.empty(0, device=device))
     K, bs = 64, 32
@@ -331,14 +342,13 @@ def test_dot_kernel_routing(device: str, monkeypatch: pytest.MonkeyPatch) -> Non
                      norm=(None, gamma, 1e-5) if norm else None)
         return bool(calls)
 
-    low, wide = kernel_module.DOT_MIN_M, kernel_module.DOT_WIDE_MIN_M
+    low = kernel_module.DOT_MIN_M
     assert not run(low - 1, torch.float16)
     assert run(low, torch.float16) and run(low, torch.bfloat16)
     assert not run(16, torch.float32)
     assert not run(low, torch.float16, norm=True)
-    wide_n = 512 * sms
-    if device == "cpu":  # the interpreter's rule counts one SM: N = 512 is vocabulary-wide there
-        assert not run(wide - 1, torch.float16, N=wide_n) and run(wide, torch.float16, N=wide_n)
+    if device == "cpu":  # the interpreter's rule counts one SM: N = 1024 is vocabulary-wide there
+        assert not run(low - 1, torch.float16, N=1024 * sms) and run(low, torch.float16, N=1024 * sms)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -535,6 +545,27 @@ def test_gpu_dot_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int) -> No
     y = matmul_nbits(a, B, scales, zp, K=K, N=N, block_size=32, dot=True, const_w=True)
     rtol, atol = TOL[dtype]
     assert_close(y, _reference(a, B, scales, zp, None, K=K, N=N, block_size=32), dtype, tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("zp_kind", [None, "packed", "float"])
+@pytest.mark.parametrize(("K", "N", "M"), [(896, 1152, 8), (2048, 16384, 16), (300, 130, 33)])
+def test_gpu_dot_variants_are_bit_identical(dtype: torch.dtype, zp_kind: str | None, K: int, N: int, M: int,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant of the matrix-unit kernel dequantizes the same weights and multiplies them in the same order as
+    the others of its kind (one dot per K step, or two with ``halves``): the products equal the first's of the kind
+    bit for bit (K split or not, a partial last K step, partial tiles), and the kinds agree within rounding."""
+    B, scales, zp = _weight(N, K, 32, zp_kind, dtype, "cuda", seed=2)
+    a = rand(M, K, dtype=dtype, device="cuda", seed=3) * 8
+    bias = rand(N, dtype=dtype, device="cuda", seed=4)
+    first = {}
+    for options in DOT_VARIANTS:
+        monkeypatch.setattr(kernel_module, "DOT_OPTIONS", {**kernel_module.DOT_OPTIONS, **options})
+        y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=32, dot=True, const_w=True)
+        want = first.setdefault(options["halves"] > 0, y)
+        assert torch.equal(y, want), options
+    assert_close(first[True], first[False].double().cpu(), dtype)
 
 
 @pytest.mark.gpu

@@ -235,3 +235,20 @@ def pdl_wait(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr = False,
+               pid_k=0, s_ys=0):
+    """A product's float32 tile ``acc`` [rows, offs_n] into y [M, N] (row stride ``s_ym``; positions outside are not
+    stored): with PARTIAL as float32 partial sums to workspace slice ``pid_k`` (``y_ptr + pid_k * s_ys``), without
+    the bias; else plus the bias, rounded to y's dtype first (as the unfused Add of the rounded product would), in
+    y's dtype."""
+    mask = (rows[:, None] < M) & (offs_n[None, :] < N)
+    if PARTIAL:
+        tl.store(y_ptr + pid_k.to(tl.int64) * s_ys + rows[:, None] * s_ym + offs_n[None, :], acc, mask=mask)
+    else:
+        out_ty = y_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(out_ty).to(tl.float32)[None, :]
+        tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=mask)

@@ -94,6 +94,7 @@ from crossml.kernels._launch import (
     pdl_wait,
     product_output,
     rule_processors,
+    store_tile,
     use_interpreter,
 )
 from crossml.kernels.rmsnorm import _cast
@@ -325,14 +326,7 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, w, acc)
-    if PARTIAL:
-        y_rows = y_ptr + pid_k.to(tl.int64) * s_ys + rows[:, None] * s_ym
-        tl.store(y_rows + offs_n[None, :], acc, mask=m_ok[:, None] & n_ok[None, :])
-    else:
-        out_ty = y_ptr.dtype.element_ty
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)[None, :]
-        tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=m_ok[:, None] & n_ok[None, :])
+    store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
 
 
 @triton.jit

@@ -22,13 +22,19 @@ says where it pays (results/gemv_int4.md: that lm_head 84.5 -> 46.5 us, 2.8 TB/s
 the output is allocated with ``torch.empty``, so a call is safe inside CUDA graph capture; tiles
 are picked by a fixed rule (no autotuning, which would time kernels during capture).
 
-Batched decode and beam search (4 to 64 rows of fp16 / bf16 activations; 8 for vocabulary-wide products) take the
-matrix-unit kernel (``_matmul_nbits_dot_kernel``): each program dequantizes a 64-row weight tile per K step in
-registers, in A's dtype (a nibble or-ed under the exponent of 1024 in fp16, 128 in bf16, so q - zero point is one
-exact subtraction and the scale one rounded product: bit for bit ``dequantize``), and multiplies a 16-row (64-row)
-tile of A with it in one ``tl.dot``, K split where the weight tiles are few. The per-row GEMVs' arithmetic grows with
-the rows: at 16 rows Llama-3.2-1B's gate+up took 84.6 us against 25.2 (H200, results/int4_batch.md), and the
-GenAI benchmark's int4 decode went from 2,574 to 13,658 tokens/s at a batch of 16 (results/genai_batch.md).
+Batched decode and beam search (4 to 64 rows of fp16 / bf16 activations) take the matrix-unit kernel
+(``_matmul_nbits_dot_kernel``): each program dequantizes a 64-row weight tile per K step in registers, in A's dtype (a
+nibble or-ed under the exponent of 1024 in fp16, 128 in bf16, so q - zero point is one exact subtraction and the
+scale one rounded product: bit for bit ``dequantize``; for fp16 in PTX fp16 pairs, ``_NIBBLE_DQ_PTX``), and
+multiplies a 16-row (64-row) tile of A with it by ``tl.dot`` (16-row tiles in two dots, the low nibbles' weights with
+the even K positions and the high with the odd, so no weight is interleaved in registers), K split where the weight
+tiles are few. The per-row GEMVs' arithmetic grows with the rows: at 16 rows Llama-3.2-1B's gate+up took 84.6 us
+against 19.9 (H200, results/int4_batch.md, results/int4_batch_variants2.md), and the GenAI benchmark's int4 decode
+went from 2,574 to 13,658 tokens/s at a batch of 16 with the kernel's first version (results/genai_batch.md).
+
+Where K is a multiple of the K step (every decode shape of the benchmarks) the kernel takes no per-position masks:
+a step's bytes and activations load whole, in vectors. The masked loads of a K that ends inside a step
+(``EVEN_K`` off) cost a select per weight.
 
 Gating an MLP's down projection as its activations are loaded (SiluMul folded into the product, as the fp16
 GEMV does) gave bit-identical results but slower int4 decode replays on an H200: Qwen2.5-0.5B 0.486 -> 0.636 ms,
@@ -63,10 +69,11 @@ from crossml.kernels._launch import (
     pdl_wait,
     product_output,
     rule_processors,
+    store_tile,
     use_interpreter,
 )
 
-__all__ = ["DOT_MAX_M", "DOT_MIN_M", "DOT_WIDE_MIN_M", "dequantize", "dot_eligible", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_dot_tiles",
+__all__ = ["DOT_MAX_M", "DOT_MIN_M", "dequantize", "dot_eligible", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_dot_tiles",
            "pick_pair_tiles", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -105,16 +112,6 @@ def _weight_step(w_ptr, s_ptr, z_ptr, y_ptr, n2, w_idx, g2, k, ROW_WORDS, N_BLOC
     blk = k // BS + g2
     scale, zp = _scales_zero_points(s_ptr, z_ptr, y_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
     return words, scale, zp
-
-
-@triton.jit
-def _store_rows(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS: tl.constexpr):
-    """y[rows, offs_n] = acc (+ bias rounded to y's dtype first), in y's dtype, inside [M, N]."""
-    out_ty = y_ptr.dtype.element_ty
-    n_ok = offs_n < N
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(out_ty).to(tl.float32)[None, :]
-    tl.store(y_ptr + rows[:, None] * s_ym + offs_n[None, :], acc.to(out_ty), mask=(rows[:, None] < M) & n_ok[None, :])
 
 
 @triton.jit
@@ -188,7 +185,7 @@ def _matmul_nbits_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip_ptr, 
 
     if NORM > 0:
         acc = acc * tl.math.rsqrt(squares * inv_k + eps)[:, None]
-    _store_rows(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
+    store_tile(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
 
 
 def _nibble_pairs_ptx(word: str) -> str:
@@ -356,20 +353,147 @@ def _matmul_nbits_f16x2_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, skip
             part = tl.sum(scale_k * (dot - zp_k * a_sum), axis=1) / inv  # [BLOCK_N]
             acc = tl.where(m_idx[:, None] == mi, acc + part[None, :], acc)
 
-    _store_rows(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
+    store_tile(acc, bias_ptr, y_ptr, offs_n, m0 + m_idx, M, N, s_ym, HAS_BIAS)
 
 
 @triton.jit
-def _dot_weight_step(w_ptr, s_ptr, z_ptr, t_ptr, n2, byte, g2, k, ROW_BYTES, N_BLOCKS, s_zn, BS: tl.constexpr,
-                     ZP: tl.constexpr):
+def _dot_weight_step(w_ptr, s_ptr, z_ptr, t_ptr, n2, byte, g2, k, k_end, ROW_BYTES, N_BLOCKS, s_zn, BS: tl.constexpr,
+                     ZP: tl.constexpr, EVEN_K: tl.constexpr):
     """Packed bytes [BLOCK_N, BLOCK_K / 2], scales and zero points [BLOCK_N, G] of weight rows ``n2`` for the K
     step that starts at ``k`` (zeros past the row's end), scales and float zero points rounded to ``t_ptr``'s
-    dtype."""
-    b = k // 2 + byte
-    packed = tl.load(w_ptr + n2 * ROW_BYTES + b, mask=b < ROW_BYTES, other=0)
+    dtype. EVEN_K: K is a multiple of BLOCK_K (so rows end at ``k_end`` = K, on a step's boundary), and a step's
+    bytes are loaded whole or not at all, in vectors."""
+    b = tl.multiple_of(k // 2, 8) + byte
+    if EVEN_K:
+        packed = tl.load(w_ptr + n2 * ROW_BYTES + tl.max_contiguous(b, [1, BS // 2]), mask=k < k_end, other=0)
+    else:
+        packed = tl.load(w_ptr + n2 * ROW_BYTES + b, mask=b < ROW_BYTES, other=0)
     blk = k // BS + g2
     scale, zp = _scales_zero_points(s_ptr, z_ptr, t_ptr, n2, blk, blk < N_BLOCKS, N_BLOCKS, s_zn, ZP)
     return packed, scale, zp
+
+
+#: PTX: the weights of four bytes of nibbles ($4, byte j holding q_2j low and q_2j+1 high) dequantized as
+#: ``dequantize`` rounds them, in fp16 pairs: the low nibbles' (q - zero point) * scale to $0 (bytes 0, 1) and $1
+#: (bytes 2, 3), the high nibbles' to $2 and $3. $5, $6 hold -(1024 + zero point), $7, $8 -(64 + zero point), $9,
+#: $10 the scales, each value twice. A prmt puts a byte in both halves of a register; a lop3 or-s the low (high)
+#: nibble under the exponent of 1024 (the high nibble lands as 16 q); one exact add (an fma by 1/16 for the high
+#: nibble) leaves q - zero point, and the product with the scale rounds once: 14 instructions for eight weights.
+_NIBBLE_DQ_PTX = tl.constexpr("""
+{
+.reg .b32 m, s, t0, t1, u0, u1;
+mov.b32 m, 0x64006400;
+mov.b32 s, 0x2C002C00;
+prmt.b32 t0, $4, $4, 0x1100;
+prmt.b32 t1, $4, $4, 0x3322;
+lop3.b32 u0, t0, 0x00F000F0, m, 0xEA;
+lop3.b32 u1, t1, 0x00F000F0, m, 0xEA;
+lop3.b32 t0, t0, 0x000F000F, m, 0xEA;
+lop3.b32 t1, t1, 0x000F000F, m, 0xEA;
+add.rn.f16x2 t0, t0, $5;
+add.rn.f16x2 t1, t1, $6;
+fma.rn.f16x2 u0, u0, s, $7;
+fma.rn.f16x2 u1, u1, s, $8;
+mul.rn.f16x2 $0, t0, $9;
+mul.rn.f16x2 $1, t1, $10;
+mul.rn.f16x2 $2, u0, $9;
+mul.rn.f16x2 $3, u1, $10;
+}
+""")
+
+
+@triton.jit
+def _dequantize_tile(packed, scale, zp, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, FAST_DQ: tl.constexpr,
+                     PTX_DQ: tl.constexpr, ZP: tl.constexpr, OUT_TY: tl.constexpr):
+    """A K step's weights [BLOCK_N, 2 * HALF] in OUT_TY from its packed bytes [BLOCK_N, HALF] (low nibble first) and
+    the float32 scales and zero points [BLOCK_N, G] (scales and float zero points already rounded to OUT_TY), as
+    ``dequantize`` rounds them: ((q - zero point) in OUT_TY) * scale in OUT_TY."""
+    BLOCK_N: tl.constexpr = packed.shape[0]
+    HALF: tl.constexpr = packed.shape[1]
+    G: tl.constexpr = scale.shape[1]
+    BS2: tl.constexpr = HALF // G  # bytes per quantization block
+    if PTX_DQ:  # fp16, zero points 8 or packed nibbles (_NIBBLE_DQ_PTX)
+        s = tl.reshape(tl.broadcast_to(scale.to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)), (BLOCK_N, HALF))
+        c_lo = tl.reshape(tl.broadcast_to((-(zp + 1024.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
+                          (BLOCK_N, HALF))
+        c_hi = tl.reshape(tl.broadcast_to((-(zp + 64.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
+                          (BLOCK_N, HALF))
+        lo, hi = tl.inline_asm_elementwise(_NIBBLE_DQ_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r", [packed, c_lo, c_hi, s],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * HALF))
+    elif FAST_DQ:
+        # in OUT_TY throughout: a nibble or-ed under the exponent of MAGIC (1024 in fp16, 128 in bf16) is MAGIC + q
+        # exactly, so q - zero point is one exact subtraction (two with float zero points, the second rounded as
+        # the float32 difference would be), and the product with the scale rounds once
+        p16 = packed.to(tl.int16)
+        q = tl.reshape(tl.join(p16 & 0xF, p16 >> 4), (BLOCK_N, G, 2 * BS2))  # low nibble first
+        qm = (q | MAGIC_BITS).to(OUT_TY, bitcast=True)
+        if ZP == 2:
+            d = (qm - MAGIC) - zp.to(OUT_TY)[:, :, None]
+        else:
+            d = qm - (zp + MAGIC).to(OUT_TY)[:, :, None]
+        w = tl.reshape(d * scale.to(OUT_TY)[:, :, None], (BLOCK_N, 2 * HALF))
+    else:
+        p32 = packed.to(tl.int32)
+        q = tl.reshape(tl.join(p32 & 0xF, p32 >> 4), (BLOCK_N, G, 2 * BS2)).to(tl.float32)  # low nibble first
+        d = (q - zp[:, :, None]).to(OUT_TY).to(tl.float32)
+        w = tl.reshape((d * scale[:, :, None]).to(OUT_TY), (BLOCK_N, 2 * HALF))
+    return w
+
+
+@triton.jit
+def _dequantize_halves(packed, scale, zp, MAGIC_BITS: tl.constexpr, MAGIC: tl.constexpr, PTX_DQ: tl.constexpr,
+                       ZP: tl.constexpr, OUT_TY: tl.constexpr):
+    """``_dequantize_tile``'s weights as two [BLOCK_N, HALF] tiles: the low nibbles' (even K positions) and the
+    high nibbles' (odd), exponent-trick or PTX dequantization."""
+    BLOCK_N: tl.constexpr = packed.shape[0]
+    HALF: tl.constexpr = packed.shape[1]
+    G: tl.constexpr = scale.shape[1]
+    BS2: tl.constexpr = HALF // G
+    if PTX_DQ:
+        s = tl.reshape(tl.broadcast_to(scale.to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)), (BLOCK_N, HALF))
+        c_lo = tl.reshape(tl.broadcast_to((-(zp + 1024.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
+                          (BLOCK_N, HALF))
+        c_hi = tl.reshape(tl.broadcast_to((-(zp + 64.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
+                          (BLOCK_N, HALF))
+        lo, hi = tl.inline_asm_elementwise(_NIBBLE_DQ_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r", [packed, c_lo, c_hi, s],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        p16 = tl.reshape(packed.to(tl.int16), (BLOCK_N, G, BS2))
+        sc = scale.to(OUT_TY)[:, :, None]
+        if ZP == 2:
+            z = zp.to(OUT_TY)[:, :, None]
+            lo = ((p16 & 0xF | MAGIC_BITS).to(OUT_TY, bitcast=True) - MAGIC) - z
+            hi = ((p16 >> 4 | MAGIC_BITS).to(OUT_TY, bitcast=True) - MAGIC) - z
+        else:
+            z = (zp + MAGIC).to(OUT_TY)[:, :, None]
+            lo = (p16 & 0xF | MAGIC_BITS).to(OUT_TY, bitcast=True) - z
+            hi = (p16 >> 4 | MAGIC_BITS).to(OUT_TY, bitcast=True) - z
+        lo = tl.reshape(lo * sc, (BLOCK_N, HALF))
+        hi = tl.reshape(hi * sc, (BLOCK_N, HALF))
+    return lo, hi
+
+
+@triton.jit
+def _dot_acc(a, w, acc, F32_DOT: tl.constexpr):
+    """acc + a [BLOCK_M, K'] @ w [BLOCK_N, K']^T, in w's dtype on the matrix units; F32_DOT: the same products (exact
+    in float32) in IEEE float32, for Triton's interpreter, whose bf16 dot is wrong."""
+    if F32_DOT:
+        acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a.to(w.dtype), tl.trans(w), acc)
+    return acc
+
+
+@triton.jit
+def _dot_activations(a_ptrs, k, k_hi, rows, M, kk, EVEN_K: tl.constexpr):
+    """Rows ``rows`` of a's K step at ``k`` [BLOCK_M, BLOCK_K] (``a_ptrs`` at its K offset 0; zeros past M and
+    ``k_hi``): with EVEN_K the step is whole or past ``k_hi`` altogether, so each row loads in vectors."""
+    if EVEN_K:
+        av = tl.load(a_ptrs + k, mask=(rows[:, None] < M) & (k < k_hi), other=0.0)
+    else:
+        av = tl.load(a_ptrs + k, mask=(rows[:, None] < M) & ((k + kk) < k_hi)[None, :], other=0.0)
+    return av
 
 
 @triton.jit
@@ -378,18 +502,21 @@ def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, 
                              BS: tl.constexpr, ZP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              CONST_W: tl.constexpr = False, F32_DOT: tl.constexpr = False,
-                             FAST_DQ: tl.constexpr = False, MAGIC_BITS: tl.constexpr = 0x6400,
-                             MAGIC: tl.constexpr = 1024.0, W_AS_A: tl.constexpr = False, PDL: tl.constexpr = False):
+                             FAST_DQ: tl.constexpr = False, PTX_DQ: tl.constexpr = False,
+                             A_AHEAD: tl.constexpr = False, EVEN_K: tl.constexpr = False, HALVES: tl.constexpr = False,
+                             MAGIC_BITS: tl.constexpr = 0x6400,
+                             MAGIC: tl.constexpr = 1024.0, PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M) of y over K range pid1, on the
     matrix units: each K step's weight tile is dequantized in registers as ``dequantize`` rounds it ((q -
-    zero point) in y's dtype, times the scale, in y's dtype), then one ``tl.dot`` of the rows' activations with
-    it accumulates in float32 (so the product is the dequantize-then-matmul one, up to the order of the float32
-    sums). y's dtype is a's (the scales are rounded to a's dtype: ``_dot_weight_step`` is handed ``a_ptr``).
+    zero point) in y's dtype, times the scale, in y's dtype; ``_dequantize_tile``), then one ``tl.dot`` of the rows'
+    activations with it accumulates in float32 (so the product is the dequantize-then-matmul one, up to the order of
+    the float32 sums). y's dtype is a's (the scales are rounded to a's dtype: ``_dot_weight_step`` is handed
+    ``a_ptr``).
 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias; else add the
     bias (rounded to y's dtype) and store in y's dtype. CONST_W with PDL: the first K step's weights are requested
-    before waiting for the previous kernel."""
-    G: tl.constexpr = BLOCK_K // BS
+    before waiting for the previous kernel. A_AHEAD: each step's activations are requested a step ahead, as its
+    weights are. EVEN_K: K is a multiple of BLOCK_K (``_dot_weight_step``), so no step is partial."""
     HALF: tl.constexpr = BLOCK_K // 2
     out_ty = a_ptr.dtype.element_ty  # (y's too, unless y is the PARTIAL workspace)
     pid_n = tl.program_id(0)
@@ -399,63 +526,46 @@ def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, 
     # columns past N re-read the last row (never stored): no load mask along N
     n2 = tl.minimum(offs_n, N - 1).to(tl.int64)[:, None]
     byte = tl.arange(0, HALF)[None, :]
-    g2 = tl.arange(0, G)[None, :]
+    g2 = tl.arange(0, BLOCK_K // BS)[None, :]
     rows = m0 + tl.arange(0, BLOCK_M)
     kk = tl.arange(0, BLOCK_K)
     k_lo = pid_k * K_PER_SPLIT
     k_hi = tl.minimum(K, k_lo + K_PER_SPLIT)
-    if W_AS_A:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    a_ptrs = a_ptr + rows[:, None] * s_am + tl.max_contiguous(kk, BLOCK_K)[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if not CONST_W:
         pdl_wait(PDL)
-    packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k_lo, ROW_BYTES, N_BLOCKS, s_zn,
-                                         BS, ZP)
+    packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k_lo, k_hi, ROW_BYTES, N_BLOCKS,
+                                         s_zn, BS, ZP, EVEN_K)
     if CONST_W:
         pdl_wait(PDL)
+    if A_AHEAD:
+        a = _dot_activations(a_ptrs, k_lo, k_hi, rows, M, kk, EVEN_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         packed_k, scale_k, zp_k = packed, scale, zp
-        packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k0 + BLOCK_K, ROW_BYTES,
-                                             N_BLOCKS, s_zn, BS, ZP)
+        packed, scale, zp = _dot_weight_step(w_ptr, s_ptr, z_ptr, a_ptr, n2, byte, g2, k0 + BLOCK_K, k_hi,
+                                             ROW_BYTES, N_BLOCKS, s_zn, BS, ZP, EVEN_K)
         k = k0 + kk
-        a = tl.load(a_ptr + rows[:, None] * s_am + k[None, :], mask=(rows[:, None] < M) & (k[None, :] < k_hi),
-                    other=0.0)
-        if FAST_DQ:
-            # in a's dtype throughout: a nibble or-ed under the exponent of MAGIC (1024 in fp16, 128 in bf16) is
-            # MAGIC + q exactly, so q - zero point is one exact subtraction (two with float zero points, the
-            # second rounded as the float32 difference would be), and the product with the scale rounds once
-            p16 = packed_k.to(tl.int16)
-            q = tl.reshape(tl.join(p16 & 0xF, p16 >> 4), (BLOCK_N, G, BS))  # low nibble first
-            qm = (q | MAGIC_BITS).to(out_ty, bitcast=True)
-            if ZP == 2:
-                d = (qm - MAGIC) - zp_k.to(out_ty)[:, :, None]
-            else:
-                d = qm - (zp_k + MAGIC).to(out_ty)[:, :, None]
-            w = tl.reshape(d * scale_k.to(out_ty)[:, :, None], (BLOCK_N, BLOCK_K))
+        if A_AHEAD:
+            a_k = a
+            a = _dot_activations(a_ptrs, k0 + BLOCK_K, k_hi, rows, M, kk, EVEN_K)
         else:
-            p32 = packed_k.to(tl.int32)
-            q = tl.reshape(tl.join(p32 & 0xF, p32 >> 4), (BLOCK_N, G, BS)).to(tl.float32)  # low nibble first
-            d = (q - zp_k[:, :, None]).to(out_ty).to(tl.float32)
-            w = tl.reshape((d * scale_k[:, :, None]).to(out_ty), (BLOCK_N, BLOCK_K))
-        # K positions past this split (or K) are zeros in w too, not only in a: 0 * inf would be NaN
-        w = tl.where((k < k_hi)[None, :], w, 0.0).to(out_ty)
-        if F32_DOT:  # the same products (exact in float32), for Triton's interpreter, whose bf16 dot is wrong
-            if W_AS_A:
-                acc = tl.dot(w.to(tl.float32), tl.trans(a.to(tl.float32)), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-        elif W_AS_A:
-            acc = tl.dot(w, tl.trans(a.to(out_ty)), acc)
+            a_k = _dot_activations(a_ptrs, k0, k_hi, rows, M, kk, EVEN_K)
+        if HALVES:  # two dots: the even K positions' activations with the low nibbles' weights, the odd with the high
+            lo, hi = _dequantize_halves(packed_k, scale_k, zp_k, MAGIC_BITS, MAGIC, PTX_DQ, ZP, out_ty)
+            a_even, a_odd = tl.split(tl.reshape(a_k, (BLOCK_M, HALF, 2)))
+            if not EVEN_K:
+                k_even = k0 + 2 * tl.arange(0, HALF)
+                lo = tl.where((k_even < k_hi)[None, :], lo, 0.0).to(out_ty)
+                hi = tl.where((k_even + 1 < k_hi)[None, :], hi, 0.0).to(out_ty)
+            acc = _dot_acc(a_even, lo, acc, F32_DOT)
+            acc = _dot_acc(a_odd, hi, acc, F32_DOT)
         else:
-            acc = tl.dot(a.to(out_ty), tl.trans(w), acc)
-    if W_AS_A:
-        acc = tl.trans(acc)
-    if PARTIAL:
-        y_rows = y_ptr + pid_k.to(tl.int64) * s_ys + rows[:, None] * s_ym
-        tl.store(y_rows + offs_n[None, :], acc, mask=(rows[:, None] < M) & (offs_n[None, :] < N))
-    else:
-        _store_rows(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS)
+            w = _dequantize_tile(packed_k, scale_k, zp_k, MAGIC_BITS, MAGIC, FAST_DQ, PTX_DQ, ZP, out_ty)
+            if not EVEN_K:  # K positions past K are zeros in w too, not only in a: 0 * inf would be NaN
+                w = tl.where((k < k_hi)[None, :], w, 0.0).to(out_ty)
+            acc = _dot_acc(a_k, w, acc, F32_DOT)
+    store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
 
 
 @triton.jit
@@ -567,10 +677,10 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
 
 
 #: fewest rows of fp16 / bf16 A that take the matrix-unit kernel (``_matmul_nbits_dot_kernel``) rather than the
-#: per-row GEMVs, whose arithmetic grows with the rows; DOT_WIDE_MIN_M for a vocabulary-wide product (N of 512 or
-#: more per SM), where the GEMVs stay faster longer (results/int4_batch.md)
+#: per-row GEMVs, whose arithmetic grows with the rows. At 4 rows (results/int4_batch_variants2.md, H200) the kernel
+#: was ahead at every decode product but Llama-3.2-1B's lm_head, where it took 115.9 us against the fp16-pair GEMV's
+#: 111.7 (Qwen2.5-0.5B's: 56.8 against 72.5); at 2 rows the GEMVs lead (Qwen2.5-0.5B's lm_head 44.6 us).
 DOT_MIN_M = 4
-DOT_WIDE_MIN_M = 8
 #: most rows the op sends to the matrix-unit kernel: past them the dequantize-then-matmul path (which writes the
 #: dense weight once, then runs cuBLAS) costs about as much at Qwen2.5-0.5B's gate+up product, and less beyond
 DOT_MAX_M = 64
@@ -581,9 +691,9 @@ _DOT_MAX_SPLIT = 64
 
 def dot_eligible(a: torch.Tensor, M: int, N: int) -> bool:
     """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows and N outputs takes the matrix-unit kernel:
-    fp16 or bf16 activations, at least DOT_MIN_M rows (DOT_WIDE_MIN_M for N of 512 or more per SM). fp32 activations
-    keep the GEMVs: ``tl.dot`` would round them to tf32."""
-    return a.dtype in _DOT_DTYPES and M >= (DOT_WIDE_MIN_M if N >= 512 * rule_processors(a) else DOT_MIN_M)
+    fp16 or bf16 activations, at least DOT_MIN_M rows (any N). fp32 activations keep the GEMVs: ``tl.dot`` would
+    round them to tf32."""
+    return a.dtype in _DOT_DTYPES and M >= DOT_MIN_M
 
 
 def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int, int]:
@@ -744,11 +854,22 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     return y
 
 
-#: the matrix-unit kernel's variants, for benchmarks/int4_batch.py's A/B (results/int4_batch_variants.md, 8 rows, H200):
-#: ``fast_dq`` (the exponent-trick dequantization) took the best swept tiles from 10.2 to 9.0 us at Qwen2.5-0.5B's
-#: gate+up and 193 to 161 us at Llama-3.2-1B's lm_head; the weight tile as the dot's first operand (``w_as_a``) and
-#: three pipeline stages changed the best times by -0.8 to +1 us either way, so neither is on
-DOT_OPTIONS = {"fast_dq": True, "w_as_a": False, "stages": 2}
+#: the matrix-unit kernel's variants, for benchmarks/int4_batch.py's A/B (in-graph, rule's tiles, H200):
+#:
+#: * ``fast_dq``: the exponent-trick dequantization (else float32 arithmetic); it took the best swept tiles from
+#:   10.2 to 9.0 us at Qwen2.5-0.5B's gate+up and 193 to 161 us at Llama-3.2-1B's lm_head, 8 rows
+#:   (results/int4_batch_variants.md, where the weight tile as the dot's first operand and three pipeline stages
+#:   moved the best times by -0.8 to +1 us either way: neither is kept);
+#: * ``ptx_dq``: fp16 with zero points 8 or packed: the dequantization in PTX fp16 pairs (``_NIBBLE_DQ_PTX``);
+#: * ``halves``: up to this BLOCK_M, two dots per K step (``_dequantize_halves``: the low nibbles' weights with the
+#:   even K positions' activations, the high with the odd), so the weights are never interleaved in registers;
+#: * ``a_ahead``: up to this BLOCK_M, each step's activations are requested a step ahead.
+#:
+#: All four on took 8 rows from 81.6 to 57.2 us at Qwen2.5-0.5B's lm_head and from 161.3 to 115.9 us at
+#: Llama-3.2-1B's, its down projection from 16.0 to 12.0 us (results/int4_batch_variants2.md). With 64-row tiles
+#: the halves and the early activations were slower (Llama-3.2-1B's lm_head 152.4 us with ``ptx_dq`` alone, 158.7
+#: with halves, 191.3 with both): registers, not instructions, bound those tiles.
+DOT_OPTIONS = {"fast_dq": True, "ptx_dq": True, "halves": 16, "a_ahead": 16, "stages": 2}
 
 
 def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor, bias1: torch.Tensor,
@@ -779,16 +900,19 @@ def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch
             out.stride(-2), M * N)
     meta = {"BS": block_size, "ZP": zp_mode, "HAS_BIAS": has_bias, "PARTIAL": split > 1, "BLOCK_M": block_m,
             "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w, "FAST_DQ": DOT_OPTIONS["fast_dq"],
-            "W_AS_A": DOT_OPTIONS["w_as_a"]}
+            "A_AHEAD": block_m <= DOT_OPTIONS["a_ahead"], "EVEN_K": K % block_k == 0,
+            "HALVES": block_m <= DOT_OPTIONS["halves"] and (DOT_OPTIONS["fast_dq"] or DOT_OPTIONS["ptx_dq"])}
     if a2.dtype == torch.bfloat16:
         meta.update(MAGIC_BITS=0x4300, MAGIC=128.0)
     with torch.cuda.device(a2.device) if a2.device.type == "cuda" else contextlib.nullcontext():
         if interpret:  # Triton 3.6's interpreter computes bf16 dots wrongly (F32_DOT) and lacks bf16 constants
             bf16 = a2.dtype == torch.bfloat16
-            _matmul_nbits_dot_kernel[grid](*args, **{**meta, "FAST_DQ": meta["FAST_DQ"] and not bf16}, F32_DOT=bf16)
+            _matmul_nbits_dot_kernel[grid](*args, **{**meta, "FAST_DQ": meta["FAST_DQ"] and not bf16,
+                                                   "HALVES": meta["HALVES"] and not bf16}, F32_DOT=bf16)
         else:
-            _matmul_nbits_dot_kernel[grid](*args, **meta, num_warps=num_warps, num_stages=DOT_OPTIONS["stages"],
-                                           **pdl(a2))
+            ptx = DOT_OPTIONS["ptx_dq"] and zp_mode != _ZP_FLOAT and fp16_pairs(a2)
+            _matmul_nbits_dot_kernel[grid](*args, **meta, PTX_DQ=ptx, num_warps=num_warps,
+                                           num_stages=DOT_OPTIONS["stages"], **pdl(a2))
         if split > 1:
             block_s, block, warps = _reduce_tiles(split)
             reduce_meta = {} if interpret else {"num_warps": warps, **pdl(a2)}
