@@ -412,27 +412,9 @@ def _dequantize_tile(packed, scale, zp, MAGIC_BITS: tl.constexpr, MAGIC: tl.cons
     HALF: tl.constexpr = packed.shape[1]
     G: tl.constexpr = scale.shape[1]
     BS2: tl.constexpr = HALF // G  # bytes per quantization block
-    if PTX_DQ:  # fp16, zero points 8 or packed nibbles (_NIBBLE_DQ_PTX)
-        s = tl.reshape(tl.broadcast_to(scale.to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)), (BLOCK_N, HALF))
-        c_lo = tl.reshape(tl.broadcast_to((-(zp + 1024.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
-                          (BLOCK_N, HALF))
-        c_hi = tl.reshape(tl.broadcast_to((-(zp + 64.0)).to(tl.float16)[:, :, None], (BLOCK_N, G, BS2)),
-                          (BLOCK_N, HALF))
-        lo, hi = tl.inline_asm_elementwise(_NIBBLE_DQ_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r", [packed, c_lo, c_hi, s],
-                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    if PTX_DQ or FAST_DQ:  # the two nibbles' weights of each byte side by side, low first
+        lo, hi = _dequantize_halves(packed, scale, zp, MAGIC_BITS, MAGIC, PTX_DQ, ZP, OUT_TY)
         w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 2 * HALF))
-    elif FAST_DQ:
-        # in OUT_TY throughout: a nibble or-ed under the exponent of MAGIC (1024 in fp16, 128 in bf16) is MAGIC + q
-        # exactly, so q - zero point is one exact subtraction (two with float zero points, the second rounded as
-        # the float32 difference would be), and the product with the scale rounds once
-        p16 = packed.to(tl.int16)
-        q = tl.reshape(tl.join(p16 & 0xF, p16 >> 4), (BLOCK_N, G, 2 * BS2))  # low nibble first
-        qm = (q | MAGIC_BITS).to(OUT_TY, bitcast=True)
-        if ZP == 2:
-            d = (qm - MAGIC) - zp.to(OUT_TY)[:, :, None]
-        else:
-            d = qm - (zp + MAGIC).to(OUT_TY)[:, :, None]
-        w = tl.reshape(d * scale.to(OUT_TY)[:, :, None], (BLOCK_N, 2 * HALF))
     else:
         p32 = packed.to(tl.int32)
         q = tl.reshape(tl.join(p32 & 0xF, p32 >> 4), (BLOCK_N, G, 2 * BS2)).to(tl.float32)  # low nibble first
@@ -459,6 +441,9 @@ def _dequantize_halves(packed, scale, zp, MAGIC_BITS: tl.constexpr, MAGIC: tl.co
         lo, hi = tl.inline_asm_elementwise(_NIBBLE_DQ_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r", [packed, c_lo, c_hi, s],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
+        # in OUT_TY throughout: a nibble or-ed under the exponent of MAGIC (1024 in fp16, 128 in bf16) is MAGIC + q
+        # exactly, so q - zero point is one exact subtraction (two with float zero points, the second rounded as
+        # the float32 difference would be), and the product with the scale rounds once
         p16 = tl.reshape(packed.to(tl.int16), (BLOCK_N, G, BS2))
         sc = scale.to(OUT_TY)[:, :, None]
         if ZP == 2:
