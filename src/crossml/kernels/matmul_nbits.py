@@ -664,7 +664,8 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
 #: fewest rows of fp16 / bf16 A that take the matrix-unit kernel (``_matmul_nbits_dot_kernel``) rather than the
 #: per-row GEMVs, whose arithmetic grows with the rows. At 4 rows (results/int4_batch_variants2.md, H200) the kernel
 #: was ahead at every decode product but Llama-3.2-1B's lm_head, where it took 115.9 us against the fp16-pair GEMV's
-#: 111.7 (Qwen2.5-0.5B's: 56.8 against 72.5); at 2 rows the GEMVs lead (Qwen2.5-0.5B's lm_head 44.6 us).
+#: 111.7 (Qwen2.5-0.5B's: 56.8 against 72.5); on an H100 (results/int4_batch_h100.md) it led there too, 114.9 against
+#: 119.7. At 2 rows the GEMVs lead (Llama-3.2-1B's lm_head 72.3 against 115.0 us on the H100).
 DOT_MIN_M = 4
 #: most rows the op sends to the matrix-unit kernel: past them the dequantize-then-matmul path (which writes the
 #: dense weight once, then runs cuBLAS) costs about as much at Qwen2.5-0.5B's gate+up product, and less beyond
