@@ -1,4 +1,5 @@
-"""What the Triton kernels share: the two ways to run a kernel, the TF32 decision, dtype checks.
+"""What the Triton kernels share: the two ways to run a kernel, the TF32 decision, dtype checks, PDL launches and
+the store of a product's tile (``store_tile``).
 
 A kernel is compiled for GPU tensors (``triton.jit``, autotuned). With ``TRITON_INTERPRET=1`` set
 before triton is first imported, Triton's interpreter runs every kernel instead (numpy on the
