@@ -501,7 +501,12 @@ def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias; else add the
     bias (rounded to y's dtype) and store in y's dtype. CONST_W with PDL: the first K step's weights are requested
     before waiting for the previous kernel. A_AHEAD: each step's activations are requested a step ahead, as its
-    weights are. EVEN_K: K is a multiple of BLOCK_K (``_dot_weight_step``), so no step is partial."""
+    weights are. EVEN_K: K is a multiple of BLOCK_K (``_dot_weight_step``), so no step is partial.
+
+    The dequantized tiles reach the matrix units through shared memory (fp16 [BLOCK_N, HALF] stores, then ldmatrix
+    loads; Triton 3.6 does not move the dequantization past the layout conversion into the dot operand's registers,
+    with the weight tile as the dot's first operand or second, PTX or not: read from the compiled TTGIR). That round
+    trip, with the dequantization, bounds the kernel: Llama-3.2-1B's lm_head reads its 131 MB at about 1.1 TB/s."""
     HALF: tl.constexpr = BLOCK_K // 2
     out_ty = a_ptr.dtype.element_ty  # (y's too, unless y is the PARTIAL workspace)
     pid_n = tl.program_id(0)
