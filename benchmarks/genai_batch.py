@@ -36,14 +36,10 @@ RUNTIMES = ("crossml", "ortgenai-graph", "ortgenai")
 def _batch_loop(og: Any, model: Any, prompts: Any, new: int, repeats: int) -> dict[str, Any]:
     """Prefill and decode timings of one batch (``prompts`` an int32 [B, P] array) through the onnxruntime_genai
     API of module ``og``."""
-    import torch
+    from genai_bench import _sync, timed_runs
 
     rows, width = prompts.shape
     total = width + new
-
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
 
     def generator() -> Any:
         params = og.GeneratorParams(model)
@@ -57,25 +53,8 @@ def _batch_loop(og: Any, model: Any, prompts: Any, new: int, repeats: int) -> di
             gen.generate_next_token()
             gen.get_next_tokens()
         del gen
-    sync()
-    prefill, decode = [], []
-    for _ in range(repeats):
-        gen = None  # released first, so the next generator can reuse its buffers
-        gen = generator()
-        sync()
-        t0 = time.perf_counter()
-        gen.append_tokens(prompts)
-        sync()
-        prefill.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for _ in range(new):
-            gen.generate_next_token()
-            gen.get_next_tokens()
-        sync()
-        decode.append(time.perf_counter() - t0)
-        got = [len(gen.get_sequence(r)) for r in range(rows)]
-        if got != [total] * rows:
-            raise RuntimeError(f"sequence lengths {got}, expected {total} in every row")
+    _sync()
+    prefill, decode = timed_runs(generator, prompts, new, repeats, rows=rows, total=total)
     dt = statistics.median(decode)
     return {"prefill_tok_s": rows * width / statistics.median(prefill), "decode_tok_s": rows * new / dt,
             "decode_ms_per_step": dt / new * 1e3, "decode_runs_ms_per_step": [round(d / new * 1e3, 4) for d in decode]}

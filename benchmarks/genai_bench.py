@@ -176,7 +176,34 @@ def copy_bandwidth() -> float:
 def _sync() -> None:
     import torch
 
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed_runs(generator: Callable[[], Any], tokens: Any, new: int, repeats: int, *, rows: int = 1,
+               total: int) -> tuple[list[float], list[float]]:
+    """Seconds of each of ``repeats`` generations, each from a fresh ``generator()``: appending ``tokens`` (the
+    prompt), then ``new`` tokens, the host getting each one as a streaming caller does. Each run's ``rows``
+    sequences must end ``total`` tokens long. Returns (prompt seconds, decode seconds) per run."""
+    prefill, decode, gen = [], [], None
+    for _ in range(repeats):
+        gen = None  # released first: each generator reuses the warm-up's decode buffers (and recorded graph)
+        gen = generator()
+        _sync()
+        t0 = time.perf_counter()
+        gen.append_tokens(tokens)
+        _sync()
+        prefill.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for _ in range(new):
+            gen.generate_next_token()
+            gen.get_next_tokens()
+        _sync()
+        decode.append(time.perf_counter() - t0)
+        got = [len(gen.get_sequence(r)) for r in range(rows)]
+        if got != [total] * rows:
+            raise RuntimeError(f"sequence lengths {got}, expected {total} in every row")
+    return prefill, decode
 
 
 @contextlib.contextmanager
@@ -219,22 +246,7 @@ def _genai_loop(og: Any, model: Any, prompt: list[int], new: int, repeats: int) 
     warm.append_tokens(ids)
     del warm
     _sync()
-    prefill, decode, gen = [], [], None
-    for _ in range(repeats):  # each repeat: a prompt, then `new` tokens; medians of both
-        gen = None  # released first: each generator reuses the warm-up's decode buffers (and recorded graph)
-        gen = generator()
-        _sync()
-        t0 = time.perf_counter()
-        gen.append_tokens(ids)
-        _sync()
-        prefill.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for _ in range(new):
-            gen.generate_next_token()
-            gen.get_next_tokens()  # the host gets each token, as a streaming caller does
-        _sync()
-        decode.append(time.perf_counter() - t0)
-        assert len(gen.get_sequence(0)) == total
+    prefill, decode = timed_runs(generator, ids, new, repeats, total=total)  # medians of both
     dt = statistics.median(decode)
     return {"prefill_tok_s": len(prompt) / statistics.median(prefill), "prefill_first_ms": first * 1e3,
             "first_tokens_ms": first_tokens * 1e3,
