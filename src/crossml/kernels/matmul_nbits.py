@@ -495,7 +495,8 @@ def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, 
     matrix units: each K step's weight tile is dequantized in registers as ``dequantize`` rounds it ((q -
     zero point) in y's dtype, times the scale, in y's dtype; ``_dequantize_tile``), then one ``tl.dot`` of the rows'
     activations with it accumulates in float32 (so the product is the dequantize-then-matmul one, up to the order of
-    the float32 sums). y's dtype is a's (the scales are rounded to a's dtype: ``_dot_weight_step`` is handed
+    the float32 sums); with HALVES two, the low nibbles' weights with the even K positions' activations and the high
+    with the odd (``_dequantize_halves``). y's dtype is a's (the scales are rounded to a's dtype: ``_dot_weight_step`` is handed
     ``a_ptr``).
 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias; else add the
@@ -856,10 +857,11 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
 #:   even K positions' activations, the high with the odd), so the weights are never interleaved in registers;
 #: * ``a_ahead``: up to this BLOCK_M, each step's activations are requested a step ahead.
 #:
-#: All four on took 8 rows from 81.6 to 57.2 us at Qwen2.5-0.5B's lm_head and from 161.3 to 115.9 us at
-#: Llama-3.2-1B's, its down projection from 16.0 to 12.0 us (results/int4_batch_variants2.md). With 64-row tiles
-#: the halves and the early activations were slower (Llama-3.2-1B's lm_head 152.4 us with ``ptx_dq`` alone, 158.7
-#: with halves, 191.3 with both): registers, not instructions, bound those tiles.
+#: As shipped they took 8 rows from 81.5 to 57.1 us at Qwen2.5-0.5B's lm_head and from 160.5 to 116.5 us at
+#: Llama-3.2-1B's, its down projection from 16.0 to 12.1 us (results/int4_batch_variants2.md, the kernel before
+#: them measured in the same call). With 64-row tiles the halves and the early activations were slower
+#: (Llama-3.2-1B's lm_head 153.0 us with ``ptx_dq`` alone, 158.5 with halves, 191.5 with both): registers, not
+#: instructions, bound those tiles.
 DOT_OPTIONS = {"fast_dq": True, "ptx_dq": True, "halves": 16, "a_ahead": 16, "stages": 2}
 
 
