@@ -204,7 +204,8 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
     K, N = 256, 384
     w = rand(K, N, dtype=torch.float16, seed=2) * 0.1
     b = rand(N, dtype=torch.float16, seed=3)
-    for a in (rand(K, dtype=torch.float16, seed=1), rand(2, 2, K, dtype=torch.float16, seed=1)):
+    for a in (rand(K, dtype=torch.float16, seed=1), rand(2, 2, K, dtype=torch.float16, seed=1),
+              rand(2, 8, K, dtype=torch.float16, seed=1)):  # up to GEMV_MAX_M = 16 rows
         calls.clear()
         assert gemv_eligible(a, w) and gemv_eligible(a, w, b)
         y = matmul_op(a, w)
@@ -226,7 +227,7 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
 
     a = rand(1, K, dtype=torch.float16, seed=1)
     not_eligible = [
-        (rand(5, K, dtype=torch.float16), w, b),  # M > 4
+        (rand(matmul_module.GEMV_MAX_M + 1, K, dtype=torch.float16), w, b),  # M > GEMV_MAX_M
         (rand(1, 128, dtype=torch.float16), rand(128, N, dtype=torch.float16), b),  # K < 256
         (a, rand(K, 128, dtype=torch.float16), rand(128, dtype=torch.float16)),  # N < 256
         (a.float(), w.float(), b.float()),  # fp32
@@ -245,6 +246,27 @@ def test_ops_route_eligible_products_to_the_kernel(monkeypatch: pytest.MonkeyPat
     assert gemv_eligible(a, w) and not gemv_eligible(a, w, b.float()) and not gemv_eligible(a, w, b.reshape(1, N))
     assert torch.equal(linear_op(a, w, b.reshape(1, N)), torch.nn.functional.linear(a, w.t(), b.reshape(1, N)))
     assert not calls
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_batched_rows_leave_large_weights_to_the_vendor_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past GEMV_BATCHED_MAX_WEIGHT values of W, one row takes the kernel and two or more rows keep torch (bit for
+    bit torch.matmul / linear); at the limit both take the kernel."""
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cpu",))
+    calls = _spy(monkeypatch, tiles=(4, 256, 128, 2, 4))
+    K, N = 256, 384
+    w = rand(K, N, dtype=torch.float16, seed=2) * 0.1
+    b = rand(N, dtype=torch.float16, seed=3)
+    one, two = rand(1, K, dtype=torch.float16, seed=1), rand(2, K, dtype=torch.float16, seed=1)
+    monkeypatch.setattr(matmul_module, "GEMV_BATCHED_MAX_WEIGHT", K * N)
+    assert gemv_eligible(one, w, b) and gemv_eligible(two, w, b)
+    monkeypatch.setattr(matmul_module, "GEMV_BATCHED_MAX_WEIGHT", K * N - 1)
+    assert gemv_eligible(one, w, b) and not gemv_eligible(two, w) and not gemv_eligible(two, w, b)
+    assert torch.equal(matmul_op(two, w), torch.matmul(two, w))
+    assert torch.equal(linear_op(two, w, b), torch.nn.functional.linear(two, w.t(), b))
+    assert not calls
+    assert_close(matmul_op(one, w), _reference(one, w), torch.float16)
+    assert len(calls) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
@@ -415,15 +437,15 @@ def test_gpu_decode_shapes(dtype: torch.dtype, K: int, N: int, M: int, layout: s
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 4, 5])
+@pytest.mark.parametrize("M", [1, 4, 8, 16, 17])
 def test_gpu_ops_fast_path(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MatMul and Linear on CUDA (kernel for M <= GEMV_MAX_M = 16, torch above) against torch's result."""
     monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
-    """MatMul and Linear on CUDA (kernel for M <= 4, torch above) against torch's result."""
     K, N = 896, 1152
     a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
     w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
     b = rand(N, dtype=torch.float16, device="cuda", seed=3)
-    assert gemv_eligible(a, w, b) == (M <= 4)
+    assert gemv_eligible(a, w, b) == (M <= 16)
     torch.testing.assert_close(matmul_op(a, w), torch.matmul(a, w), rtol=1e-2, atol=2e-2)
     torch.testing.assert_close(linear_op(a, w, b), torch.nn.functional.linear(a, w.t(), b), rtol=1e-2, atol=2e-2)
 
@@ -470,6 +492,7 @@ NORM_CASES = [  # M, K, N, bias, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, S
     (1, 1024, 300, False, (1, 128, 16, 64, 4)),  # 64 splits, too many for one tile: the row walked in 64-column chunks
     (2, 2500, 24, True, (2, 8, 1024, 2, 8)),  # a short down projection's tiles: 2 splits of 2 steps and 1 partial step
     (1, 70, 1, False, (1, 16, 16, 3, 4)),  # one column (one-valued sizes are constants to the GPU compiler)
+    (16, 256, 320, True, (16, 64, 32, 2, 4)),  # 16 rows (a batched decode step) on the matrix-unit kernel
 ]
 
 

@@ -2,7 +2,7 @@
 
 Floating-point products go straight to ``torch.matmul`` / ``torch.addmm`` (cuBLAS, oneDNN...)
 without copies. A Triton GEMV for decode-sized fp16/bf16 products (``crossml.kernels.gemv``, imported
-on first use; see ``gemv_eligible``) takes MatMuls of at most 4 activation rows on the devices listed
+on first use; see ``gemv_eligible``) takes MatMuls of at most 16 activation rows on the devices listed
 in ``GEMV_DEVICES``; with a constant weight (``OpContext.constant``) it reads its first tiles while the
 previous kernel finishes.
 Integer products keep ONNX's wrap-around semantics and dtype: on the CPU torch multiplies integers
@@ -72,9 +72,13 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 #: 1.043-1.047) but slower on an H200 (0.522 / 0.545 -> 0.530 / 0.554, 0.828-0.837 -> 0.836-0.840; no other tiles
 #: did better there), so the cap stays (benchmarks/results/decode_tiles.md).
 #: XPU is not listed: not measured.
+#:
+#: GEMV_MAX_M: from 2 rows the products run on the GEMV's matrix-unit kernel (``crossml.kernels.gemv``,
+#: ``_gemv_dot_kernel``), whose 16-row tiles of ``a`` cost about the same for 2 to 16 rows; past 16 rows cuBLAS.
 GEMV_DEVICES: tuple[str, ...] = ("cuda",)
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
-GEMV_MAX_M = 4
+GEMV_MAX_M = 16
+GEMV_BATCHED_MAX_WEIGHT = 10_000_000
 GEMV_MIN_KN = 256
 GEMV_MAX_WEIGHT = 1 << 26
 
@@ -124,8 +128,9 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     if w.dim() != 2 or a.dim() == 0 or w.device != a.device or not (w.is_contiguous() or w.t().is_contiguous()):
         return False
     K, N = w.shape
-    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT \
-            or not 1 <= math.prod(a.shape[:-1]) <= GEMV_MAX_M:
+    M = math.prod(a.shape[:-1])
+    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT or not 1 <= M <= GEMV_MAX_M \
+            or (M > 1 and K * N > GEMV_BATCHED_MAX_WEIGHT):
         return False
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != N or bias.dtype != a.dtype
                              or bias.device != a.device):
