@@ -1,4 +1,4 @@
-"""Triton GEMV for decode: ``y[M, N] = a[M, K] @ W[K, N] (+ bias)`` with few rows of ``a`` (M <= 4), alone or
+"""Triton GEMV for decode: ``y[M, N] = a[M, K] @ W[K, N] (+ bias)`` with few rows of ``a`` (M <= 16), alone or
 with the RMSNorm that follows it and the SiLU gate before it.
 
 LLM decode runs MatMuls with one activation row against constant weights ``W[K, N]`` (ONNX's layout is
@@ -69,7 +69,10 @@ From 2 rows of fp16 / bf16 activations (a batched decode step, beam search) the 
 instead (``_gemv_dot_kernel``, ``pick_dot_tiles``): one ``tl.dot`` of a 16-row tile of a with a 64- or 128-column
 tile of W per K step, same outputs and partial sums (the skip-norm and the gate included); the per-row GEMV's
 arithmetic and registers grow with the rows. At 4 rows the GenAI benchmark's fp16 decode went from 4,950 to 6,326
-tokens/s (Qwen2.5-0.5B) and from 3,412 to 3,900 (Llama-3.2-1B) on an H200 (results/genai_batch.md).
+tokens/s (Qwen2.5-0.5B) and from 3,412 to 3,900 (Llama-3.2-1B) on an H200 (results/genai_batch.md); with 5 to 16
+rows routed here too (they had gone to cuBLAS), Qwen2.5-0.5B's went from 8,767-8,785 to 11,316-11,347 at 8 rows
+(results/genai_batch_fp16_rows.md; ``crossml.ops.matmul.GEMV_MAX_M`` and ``GEMV_BATCHED_MAX_WEIGHT`` say which
+products come here).
 
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
@@ -645,8 +648,9 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          silu_mul: bool = False) -> torch.Tensor:
     """``a @ w (+ bias)`` for ``a`` [..., K] and a contiguous ``w`` [K, N] -> [..., N] in a's dtype.
 
-    Meant for decode sizes (prod of a's leading dims M <= 4; more rows work, re-reading W once per
-    4 rows). One launch, or two when K is split (see the module docstring). ``tiles``
+    Meant for decode sizes (prod of a's leading dims M of 1 to 16, ``crossml.ops.matmul.GEMV_MAX_M``; from 2 rows
+    the matrix-unit kernel, which re-reads W once per 16 rows, or 64 past 16). One launch, or two when K is split (see
+    the module docstring). ``tiles``
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) overrides ``pick_tiles`` (tests): BLOCK_M one
     of 1, 2, 4, BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64]. ``const_w``: ``w`` is a constant of
     the model that no kernel writes (an initializer), so with programmatic dependent launch its first

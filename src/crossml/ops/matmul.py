@@ -73,8 +73,23 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 #: did better there), so the cap stays (benchmarks/results/decode_tiles.md).
 #: XPU is not listed: not measured.
 #:
-#: GEMV_MAX_M: from 2 rows the products run on the GEMV's matrix-unit kernel (``crossml.kernels.gemv``,
-#: ``_gemv_dot_kernel``), whose 16-row tiles of ``a`` cost about the same for 2 to 16 rows; past 16 rows cuBLAS.
+#: Batched decode (2 to GEMV_MAX_M rows) runs the GEMV's matrix-unit kernel (``crossml.kernels.gemv``,
+#: ``_gemv_dot_kernel``, with the skip-norm and SiLU gate fused), whose 16-row tiles of ``a`` cost about the same
+#: for 2 to 16 rows. Weights of more than GEMV_BATCHED_MAX_WEIGHT values are left to cuBLAS from 2 rows. Past 16
+#: rows, cuBLAS is faster at the wide products. Measurements (benchmarks/results/int4_batch_fp16_rows.md, H200,
+#: CUDA graphs of like products):
+#:
+#: * the kernel led at 8 and 16 rows at the narrow products (Qwen2.5-0.5B's qkv 2.9 / 3.0 against 4.2 / 4.4 us);
+#: * it was level at Qwen2.5-0.5B's gate+up (896 x 9728);
+#: * it trailed at Llama-3.2-1B's gate+up (2048 x 16384: 23.3 against 18.9 us at 8 rows).
+#:
+#: In the GenAI benchmark's fp16 decode steps (benchmarks/results/genai_batch_fp16_rows.md; the limits before and
+#: after alternated, one call per GPU), 5 to 16 rows on the kernel took Qwen2.5-0.5B from 8,767-8,785 to
+#: 11,316-11,347 tokens/s at B = 8 (H200; H100 8,138-8,188 -> 10,299-10,313). Llama-3.2-1B took them only below the
+#: limit, that is its qkv and o products: with every product on the kernel it was slower (7,861 -> 7,452 at B = 8).
+#: Its gate+up and down on cuBLAS from 2 rows took B = 2 / 4 / 8 from 1,980 / 3,903-3,920 / 7,538-7,555 to
+#: 2,122-2,123 / 4,254-4,261 / 7,900-7,903 (H200; H100 +2-5 %). A 20M limit, with the down projection (16.8M) on the
+#: kernel, was slower.
 GEMV_DEVICES: tuple[str, ...] = ("cuda",)
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_M = 16
@@ -120,7 +135,8 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     """Whether ``a @ w (+ bias)`` runs the Triton GEMV: ``a`` on a device of GEMV_DEVICES, fp16 or bf16,
     ``w`` a 2-D [K, N] matrix of the same dtype and device stored contiguous or column-major (its transpose
     contiguous, ``column_major_weight``), at most GEMV_MAX_M rows of ``a``
-    (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT, a bias (if any) of
+    (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT (and at most
+    GEMV_BATCHED_MAX_WEIGHT for 2 rows or more), a bias (if any) of
     N values of the same dtype and device, and triton importable. Anything else (CPU tensors included)
     keeps torch."""
     if a.device.type not in GEMV_DEVICES or a.dtype not in GEMV_DTYPES or w.dtype != a.dtype:
