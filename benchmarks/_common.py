@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -48,6 +49,38 @@ def write(name: str, payload: dict, markdown: str, out: str = RESULTS) -> tuple[
     with open(mp, "w") as f:
         f.write(markdown)
     return jp, mp
+
+
+#: environment variable carrying ``--set`` settings (JSON) from a benchmark to its child processes
+SETTINGS_ENV = "CROSSML_BENCH_SET"
+
+
+def parse_settings(items: list[str]) -> dict[str, Any]:
+    """``--set`` items ``MODULE.ATTRIBUTE=VALUE`` (VALUE a Python literal) -> {"MODULE.ATTRIBUTE": value}: module
+    constants to override for an A/B run, e.g. ``crossml.ops.matmul.GEMV_MAX_M=4`` for the routing before a change."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or "." not in name.strip("."):
+            raise ValueError(f"--set {item!r}: expected MODULE.ATTRIBUTE=VALUE, e.g. crossml.ops.matmul.GEMV_MAX_M=4")
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError) as exc:
+            raise ValueError(f"--set {item!r}: VALUE must be a Python literal (a number, string, bool or None)") from exc
+    return out
+
+
+def apply_settings(settings: dict[str, Any]) -> None:
+    """Set each module attribute of ``parse_settings``' result. A module or attribute that does not exist is an error,
+    so a misspelt name cannot leave the default in place unnoticed."""
+    import importlib
+
+    for name, value in settings.items():
+        module, _, attr = name.rpartition(".")
+        mod = importlib.import_module(module)
+        if not hasattr(mod, attr):
+            raise AttributeError(f"--set {name}: module {module} has no attribute {attr!r}")
+        setattr(mod, attr, value)
 
 
 #: where child processes keep Python's bytecode caches (``child_result``)

@@ -16,6 +16,10 @@ int4 for CUDA), built under --workdir on first use. Each (model, precision, runt
 
     PYTHONPATH=src:$ORT_GENAI_CUDA python benchmarks/genai_batch.py --workdir /root/work --out benchmarks/results
 
+``--set MODULE.ATTRIBUTE=VALUE`` (repeatable) overrides a module constant in each child before its model loads, to
+measure the code before a change beside it (e.g. ``--set crossml.ops.matmul.GEMV_MAX_M=4``); the settings are
+recorded in the results.
+
 Writes OUT/genai_batch.json and OUT/genai_batch.md.
 """
 
@@ -64,8 +68,9 @@ def child(folder: str, runtime: str, batches: list[int], prompt: int, new: int, 
     """One (model folder, runtime) in this process: a result per batch size."""
     import numpy as np
     import torch
-    from _common import genai_config
+    from _common import SETTINGS_ENV, apply_settings, genai_config
 
+    apply_settings(json.loads(os.environ.get(SETTINGS_ENV, "{}")))
     og, config = genai_config(folder, runtime)
     model = og.Model(config)
     g = torch.Generator().manual_seed(0)
@@ -89,6 +94,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Greedy; B prompts of {payload['prompt']} tokens each (no padding), {payload['new']} new tokens per row; "
         f"random weights; medians of {payload['repeats']} runs per batch size; each (model, precision, runtime) in "
         "a fresh process. Tokens/s count every row's tokens.", "",
+        *([f"Settings (--set): {', '.join(f'{k}={v!r}' for k, v in payload['settings'].items())}.", ""]
+          if payload.get("settings") else []),
         "## Decode tokens/s", "",
         "| model | precision | runtime | " + " | ".join(f"B={b}" for b in batches) + " |",
         "| --- | --- | --- | " + " | ".join("---:" for _ in batches) + " |",
@@ -146,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         out = child(folder, runtime, [int(b) for b in batches.split(",")], int(prompt), int(new), int(repeats))
         print("RESULT " + json.dumps(out), flush=True)
         return
-    from _common import child_result, genai_models, genai_parser, machine, write
+    from _common import SETTINGS_ENV, child_result, genai_models, genai_parser, machine, parse_settings, write
 
     ap = genai_parser(__doc__)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
@@ -154,7 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTRIBUTE=VALUE",
+                    help="override a module constant in every child (repeatable), e.g. crossml.ops.matmul.GEMV_MAX_M=4")
     args = ap.parse_args(argv)
+    try:
+        settings = parse_settings(args.set)
+    except ValueError as exc:
+        ap.error(str(exc))
+    os.environ[SETTINGS_ENV] = json.dumps(settings)
     t_start = time.perf_counter()
     import torch
 
@@ -185,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                                if "batches" in row else row["error"][:300]), flush=True)
             rows.append(row)
     payload = {"benchmark": "genai_batch", "machine": machine(), "ortgenai_version": version, "prompt": args.prompt,
-               "new": args.new, "repeats": args.repeats, "batches": batches, "rows": rows,
+               "new": args.new, "repeats": args.repeats, "batches": batches, "settings": settings, "rows": rows,
                "wall_s": time.perf_counter() - t_start}
     md = markdown(payload)
     write("genai_batch", payload, md, args.out)
