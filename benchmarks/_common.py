@@ -131,12 +131,19 @@ def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
     return start.elapsed_time(end) / replays / len(calls) * 1e3
 
 
+def results_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's argument parser (described by the first line of its docstring ``doc``) with --out, the folder
+    its result files go to (default benchmarks/results)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=RESULTS)
+    return ap
+
+
 def genai_parser(doc: str, models: str = "qwen2.5-0.5b,llama-3.2-1b") -> argparse.ArgumentParser:
     """The arguments of the benchmarks that run the GenAI benchmark's models: --out, --workdir (where the builder
     folders are made on first use), --models and --precisions (comma lists)."""
     here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(here, "results"))
+    ap = results_parser(doc)
     ap.add_argument("--workdir", default=os.path.join(here, ".genai_work"))
     ap.add_argument("--models", default=models)
     ap.add_argument("--precisions", default="fp16,int4")

@@ -33,7 +33,6 @@ Writes results/gemv_colmajor.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 import os
@@ -43,7 +42,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import in_graph_us, machine, write  # noqa: E402
+from _common import in_graph_us, machine, results_parser, write  # noqa: E402
 
 from crossml.kernels import gemv as fp16_gemv  # noqa: E402
 from crossml.kernels import matmul_nbits as nbits  # noqa: E402
@@ -278,8 +277,7 @@ def markdown(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = results_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="the rule's tiles and cuBLAS only, no sweeps")
     ap.add_argument("--fused", action="store_true", help="the fp16 products with their fused norm and gate instead")
     ap.add_argument("--int4", action="store_true", help="the 4-bit GEMV's float32 and fp16-pair kernels instead")

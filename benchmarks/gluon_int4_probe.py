@@ -31,7 +31,6 @@ Writes OUT/gluon_int4_probe.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import re
@@ -45,7 +44,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine, write  # noqa: E402
+from _common import in_graph_us, machine, results_parser, write  # noqa: E402
 
 BLOCK_SIZE = 32
 
@@ -241,7 +240,6 @@ def probe(a: torch.Tensor, words: torch.Tensor, s: torch.Tensor, z: torch.Tensor
 
 
 def run(rows: list[int], tiles: tuple[int, int, int]) -> list[dict]:
-    from _common import in_graph_us
     from gemv_tiles import SHAPES, int4_inputs
 
     from crossml.kernels import matmul_nbits as nbits
@@ -268,8 +266,7 @@ def run(rows: list[int], tiles: tuple[int, int, int]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = results_parser(__doc__)
     ap.add_argument("--compile", action="store_true", help="compile for sm_90 (no GPU needed), report the loop's SASS")
     ap.add_argument("--check", action="store_true", help="the probe's index arithmetic against dequantize (CPU)")
     ap.add_argument("--run", action="store_true", help="correctness and timings on a CUDA GPU")

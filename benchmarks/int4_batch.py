@@ -21,7 +21,6 @@ Writes OUT/int4_batch.{json,md}. Needs a CUDA GPU.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import sys
@@ -29,7 +28,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import in_graph_us, machine, write  # noqa: E402
+from _common import in_graph_us, machine, results_parser, write  # noqa: E402
 from gemv_tiles import BLOCK_SIZE, SHAPES, int4_inputs  # noqa: E402
 
 from crossml.kernels import matmul_nbits as nbits  # noqa: E402
@@ -190,8 +189,7 @@ def markdown(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = results_parser(__doc__)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--sweep", default="8", help="row counts at which to sweep the matrix-unit kernel's tiles")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"any of {','.join(VARIANTS)}")

@@ -29,7 +29,6 @@ so all programs are resident (nothing else runs on the GPU during the measuremen
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -40,7 +39,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
-from _common import in_graph_us, machine, write  # noqa: E402
+from _common import in_graph_us, machine, results_parser, write  # noqa: E402
 
 from crossml.kernels._launch import pdl, pdl_wait, processors  # noqa: E402
 from crossml.kernels.gemv import gemv  # noqa: E402
@@ -339,8 +338,7 @@ def markdown(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = results_parser(__doc__)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("persistent_decode.py needs a CUDA GPU")

@@ -29,7 +29,6 @@ Writes OUT/weight_streaming.{json,md}. Needs an NVIDIA GPU of compute capability
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -39,7 +38,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
-from _common import in_graph_us, machine, write  # noqa: E402
+from _common import in_graph_us, machine, results_parser, write  # noqa: E402
 
 from crossml.kernels._launch import cdiv, next_power_of_2, pdl, pdl_wait  # noqa: E402
 from crossml.kernels.gemv import (  # noqa: E402
@@ -298,8 +297,7 @@ def _median_table(rows: list[dict], keys: tuple[str, ...], value: str) -> list[t
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap = results_parser(__doc__)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         sys.exit("weight_streaming.py needs an NVIDIA GPU of compute capability 9.0 or later")
