@@ -62,10 +62,11 @@ mov.b32 {$0, $1}, x;
 
 
 @gluon.jit
-def _probe_kernel(a_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, K, N, s_am, s_ym, ZP_BYTES,
+def _probe_kernel(a_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, K, N, K_PER_SPLIT, s_am, s_ym, s_ys, ZP_BYTES,
                   BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, WARPS: gl.constexpr):
-    """y[M, N] (float32) = a[M <= 16, K] @ dequantize(W)^T for W repacked by ``repack`` (block size 32, fp16 scales
-    [N, K / 32], packed zero points [N, ZP_BYTES]); K a multiple of BLOCK_K, N of BLOCK_N."""
+    """y[split, M, N] (float32) = a[M <= 16, K range of the split] @ dequantize(W)^T for W repacked by ``repack``
+    (block size 32, fp16 scales [N, K / 32], packed zero points [N, ZP_BYTES]); grid (N / BLOCK_N, splits), K a
+    multiple of BLOCK_K and K_PER_SPLIT of BLOCK_K, N of BLOCK_N."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -83,7 +84,8 @@ def _probe_kernel(a_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, K, N, s_am, s_ym, ZP_BYT
     odd = (j % 2 == 1)[:, None]
     row = (n0 + nb)[None, :]
     a_ok = (ma < M)[:, None]
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = gl.program_id(1) * K_PER_SPLIT
+    for k0 in range(k_lo, gl.minimum(K, k_lo + K_PER_SPLIT), BLOCK_K):
         a = gl.load(a_ptr + ma[:, None] * s_am + (k0 + ka)[None, :], mask=a_ok, other=0.0)
         blk = (k0 // 32 + ip // 16)[:, None]
         word = gl.load(w_ptr + row * (K // 8) + blk * 4 + (ip % 4)[:, None])
@@ -97,7 +99,7 @@ def _probe_kernel(a_ptr, w_ptr, s_ptr, z_ptr, y_ptr, M, K, N, s_am, s_ym, ZP_BYT
         acc = mma_v2(a, gl.convert_layout(w, b_l), acc)
     mo = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
     no = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-    gl.store(y_ptr + mo[:, None] * s_ym + (n0 + no)[None, :], acc, mask=(mo < M)[:, None])
+    gl.store(y_ptr + gl.program_id(1) * s_ys + mo[:, None] * s_ym + (n0 + no)[None, :], acc, mask=(mo < M)[:, None])
 
 
 def repack(b: torch.Tensor, N: int, K: int) -> torch.Tensor:
@@ -177,13 +179,13 @@ def compile_report(configs: list[tuple[int, int, int]]) -> list[dict]:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {"a_ptr": "*fp16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "y_ptr": "*fp32", "M": "i32",
-           "K": "i32", "N": "i32", "s_am": "i32", "s_ym": "i32", "ZP_BYTES": "i32",
+           "K": "i32", "N": "i32", "K_PER_SPLIT": "i32", "s_am": "i32", "s_ym": "i32", "s_ys": "i32", "ZP_BYTES": "i32",
            "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "WARPS": "constexpr"}
     rows = []
     for block_n, block_k, warps in configs:
         src = GluonASTSource(fn=_probe_kernel, signature=sig,
                              constexprs={"BLOCK_N": block_n, "BLOCK_K": block_k, "WARPS": warps},
-                             attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9)})
+                             attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11)})
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         n, ops = _loop_sass(out.asm["cubin"])
         per_thread = block_n * block_k // (32 * warps)
@@ -229,17 +231,32 @@ def compile_shipped() -> dict:
 
 
 def probe(a: torch.Tensor, words: torch.Tensor, s: torch.Tensor, z: torch.Tensor, N: int, K: int,
-          tiles: tuple[int, int, int]) -> torch.Tensor:
+          tiles: tuple[int, int, int], per_sm: int) -> torch.Tensor:
+    """``a @ dequantize(W)^T`` in a's dtype: the probe with K split until there are about ``per_sm`` programs per SM
+    (whole BLOCK_K steps, at most 64 splits), then the fp16 GEMV's reduction kernel (a fixed order), as the shipped
+    matrix-unit kernel does."""
+    from crossml.kernels._launch import cdiv, processors
+    from crossml.kernels.gemv import _k_per_split, _reduce_tiles, _split_k_reduce_kernel
+
     block_n, block_k, warps = tiles
-    if a.shape[0] > 16 or K % block_k or N % block_n:
+    M = a.shape[0]
+    if M > 16 or K % block_k or N % block_n:
         raise ValueError(f"probe: at most 16 rows, K a multiple of {block_k}, N of {block_n}")
-    y = torch.empty(a.shape[0], N, device=a.device, dtype=torch.float32)
-    _probe_kernel[(N // block_n,)](a, words, s, z, y, a.shape[0], K, N, a.stride(0), y.stride(0), z.shape[-1],
+    n_prog = N // block_n
+    split = max(1, min(cdiv(per_sm * processors(a), n_prog), K // block_k, 64))
+    k_per_split = _k_per_split(K, split, block_k)
+    split = cdiv(K, k_per_split)
+    ws = torch.empty(split, M, N, device=a.device, dtype=torch.float32)
+    _probe_kernel[(n_prog, split)](a, words, s, z, ws, M, K, N, k_per_split, a.stride(0), N, M * N, z.shape[-1],
                                    BLOCK_N=block_n, BLOCK_K=block_k, WARPS=warps, num_warps=warps)
+    y = torch.empty(M, N, device=a.device, dtype=a.dtype)
+    block_s, block, reduce_warps = _reduce_tiles(split)
+    _split_k_reduce_kernel[(cdiv(M * N, block),)](ws, ws, y, M * N, N, split, HAS_BIAS=False, BLOCK_S=block_s,
+                                                   BLOCK=block, num_warps=reduce_warps)
     return y
 
 
-def run(rows: list[int], tiles: tuple[int, int, int]) -> list[dict]:
+def run(rows: list[int], tiles: tuple[int, int, int], per_sm: int) -> list[dict]:
     from gemv_tiles import SHAPES, int4_inputs
 
     from crossml.kernels import matmul_nbits as nbits
@@ -253,10 +270,11 @@ def run(rows: list[int], tiles: tuple[int, int, int]) -> list[dict]:
             a = torch.randn(m, K, device=dev, dtype=torch.float16)
             b, s, z = ws[0]
             ref = a.float() @ nbits.dequantize(b, s, z, K=K, N=N, block_size=BLOCK_SIZE, dtype=torch.float16).float().t()
-            err = (probe(a, *packed[0], N, K, tiles) - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+            err = (probe(a, *packed[0], N, K, tiles, per_sm).float() - ref).abs().max().item() \
+                / max(ref.abs().max().item(), 1e-6)
             shipped = in_graph_us([lambda w=w, a=a, K=K, N=N: nbits.matmul_nbits(a, *w, K=K, N=N, block_size=BLOCK_SIZE,
                                                                                  const_w=True) for w in ws])
-            mine = in_graph_us([lambda p=p, a=a, K=K, N=N: probe(a, *p, N, K, tiles) for p in packed])
+            mine = in_graph_us([lambda p=p, a=a, K=K, N=N: probe(a, *p, N, K, tiles, per_sm) for p in packed])
             r = {"model": model, "layer": layer, "N": N, "K": K, "M": m, "rel_err": err, "shipped_us": shipped,
                  "probe_us": mine}
             print(f"{model} {layer} M={m}: shipped {shipped:.1f} us, probe {mine:.1f} us, rel err {err:.2e}",
@@ -272,6 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run", action="store_true", help="correctness and timings on a CUDA GPU")
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--tiles", default="64,64,1", help="BLOCK_N,BLOCK_K,WARPS for --run")
+    ap.add_argument("--per-sm", type=int, default=8, help="programs per SM that K is split to reach (--run)")
     args = ap.parse_args(argv)
     payload: dict = {"benchmark": "gluon_int4_probe", "machine": machine()}
     if args.check:
@@ -283,7 +302,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.run:
         if not torch.cuda.is_available():
             sys.exit("--run needs a CUDA GPU")
-        payload["run"] = run([int(r) for r in args.rows.split(",")], tuple(int(t) for t in args.tiles.split(",")))
+        payload["run"] = run([int(r) for r in args.rows.split(",")], tuple(int(t) for t in args.tiles.split(",")),
+                             args.per_sm)
+        payload["tiles"], payload["per_sm"] = args.tiles, args.per_sm
     lines = ["# Probe: 4-bit weights dequantized into the mma operand layout (Gluon)", ""]
     if "check" in payload:
         lines += ["The probe's index arithmetic, run in torch on the CPU (`--check`): its fp16 weights equal "
