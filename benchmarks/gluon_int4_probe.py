@@ -17,6 +17,9 @@ goes to the matrix units without that round trip.
 - one fma leaves q - zero point exactly and one multiply applies the scale: bit for bit ``dequantize``;
 - one ``mma_v2`` then takes 16 rows of activations (rows past M are zeros).
 
+The probe launches without programmatic dependent launch, which the shipped kernels use: they read their first
+weight tiles while the previous kernel finishes, an edge in graphs of back-to-back calls that the probe lacks.
+
 ``--compile`` compiles the probe for sm_90 without a GPU and reports the SASS of its main loop, instructions per
 weight held by a thread. ``--check`` runs the probe's index arithmetic in torch on the CPU and compares the weights
 it builds with ``dequantize`` bit for bit. With a GPU, ``--run`` checks the probe's products against ``dequantize``
@@ -24,7 +27,7 @@ then a float32 matmul. It also times them in CUDA graphs against ``matmul_nbits`
 at the GenAI benchmark's decode shapes (``gemv_tiles.SHAPES``).
 
     python benchmarks/gluon_int4_probe.py --compile --check           # no GPU needed
-    python benchmarks/gluon_int4_probe.py --run --rows 1,2,4,8,16     # a CUDA GPU of compute capability 8.0+
+    python benchmarks/gluon_int4_probe.py --run --rows 1,2,4,8,16 [--sweep]  # a CUDA GPU of compute capability 8.0+
 
 Writes OUT/gluon_int4_probe.{json,md}.
 """
@@ -256,7 +259,11 @@ def probe(a: torch.Tensor, words: torch.Tensor, s: torch.Tensor, z: torch.Tensor
     return y
 
 
-def run(rows: list[int], tiles: tuple[int, int, int], per_sm: int) -> list[dict]:
+#: --sweep's probe settings: (BLOCK_N, BLOCK_K, warps) x programs per SM
+SWEEP = [(tiles, per_sm) for tiles in ((64, 64, 1), (64, 128, 1), (128, 64, 2), (64, 64, 4)) for per_sm in (4, 8, 16)]
+
+
+def run(rows: list[int], tiles: tuple[int, int, int], per_sm: int, sweep: bool = False) -> list[dict]:
     from gemv_tiles import SHAPES, int4_inputs
 
     from crossml.kernels import matmul_nbits as nbits
@@ -277,7 +284,21 @@ def run(rows: list[int], tiles: tuple[int, int, int], per_sm: int) -> list[dict]
             mine = in_graph_us([lambda p=p, a=a, K=K, N=N: probe(a, *p, N, K, tiles, per_sm) for p in packed])
             r = {"model": model, "layer": layer, "N": N, "K": K, "M": m, "rel_err": err, "shipped_us": shipped,
                  "probe_us": mine}
-            print(f"{model} {layer} M={m}: shipped {shipped:.1f} us, probe {mine:.1f} us, rel err {err:.2e}",
+            if sweep:
+                points = []
+                for t, p_sm in SWEEP:
+                    try:
+                        e = (probe(a, *packed[0], N, K, t, p_sm).float() - ref).abs().max().item() \
+                            / max(ref.abs().max().item(), 1e-6)
+                        us = in_graph_us([lambda p=p, a=a, K=K, N=N, t=t, p_sm=p_sm: probe(a, *p, N, K, t, p_sm)
+                                          for p in packed])
+                        points.append({"tiles": list(t), "per_sm": p_sm, "us": us, "rel_err": e})
+                    except Exception as exc:  # noqa: BLE001 - a setting the compiler or the shape rejects
+                        points.append({"tiles": list(t), "per_sm": p_sm, "us": None, "error": str(exc)[:200]})
+                r["sweep"] = sorted(points, key=lambda q: float("inf") if q["us"] is None else q["us"])
+            best = f", best swept {r['sweep'][0]['us']:.1f} us {r['sweep'][0]['tiles']} x{r['sweep'][0]['per_sm']}" \
+                if sweep and r["sweep"][0]["us"] is not None else ""
+            print(f"{model} {layer} M={m}: shipped {shipped:.1f} us, probe {mine:.1f} us, rel err {err:.2e}{best}",
                   flush=True)
             out.append(r)
     return out
@@ -291,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--tiles", default="64,64,1", help="BLOCK_N,BLOCK_K,WARPS for --run")
     ap.add_argument("--per-sm", type=int, default=8, help="programs per SM that K is split to reach (--run)")
+    ap.add_argument("--sweep", action="store_true", help="with --run, also time every setting of SWEEP")
     args = ap.parse_args(argv)
     payload: dict = {"benchmark": "gluon_int4_probe", "machine": machine()}
     if args.check:
@@ -303,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         if not torch.cuda.is_available():
             sys.exit("--run needs a CUDA GPU")
         payload["run"] = run([int(r) for r in args.rows.split(",")], tuple(int(t) for t in args.tiles.split(",")),
-                             args.per_sm)
+                             args.per_sm, args.sweep)
         payload["tiles"], payload["per_sm"] = args.tiles, args.per_sm
     lines = ["# Probe: 4-bit weights dequantized into the mma operand layout (Gluon)", ""]
     if "check" in payload:
@@ -322,8 +344,10 @@ def main(argv: list[str] | None = None) -> None:
                      f"{r['warps']} warps: loop {r['loop_instructions']} SASS instructions for {r['weights_per_thread']} "
                      f"weights a thread ({r['per_weight']:.2f} each), shared memory {r['shared_bytes']} B")
     for r in payload.get("run", []):
+        best = r.get("sweep", [{}])[0]
+        swept = f"; best swept {best['us']:.1f} us at {best['tiles']}, {best['per_sm']} per SM" if best.get("us") else ""
         lines.append(f"- {r['model']} {r['layer']} M={r['M']}: matmul_nbits {r['shipped_us']:.1f} us, probe "
-                     f"{r['probe_us']:.1f} us (relative error {r['rel_err']:.1e})")
+                     f"{r['probe_us']:.1f} us (relative error {r['rel_err']:.1e}){swept}")
     lines += ["", "Produced by benchmarks/gluon_int4_probe.py.", ""]
     write("gluon_int4_probe", payload, "\n".join(lines), args.out)
 
