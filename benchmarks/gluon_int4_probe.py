@@ -17,8 +17,9 @@ goes to the matrix units without that round trip.
 - one fma leaves q - zero point exactly and one multiply applies the scale: bit for bit ``dequantize``;
 - one ``mma_v2`` then takes 16 rows of activations (rows past M are zeros).
 
-The probe launches without programmatic dependent launch, which the shipped kernels use: they read their first
-weight tiles while the previous kernel finishes, an edge in graphs of back-to-back calls that the probe lacks.
+The probe launches with programmatic dependent launch as the shipped kernels do, but waits for the previous kernel
+before its first load; the shipped kernels request their first weight tiles before that wait, an edge in graphs of
+back-to-back calls that the probe lacks (see ``_probe_kernel``).
 
 ``--compile`` compiles the probe for sm_90 without a GPU and reports the SASS of its main loop, instructions per
 weight held by a thread. ``--check`` runs the probe's index arithmetic in torch on the CPU and compares the weights
