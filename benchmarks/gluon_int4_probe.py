@@ -40,6 +40,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+from typing import Any
 
 import torch
 import triton
@@ -184,14 +186,15 @@ def check(n: int = 64, k: int = 256) -> None:
 
 
 def _loop_sass(cubin: bytes) -> tuple[int, collections.Counter]:
+    """(instructions, their opcodes) of the main loop, the longest backward branch's body, of a compiled kernel."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    path = "/tmp/gluon_int4_probe.cubin"
-    with open(path, "wb") as f:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
-    sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,5})\*/\s+(.*?);", sass)]
     loop: list = []
-    for addr, text in ins:  # the longest backward branch's body
+    for addr, text in ins:
         m = re.search(r"BRA.*0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             body = [x for x in ins if int(m.group(1), 16) <= x[0] <= addr]
@@ -200,7 +203,21 @@ def _loop_sass(cubin: bytes) -> tuple[int, collections.Counter]:
     return len(loop), ops
 
 
+def _sass_report(kernel: str, compiled: Any, block_n: int, block_k: int, warps: int) -> dict:
+    """The loop's SASS of a kernel compiled for BLOCK_N x BLOCK_K weight tiles at ``warps`` warps, per weight a
+    thread holds; printed, and returned for the results."""
+    n, ops = _loop_sass(compiled.asm["cubin"])
+    per_thread = block_n * block_k // (32 * warps)
+    shared = compiled.metadata.shared
+    print(f"compile {kernel} {block_n}x{block_k} {warps} warps: loop {n} instructions for {per_thread} weights a "
+          f"thread ({n / per_thread:.2f} each), shared {shared} B; {dict(ops.most_common(8))}", flush=True)
+    return {"kernel": kernel, "block_n": block_n, "block_k": block_k, "warps": warps, "loop_instructions": n,
+            "weights_per_thread": per_thread, "per_weight": n / per_thread, "shared_bytes": shared,
+            "ops": dict(ops.most_common(12))}
+
+
 def compile_report(configs: list[tuple[int, int, int]]) -> list[dict]:
+    """``_sass_report`` of the probe for each (BLOCK_N, BLOCK_K, warps) of ``configs``, compiled for sm_90."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -213,20 +230,12 @@ def compile_report(configs: list[tuple[int, int, int]]) -> list[dict]:
                              constexprs={"BLOCK_N": block_n, "BLOCK_K": block_k, "WARPS": warps},
                              attrs={(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11)})
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-        n, ops = _loop_sass(out.asm["cubin"])
-        per_thread = block_n * block_k // (32 * warps)
-        ttgir = out.asm["ttgir"]
-        rows.append({"block_n": block_n, "block_k": block_k, "warps": warps, "loop_instructions": n,
-                     "weights_per_thread": per_thread, "per_weight": n / per_thread,
-                     "shared_bytes": out.metadata.shared, "local_alloc": "local_alloc" in ttgir,
-                     "ops": dict(ops.most_common(12))})
-        print(f"compile {block_n}x{block_k} {warps} warps: loop {n} instructions for {per_thread} weights a thread "
-              f"({n / per_thread:.2f} each), shared {out.metadata.shared} B; {dict(ops.most_common(8))}", flush=True)
+        rows.append(_sass_report("probe", out, block_n, block_k, warps))
     return rows
 
 
 def compile_shipped() -> dict:
-    """The same report for the shipped matrix-unit kernel at its rule's tiles for 16-row tiles (64 weight rows by
+    """``_sass_report`` of the shipped matrix-unit kernel at its rule's tiles for 16-row tiles (64 weight rows by
     128 values of K, 4 warps; fp16, packed zero points, PTX dequantization, two dots, K a multiple of the step)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -247,13 +256,7 @@ def compile_shipped() -> dict:
                     attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16})
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
                                                                        "num_stages": DOT_OPTIONS["stages"]})
-    n, ops = _loop_sass(out.asm["cubin"])
-    per_thread = 64 * 128 // (32 * 4)
-    print(f"compile shipped matrix-unit kernel 64x128 4 warps: loop {n} instructions for {per_thread} weights a "
-          f"thread ({n / per_thread:.2f} each), shared {out.metadata.shared} B; {dict(ops.most_common(8))}", flush=True)
-    return {"kernel": "_matmul_nbits_dot_kernel", "block_n": 64, "block_k": 128, "warps": 4, "loop_instructions": n,
-            "weights_per_thread": per_thread, "per_weight": n / per_thread, "shared_bytes": out.metadata.shared,
-            "ops": dict(ops.most_common(12))}
+    return _sass_report("_matmul_nbits_dot_kernel", out, 64, 128, 4)
 
 
 def probe(a: torch.Tensor, words: torch.Tensor, s: torch.Tensor, z: torch.Tensor, N: int, K: int,
@@ -342,8 +345,8 @@ def main(argv: list[str] | None = None) -> None:
         check()
         payload["check"] = "the emulated weights equal dequantize_nbits bit for bit"
     if args.compile:
-        payload["compile"] = compile_report([(64, 64, 1), (64, 128, 1), (128, 64, 2), (64, 64, 4)])
-        payload["compile_shipped"] = compile_shipped()
+        payload["compile"] = [*compile_report([(64, 64, 1), (64, 128, 1), (128, 64, 2), (64, 64, 4)]),
+                              compile_shipped()]
     if args.run:
         if not torch.cuda.is_available():
             sys.exit("--run needs a CUDA GPU")
@@ -358,14 +361,10 @@ def main(argv: list[str] | None = None) -> None:
         lines += ["No GPU run in this file: the compile report is of SASS for sm_90, compiled without a GPU, and says "
                   "nothing of speed.", ""]
     for r in payload.get("compile", []):
-        lines.append(f"- sm_90 compile, {r['block_n']} x {r['block_k']} tiles, {r['warps']} warps: loop "
+        what = "the probe" if r["kernel"] == "probe" else f"the shipped matrix-unit kernel (`{r['kernel']}`)"
+        lines.append(f"- sm_90 compile of {what}, {r['block_n']} x {r['block_k']} tiles, {r['warps']} warps: loop "
                      f"{r['loop_instructions']} SASS instructions for {r['weights_per_thread']} weights a thread "
                      f"({r['per_weight']:.2f} each), shared memory {r['shared_bytes']} B")
-    if "compile_shipped" in payload:
-        r = payload["compile_shipped"]
-        lines.append(f"- the shipped matrix-unit kernel (`{r['kernel']}`), {r['block_n']} x {r['block_k']} tiles, "
-                     f"{r['warps']} warps: loop {r['loop_instructions']} SASS instructions for {r['weights_per_thread']} "
-                     f"weights a thread ({r['per_weight']:.2f} each), shared memory {r['shared_bytes']} B")
     for r in payload.get("run", []):
         best = r.get("sweep", [{}])[0]
         swept = f"; best swept {best['us']:.1f} us at {best['tiles']}, {best['per_sm']} per SM" if best.get("us") else ""
