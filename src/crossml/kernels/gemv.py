@@ -651,8 +651,9 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     Meant for decode sizes (prod of a's leading dims M of 1 to 16, ``crossml.ops.matmul.GEMV_MAX_M``; from 2 rows
     the matrix-unit kernel, which re-reads W once per 16 rows, or 64 past 16). One launch, or two when K is split (see
     the module docstring). ``tiles``
-    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) overrides ``pick_tiles`` (tests): BLOCK_M one
-    of 1, 2, 4, BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64]. ``const_w``: ``w`` is a constant of
+    (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) overrides ``pick_tiles`` / ``pick_dot_tiles`` (tests): BLOCK_M
+    one of 1, 2, 4 (the GEMV) or a power of two >= 16 (the matrix-unit kernel, BLOCK_N and BLOCK_K then >= 16),
+    BLOCK_N and BLOCK_K powers of two, SPLIT_K in [1, 64]. ``const_w``: ``w`` is a constant of
     the model that no kernel writes (an initializer), so with programmatic dependent launch its first
     tiles are read while the previous kernel finishes. ``silu_mul``: ``a`` is [..., 2K], [g | up] along its last
     axis, and the product is ``SiluMul(a) @ w`` with the activations rounded to a's dtype (the SiluMul op's
