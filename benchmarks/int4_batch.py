@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -144,6 +145,15 @@ def measure_fp16(N: int, K: int, rows: list[int], sweep_rows: list[int], dev: to
     return out
 
 
+def _table(rows: list[int], entries: list[dict], cell: Callable[[dict], str]) -> list[str]:
+    """A markdown table of ``entries`` (one line per product) by row count, each cell ``cell`` of that row count's
+    measurements."""
+    return ["| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
+            "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |",
+            *(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | "
+              + " | ".join(cell(r["by_rows"][str(M)]) for M in rows) + " |" for r in entries)]
+
+
 def markdown(payload: dict) -> str:
     m = payload["machine"]
     rows = payload["rows_list"]
@@ -151,33 +161,19 @@ def markdown(payload: dict) -> str:
              "", f"GPU: {m['gpu']}; torch {m['torch']}. Block size {BLOCK_SIZE}, packed zero points. Per cell: "
              "per-row GEMV / matrix-unit kernel at its rule's tiles / dequantize + cuBLAS; the best swept tiles "
              "(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps) below.", "",
-             "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
-             "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
-    for r in payload["results"]:
-        cells = []
-        for M in rows:
-            c = r["by_rows"][str(M)]
-            cells.append(f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['dequant_mm_us']:.1f}")
-        lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+             *_table(rows, payload["results"],
+                     lambda c: f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['dequant_mm_us']:.1f}")]
     if payload.get("fp16"):
         lines += ["", "## fp16 weights (column-major, as GPU plans store them)", "",
                   "Per cell: per-row GEMV / matrix-unit kernel at its rule's tiles / cuBLAS.", "",
-                  "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
-                  "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
-        for r in payload["fp16"]:
-            cells = [f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['cublas_us']:.1f}"
-                     for c in (r["by_rows"][str(M)] for M in rows)]
-            lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+                  *_table(rows, payload["fp16"],
+                          lambda c: f"{c['gemv_us']:.1f} / {c['dot_us']:.1f} / {c['cublas_us']:.1f}")]
     compared = [r for r in payload["results"] if "variants_us" in r["by_rows"][str(rows[0])]]
     if compared:
         names = list(compared[0]["by_rows"][str(rows[0])]["variants_us"])
         lines += ["", "## Matrix-unit kernel variants at the rule's tiles (``DOT_OPTIONS``, ``VARIANTS``)", "",
                   "Per cell: " + " / ".join(names) + ".", "",
-                  "| model | layer | N | K | " + " | ".join(f"M={r}" for r in rows) + " |",
-                  "| --- | --- | ---: | ---: | " + " | ".join("---" for _ in rows) + " |"]
-        for r in compared:
-            cells = [" / ".join(f"{r['by_rows'][str(M)]['variants_us'][n]:.1f}" for n in names) for M in rows]
-            lines.append(f"| {r['model']} | {r['layer']} | {r['N']} | {r['K']} | " + " | ".join(cells) + " |")
+                  *_table(rows, compared, lambda c: " / ".join(f"{c['variants_us'][n]:.1f}" for n in names))]
     if any("sweep" in c for r in payload["results"] + payload.get("fp16", []) for c in r["by_rows"].values()):
         lines += ["", "Best swept matrix-unit tiles per variant (``VARIANTS``):", ""]
     for r in payload["results"] + payload.get("fp16", []):
