@@ -308,7 +308,7 @@ def test_session_marks_constant_weights(monkeypatch: pytest.MonkeyPatch) -> None
     assert onnx.checker.check_model(model) is None
 
 
-# --- the matrix-unit kernel (2 to 4 rows: a batched decode step, beam search) ---
+# --- the matrix-unit kernel (2 to 16 rows: a batched decode step, beam search) ---
 
 DOT_CASES = [  # M, K, N, bias, silu_mul, interpreter tiles (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, warps)
     (2, 64, 24, False, False, (16, 32, 16, 1, 4)),  # one N tile wider than N, several K steps
