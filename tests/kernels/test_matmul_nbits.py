@@ -731,3 +731,123 @@ def test_fp16_pairs_off_the_gpu() -> None:
     from crossml.kernels import matmul_nbits as module
 
     assert not module.fp16_pairs(torch.zeros(1, dtype=torch.float16))
+
+
+# --- The Gluon mma kernel (crossml.kernels.nbits_mma): 2 to 16 rows of fp16; Gluon does not run in the interpreter ---
+
+
+def test_mma_kernel_is_never_taken_on_the_cpu() -> None:
+    """On the CPU (the interpreter's device) nothing is mma-eligible, and forcing the kernel names what it needs."""
+    B, scales, zp = _weight(16, 128, 32, "packed", torch.float16, "cpu")
+    a = rand(4, 128, dtype=torch.float16, device="cpu")
+    assert not kernel_module.mma_eligible(a, 4, 128, 16, 32, zp)
+    with pytest.raises(ValueError, match="mma kernel.*fp16 A on an NVIDIA GPU.*K a multiple of 128"):
+        matmul_nbits(a, B, scales, zp, K=128, N=16, block_size=32, mma=True)
+
+
+MMA_CASES = [  # block_size, K, N, M, zero points, bias, tiles (BLOCK_N, WARPS, DEPTH, SPLIT_K) or None (the rule)
+    (32, 128, 64, 2, "packed", False, (64, 2, 1, 1)),
+    (32, 256, 200, 3, None, True, (64, 1, 1, 1)),  # a partial N tile, symmetric weights, bias, one launch
+    (32, 896, 1152, 8, "packed", True, None),  # the rule: K split, bias in the reduction
+    (32, 896, 1152, 9, "packed", False, (128, 4, 2, 3)),  # more than 8 rows, two steps ahead, split
+    (64, 512, 96, 16, "packed", True, (32, 1, 2, 2)),
+    (128, 384, 130, 5, None, False, (64, 2, 1, 3)),
+    (256, 384, 72, 16, "packed", True, (64, 2, 2, 1)),  # padded blocks: B rows longer than K / 2
+    (32, 2048, 16384, 16, "packed", False, None),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "bs{}_K{}_N{}_M{}_{}_{}_{}".format(
+    *c[:5], "bias" if c[5] else "", "rule" if c[6] is None else "x".join(map(str, c[6]))))
+def test_gpu_mma_kernel_matches_dequantize_matmul(case: tuple) -> None:
+    bs, K, N, M, zp_kind, with_bias, tiles = case
+    B, scales, zp = _weight(N, K, bs, zp_kind, torch.float16, "cuda")
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
+    bias = rand(N, dtype=torch.float16, device="cuda", seed=2) if with_bias else None
+    y = matmul_nbits(a, B, scales, zp, bias, K=K, N=N, block_size=bs, tiles=tiles, mma=True, const_w=True)
+    assert y.shape == (M, N) and y.dtype == torch.float16
+    rtol, atol = TOL[torch.float16]
+    assert_close(y, _reference(a, B, scales, zp, bias, K=K, N=N, block_size=bs), torch.float16,
+                 tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("zp_kind", [None, "packed"])
+@pytest.mark.parametrize("bs", [32, 64, 256])
+def test_gpu_mma_kernel_dequantizes_bit_for_bit(zp_kind: str | None, bs: int) -> None:
+    """One-hot activation rows pick single weights: every weight of the product, sixteen K positions a call (K split
+    and not), equals ``dequantize`` bit for bit, so the permuted K order and the PTX dequantization are exact."""
+    K, N = 512, 136
+    B, scales, zp = _weight(N, K, bs, zp_kind, torch.float16, "cuda", seed=3)
+    want = dequantize(B, scales, zp, K=K, N=N, block_size=bs, dtype=torch.float16).T  # [K, N]
+    eye = torch.eye(K, dtype=torch.float16, device="cuda")
+    for tiles in ((64, 2, 1, 1), (128, 4, 2, 4)):
+        got = torch.cat([matmul_nbits(eye[k:k + 16], B, scales, zp, K=K, N=N, block_size=bs, tiles=tiles, mma=True)
+                         for k in range(0, K, 16)])
+        assert torch.equal(got, want), tiles
+
+
+@pytest.mark.gpu
+def test_gpu_mma_kernel_graph_replays_and_const_w() -> None:
+    """const_w changes when the weights are first read, not the result; a captured call's replays give the eager
+    result bit for bit (K split: a fixed-order reduction)."""
+    K, N, M, bs = 896, 1152, 4, 32
+    B, scales, zp = _weight(N, K, bs, "packed", torch.float16, "cuda", seed=4)
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=5)
+    kw = {"K": K, "N": N, "block_size": bs, "mma": True}
+    y0 = matmul_nbits(a, B, scales, zp, **kw)
+    assert torch.equal(matmul_nbits(a, B, scales, zp, const_w=True, **kw), y0)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = matmul_nbits(a, B, scales, zp, const_w=True, **kw)
+    a.copy_(rand(M, K, dtype=torch.float16, device="cuda", seed=6))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, matmul_nbits(a, B, scales, zp, **kw)) and not torch.equal(y, y0)
+
+
+@pytest.mark.gpu
+def test_gpu_mma_kernel_routing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``matmul_nbits`` takes the mma kernel for MMA_MIN_M to MMA_MAX_M rows of fp16 where it applies: not for one
+    row, 17 rows, bf16, float zero points, K off the 128-value step, a fused norm, or with MMA_MAX_M set to 0."""
+    from crossml.kernels import nbits_mma
+
+    calls = record_calls(monkeypatch, nbits_mma, "mma_product")
+    K, N, bs = 256, 64, 32
+
+    def run(M: int, *, dtype: torch.dtype = torch.float16, zp_kind: str | None = "packed", k: int = K,
+            norm: bool = False) -> bool:
+        calls.clear()
+        B, scales, zp = _weight(N, k, bs, zp_kind, dtype, "cuda")
+        a = rand(M, k, dtype=dtype, device="cuda", seed=M)
+        y = matmul_nbits(a, B, scales, zp, K=k, N=N, block_size=bs,
+                         norm=(None, torch.ones(k, dtype=dtype, device="cuda"), 1e-5) if norm else None)
+        if not norm:
+            assert_close(y, _reference(a, B, scales, zp, None, K=k, N=N, block_size=bs), dtype,
+                         tol=tuple(2 * t for t in TOL[dtype]))
+        return bool(calls)
+
+    assert [run(M) for M in (1, 2, 3, 8, 16, 17)] == [False, True, True, True, True, False]
+    assert not run(4, dtype=torch.bfloat16)
+    assert not run(4, zp_kind="float")
+    assert not run(4, k=320)
+    assert not run(4, norm=True)
+    monkeypatch.setattr(kernel_module, "MMA_MAX_M", 0)
+    assert not run(4)
+
+
+@pytest.mark.gpu
+def test_gpu_mma_kernel_errors() -> None:
+    B, scales, zp = _weight(64, 256, 32, "packed", torch.float16, "cuda")
+    a = rand(4, 256, dtype=torch.float16, device="cuda")
+    kw = {"K": 256, "N": 64, "block_size": 32, "mma": True}
+    with pytest.raises(ValueError, match="tiles .*BLOCK_N"):
+        matmul_nbits(a, B, scales, zp, tiles=(48, 2, 1, 1), **kw)
+    with pytest.raises(ValueError, match="DEPTH 1 or 2"):
+        matmul_nbits(a, B, scales, zp, tiles=(64, 2, 3, 1), **kw)
+    with pytest.raises(ValueError, match="M=17"):
+        matmul_nbits(rand(17, 256, dtype=torch.float16, device="cuda"), B, scales, zp, **kw)
+    with pytest.raises(ValueError, match="A torch.bfloat16"):
+        matmul_nbits(a.bfloat16(), B, scales.bfloat16(), zp, **kw)

@@ -73,8 +73,8 @@ from crossml.kernels._launch import (
     use_interpreter,
 )
 
-__all__ = ["DOT_MAX_M", "DOT_MIN_M", "dequantize", "dot_eligible", "fp16_pairs", "gather_rows", "matmul_nbits", "pick_dot_tiles",
-           "pick_pair_tiles", "pick_tiles"]
+__all__ = ["DOT_MAX_M", "DOT_MIN_M", "MMA_MAX_M", "MMA_MIN_M", "dequantize", "dot_eligible", "fp16_pairs", "gather_rows",
+           "matmul_nbits", "mma_eligible", "pick_dot_tiles", "pick_pair_tiles", "pick_tiles"]
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: largest M one program handles (rows beyond it are more programs along grid dimension 1)
@@ -711,6 +711,33 @@ def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> 
     return block_m, block_n, block_k, split, 4
 
 
+#: rows of fp16 activations that take the Gluon mma kernel (``crossml.kernels.nbits_mma``) where it applies
+#: (``mma_eligible``); set MMA_MAX_M to 0 to keep them on the kernels above (benchmarks' ``--set``). At 2 to 16 rows it
+#: led the fp16-pair GEMV and ``_matmul_nbits_dot_kernel`` at the GenAI benchmark's larger decode products (H200,
+#: results/gluon_int4_probe.md; Llama-3.2-1B's lm_head 66.1 -> 65.4 us at 2 rows, 116.9 -> 68.5 at 8).
+MMA_MIN_M, MMA_MAX_M = 2, 16
+
+
+@functools.cache
+def _mma_kernels():
+    """``crossml.kernels.nbits_mma``, or None where this Triton has no Gluon."""
+    try:
+        from crossml.kernels import nbits_mma
+    except ImportError:  # pragma: no cover - Triton builds without triton.experimental.gluon
+        return None
+    return nbits_mma
+
+
+def mma_eligible(a: torch.Tensor, M: int, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
+    """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows takes the Gluon mma kernel: MMA_MIN_M to
+    MMA_MAX_M rows and ``crossml.kernels.nbits_mma.supported`` (fp16 on NVIDIA sm80+, K a multiple of 128, block size
+    32 to 256, zero points packed or absent)."""
+    if not MMA_MIN_M <= M <= MMA_MAX_M or a.dtype != torch.float16 or a.device.type != "cuda":
+        return False
+    kernels = _mma_kernels()
+    return kernels is not None and kernels.supported(a, K, N, block_size, zero_points)
+
+
 def _check_weight(b: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int, N: int,
                   block_size: int, whole_blocks: bool = True) -> tuple[int, int]:
     """Validate the packed weight, scales and zero points; returns (n_blocks, zero-point mode). ``whole_blocks``:
@@ -748,7 +775,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                  tiles: tuple[int, int, int, int] | None = None,
                  norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
                  sum_out: torch.Tensor | None = None, const_w: bool = False,
-                 pairs: bool | None = None, dot: bool | None = None) -> torch.Tensor:
+                 pairs: bool | None = None, dot: bool | None = None, mma: bool | None = None) -> torch.Tensor:
     """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch (two when
     the matrix-unit kernel splits K).
 
@@ -768,6 +795,10 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     kernel (``_matmul_nbits_dot_kernel``: the dequantize-then-matmul product, fused), whose arithmetic does not grow
     with the rows as the GEMVs' does; ``dot`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) (``pick_dot_tiles``).
+
+    Before it, 2 to 16 rows of fp16 activations where ``mma_eligible`` holds take the Gluon mma kernel
+    (``crossml.kernels.nbits_mma``); ``mma`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
+    (BLOCK_N, WARPS, DEPTH, SPLIT_K) (``nbits_mma.pick_tiles``).
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -797,6 +828,19 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
 
     interpret = use_interpreter(a, "MatMulNBits")
     sms = rule_processors(a)
+    if mma is None:
+        mma = norm is None and dot is None and tiles is None and mma_eligible(a, M, K, N, block_size, zero_points)
+    if mma:
+        kernels = _mma_kernels()
+        if norm is not None or kernels is None or M > kernels.MAX_M \
+                or not kernels.supported(a, K, N, block_size, zero_points):
+            raise ValueError(f"MatMulNBits mma kernel: takes no norm, at most 16 rows of fp16 A on an NVIDIA GPU of "
+                             f"compute capability 8.0+ with Gluon, K a multiple of 128, block size 32-256, zero points "
+                             f"packed or absent; got M={M}, K={K}, block_size={block_size}, A {a.dtype} on {a.device}, "
+                             f"zero points {None if zero_points is None else zero_points.dtype}")
+        kernels.mma_product(a2, b2, s2, z2 if zero_points is not None else None, bias1 if bias is not None else None, y2, K=K, N=N, block_size=block_size,
+                            tiles=tiles or kernels.pick_tiles(M, N, K, sms), const_w=const_w)
+        return y
     if norm is None and (dot_eligible(a, M, N) if dot is None else dot):
         if a.dtype not in _DOT_DTYPES:
             raise TypeError(f"MatMulNBits matrix-unit kernel: A must be float16/bfloat16, got {a.dtype}")

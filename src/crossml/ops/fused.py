@@ -210,12 +210,13 @@ def _pair_tiles(x: torch.Tensor, rows: int, N: int, K: int, block_size: int) -> 
     return kernels.pick_pair_tiles(rows, N, K, block_size, kernels.rule_processors(x))
 
 
-def _dot_rows(x: torch.Tensor, rows: int, N: int) -> bool:
-    """Whether a 4-bit product of ``rows`` rows of ``x`` takes the matrix-unit kernel
-    (``crossml.kernels.matmul_nbits.dot_eligible``), which normalizes nothing: the norm then runs on its own kernel
-    first, as its arithmetic per row would otherwise be the fused GEMV's again."""
+def _dot_rows(x: torch.Tensor, rows: int, N: int, K: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
+    """Whether a 4-bit product of ``rows`` rows of ``x`` takes a matrix-unit kernel
+    (``crossml.kernels.matmul_nbits.dot_eligible`` or ``mma_eligible``), which normalize nothing: the norm then runs
+    on its own kernel first, as its arithmetic per row would otherwise be the fused GEMV's again."""
     kernels = load("matmul_nbits")
-    return kernels is not None and kernels.dot_eligible(x, rows, N)
+    return kernels is not None and (kernels.dot_eligible(x, rows, N)
+                                    or kernels.mma_eligible(x, rows, K, N, block_size, zero_points))
 
 
 @op("NormMatMulNBits", since=1, domain=DOMAIN, ctx=True)
@@ -233,7 +234,7 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
             and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
             and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None) \
-            and not _dot_rows(x, rows, N) \
+            and not _dot_rows(x, rows, N, K, block_size, zero_points) \
             and (K <= NORM_FUSE_MAX_K or norm_fuses(K, _pair_tiles(x, rows, N, K, block_size))):
         s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_sum else None
         y = load("matmul_nbits").matmul_nbits(x, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
