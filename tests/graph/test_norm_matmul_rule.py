@@ -178,12 +178,13 @@ def test_gpu_wide_norm_in_one_step_matches_the_two_ops(skip: bool, monkeypatch: 
 
 @pytest.mark.gpu
 def test_gpu_batched_rows_run_the_norm_then_the_matrix_unit_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """At 8 fp16 rows (a batched decode step) NormMatMulNBits runs the norm kernel, then the 4-bit product on the
-    matrix-unit kernel (no fused norm, whose per-row arithmetic would grow with the rows): the two ops' results,
-    bit for bit."""
+    """At 8 fp16 rows (a batched decode step) NormMatMulNBits runs the norm kernel, then the 4-bit product on a
+    matrix-unit kernel (the Gluon mma kernel where it applies, as here; no fused norm, whose per-row arithmetic would
+    grow with the rows): the two ops' results, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: torch sees none on this machine")
     from crossml.kernels import matmul_nbits as kernels
+    from crossml.kernels import nbits_mma
     from crossml.ops.contrib.matmul_nbits import matmul_nbits
     from crossml.ops.contrib.norm import skip_simplified_layer_normalization
     from crossml.ops.fused import norm_matmul_nbits
@@ -196,11 +197,12 @@ def test_gpu_batched_rows_run_the_norm_then_the_matrix_unit_kernel(monkeypatch: 
     x, sk = (torch.randn(rows, 1, k, generator=gen).half().to(dev) for _ in range(2))
     gamma = (torch.rand(k, generator=gen) + 0.5).half().to(dev)
     dot_calls = []
-    real = kernels._dot_product
-    monkeypatch.setattr(kernels, "_dot_product", lambda *a, **kw: dot_calls.append(1) or real(*a, **kw))
+    for module, name in ((kernels, "_dot_product"), (nbits_mma, "mma_product")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _r=real, _n=name, **kw: dot_calls.append(_n) or _r(*a, **kw))
     ctx = OpContext("norm_proj", "NormMatMulNBits", 1, 2, (None, None), (True, True), dev)
     y, s = norm_matmul_nbits(x, sk, gamma, B, scales, epsilon=1e-6, K=k, N=n, block_size=32, ctx=ctx)
-    assert dot_calls == [1]
+    assert dot_calls == ["mma_product"]
     sub = OpContext("norm", "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4, (True, False, False, True), dev)
     normed, _, _, want_s = skip_simplified_layer_normalization(x, sk, gamma, epsilon=1e-6, ctx=sub)
     assert torch.equal(y, matmul_nbits(normed, B, scales, K=k, N=n, block_size=32))

@@ -200,23 +200,23 @@ SPLIT_PER_SM = 4
 
 
 def pick_tiles(M: int, N: int, K: int, processors: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, WARPS, DEPTH, SPLIT_K): 64 weight rows, two warps (one for more than 8 rows at K >= 2048), each
-    step's weights requested one step ahead, K split (in whole steps, at most _MAX_SPLIT ranges) until there are
-    about SPLIT_PER_SM programs per SM.
+    """(BLOCK_N, WARPS, DEPTH, SPLIT_K): 64 weight rows at two warps, each step's weights requested one step ahead,
+    K split (in whole steps, at most _MAX_SPLIT ranges) until there are about SPLIT_PER_SM programs per SM.
 
     From the in-graph sweep at Qwen2.5-0.5B's and Llama-3.2-1B's decode shapes, 1 to 16 rows, on an H200
-    (``benchmarks/int4_mma.py --run --sweep``, results/int4_mma.md):
+    (``benchmarks/int4_mma.py --run --sweep``, results/int4_mma_sweep.json):
 
     - 32 weight rows a warp (64 x 2 warps) was the fastest or within 0.3 us of it at the narrow products; at
-      Qwen2.5-0.5B's lm_head (K = 896) 64 rows a warp cost 37-43 us against 31-39;
-    - at 16 rows and K = 2048 one warp of 64 rows led: Llama-3.2-1B's lm_head 66.9 against 77.7 us, its gate+up
-      13.9 against 15.0 (at 8 rows and fewer the two were within 3 us, two warps ahead at the narrow products);
+      Qwen2.5-0.5B's lm_head (K = 896) 64 rows a warp (128 x 2) cost 38-43 us against 31-39;
+    - at 16 rows one warp of 64 rows led at Llama-3.2-1B's lm_head and gate+up in the sweep (66.9 against 77.7 us,
+      13.9 against 15.0), but taking it for more than 8 rows at K >= 2048 made that lm_head no faster (68.2 us) and
+      its qkv, o, gate+up and down products slower (6.7 / 5.6 / 15.9 / 11.0 against 6.0 / 5.3 / 14.9 / 10.3 us) in
+      the next run, so it is not taken;
     - two steps ahead, or K split to 2 or 8 programs per SM, won by at most 1 us (Llama-3.2-1B's o projection at
       16 rows, 4.5 against 5.3 us) and lost elsewhere."""
-    warps = 1 if M > 8 and K >= 2048 else 2
     n_prog = cdiv(N, 64)
     split = max(1, min(cdiv(SPLIT_PER_SM * processors, n_prog), K // BLOCK_K, _MAX_SPLIT))
-    return 64, warps, 1, split
+    return 64, 2, 1, split
 
 
 def mma_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor | None,
