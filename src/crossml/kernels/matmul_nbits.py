@@ -22,7 +22,8 @@ says where it pays (results/gemv_int4.md: that lm_head 84.5 -> 46.5 us, 2.8 TB/s
 the output is allocated with ``torch.empty``, so a call is safe inside CUDA graph capture; tiles
 are picked by a fixed rule (no autotuning, which would time kernels during capture).
 
-Batched decode and beam search (4 to 64 rows of fp16 / bf16 activations) take the matrix-unit kernel
+Batched decode and beam search (4 to 64 rows of fp16 / bf16 activations; 2 to 16 rows of fp16 on NVIDIA GPUs take the
+Gluon kernel of ``crossml.kernels.nbits_mma`` first, ``mma_eligible``) take the matrix-unit kernel
 (``_matmul_nbits_dot_kernel``): each program dequantizes a 64-row weight tile per K step in registers, in A's dtype (a
 nibble or-ed under the exponent of 1024 in fp16, 128 in bf16, so q - zero point is one exact subtraction and the
 scale one rounded product: bit for bit ``dequantize``; for fp16 in PTX fp16 pairs, ``_NIBBLE_DQ_PTX``), and
@@ -713,8 +714,10 @@ def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> 
 
 #: rows of fp16 activations that take the Gluon mma kernel (``crossml.kernels.nbits_mma``) where it applies
 #: (``mma_eligible``); set MMA_MAX_M to 0 to keep them on the kernels above (benchmarks' ``--set``). At 2 to 16 rows it
-#: led the fp16-pair GEMV and ``_matmul_nbits_dot_kernel`` at the GenAI benchmark's larger decode products (H200,
-#: results/gluon_int4_probe.md; Llama-3.2-1B's lm_head 66.1 -> 65.4 us at 2 rows, 116.9 -> 68.5 at 8).
+#: led the fp16-pair GEMV and ``_matmul_nbits_dot_kernel`` at every decode product of the GenAI benchmark's models but
+#: the smallest at 2 rows (H200, results/int4_mma.md: Llama-3.2-1B's lm_head 67.2 -> 65.8 us at 2 rows, 116.7 -> 68.8
+#: at 8; its o projection 3.3 -> 3.7 at 2 rows), and in their int4 decode steps at B = 2-16 (results/
+#: genai_batch_int4_mma*.md: Llama-3.2-1B 2,573 -> 3,186 tokens/s at B = 2, 8,626 -> 11,366 at 8).
 MMA_MIN_M, MMA_MAX_M = 2, 16
 
 
