@@ -239,6 +239,18 @@ def pdl_wait(PDL: tl.constexpr):
 
 
 @triton.jit
+def dot_acc(a, b, acc, F32_DOT: tl.constexpr):
+    """acc + a @ b on the matrix units in b's dtype; F32_DOT: the same products (exact in float32) in IEEE float32,
+    for Triton's interpreter, whose bf16 dot is wrong (and for float32 operands, which ``tl.dot`` would round to
+    tf32)."""
+    if F32_DOT:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a.to(b.dtype), b, acc)
+    return acc
+
+
+@triton.jit
 def store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr = False,
                pid_k=0, s_ys=0):
     """A product's float32 tile ``acc`` [rows, offs_n] into y [M, N] (row stride ``s_ym``; positions outside are not

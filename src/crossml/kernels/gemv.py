@@ -92,6 +92,7 @@ import triton.language as tl
 from crossml.kernels._launch import (
     GRID_YZ_MAX,
     cdiv,
+    dot_acc,
     next_power_of_2,
     pdl,
     pdl_wait,
@@ -325,10 +326,7 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
             x = ((g * tl.sigmoid(g)) * up.to(tl.float32)).to(up.dtype)
         if COLMAJOR:
             w = tl.trans(w)
-        if F32_DOT:  # the same products (exact in float32), for Triton's interpreter, whose bf16 dot is wrong
-            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, w, acc)
+        acc = dot_acc(x, w, acc, F32_DOT)
     store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
 
 

@@ -65,6 +65,7 @@ from crossml.kernels._launch import (
     GRID_YZ_MAX,
     INTERPRET,
     cdiv,
+    dot_acc,
     next_power_of_2,
     pdl,
     pdl_wait,
@@ -461,17 +462,6 @@ def _dequantize_halves(packed, scale, zp, MAGIC_BITS: tl.constexpr, MAGIC: tl.co
 
 
 @triton.jit
-def _dot_acc(a, w, acc, F32_DOT: tl.constexpr):
-    """acc + a [BLOCK_M, K'] @ w [BLOCK_N, K']^T, in w's dtype on the matrix units; F32_DOT: the same products (exact
-    in float32) in IEEE float32, for Triton's interpreter, whose bf16 dot is wrong."""
-    if F32_DOT:
-        acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a.to(w.dtype), tl.trans(w), acc)
-    return acc
-
-
-@triton.jit
 def _dot_activations(a_ptrs, k, k_hi, rows, M, kk, EVEN_K: tl.constexpr):
     """Rows ``rows`` of a's K step at ``k`` [BLOCK_M, BLOCK_K] (``a_ptrs`` at its K offset 0; zeros past M and
     ``k_hi``): with EVEN_K the step is whole or past ``k_hi`` altogether, so each row loads in vectors."""
@@ -550,13 +540,13 @@ def _matmul_nbits_dot_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, 
                 k_even = k0 + 2 * tl.arange(0, HALF)
                 lo = tl.where((k_even < k_hi)[None, :], lo, 0.0).to(out_ty)
                 hi = tl.where((k_even + 1 < k_hi)[None, :], hi, 0.0).to(out_ty)
-            acc = _dot_acc(a_even, lo, acc, F32_DOT)
-            acc = _dot_acc(a_odd, hi, acc, F32_DOT)
+            acc = dot_acc(a_even, tl.trans(lo), acc, F32_DOT)
+            acc = dot_acc(a_odd, tl.trans(hi), acc, F32_DOT)
         else:
             w = _dequantize_tile(packed_k, scale_k, zp_k, MAGIC_BITS, MAGIC, FAST_DQ, PTX_DQ, ZP, out_ty)
             if not EVEN_K:  # K positions past K are zeros in w too, not only in a: 0 * inf would be NaN
                 w = tl.where((k < k_hi)[None, :], w, 0.0).to(out_ty)
-            acc = _dot_acc(a_k, w, acc, F32_DOT)
+            acc = dot_acc(a_k, tl.trans(w), acc, F32_DOT)
     store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
 
 
