@@ -810,26 +810,31 @@ def test_gpu_mma_kernel_graph_replays_and_const_w() -> None:
 
 @pytest.mark.gpu
 def test_gpu_mma_kernel_routing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``matmul_nbits`` takes the mma kernel for MMA_MIN_M to MMA_MAX_M rows of fp16 where it applies: not for one
-    row, 17 rows, bf16, float zero points, K off the 128-value step, a fused norm, or with MMA_MAX_M set to 0."""
+    """``matmul_nbits`` takes the mma kernel for MMA_MIN_M to MMA_MAX_M rows of fp16 where it applies (narrow products
+    from MMA_NARROW_MIN_M rows): not for one row, 17 rows, bf16, float zero points, K off the 128-value step, a fused
+    norm, or with MMA_MAX_M set to 0."""
     from crossml.kernels import nbits_mma
 
     calls = record_calls(monkeypatch, nbits_mma, "mma_product")
-    K, N, bs = 256, 64, 32
+    bs = 32
 
-    def run(M: int, *, dtype: torch.dtype = torch.float16, zp_kind: str | None = "packed", k: int = K,
-            norm: bool = False) -> bool:
+    def run(M: int, *, dtype: torch.dtype = torch.float16, zp_kind: str | None = "packed", k: int = 256,
+            n: int = 64, norm: bool = False) -> bool:
         calls.clear()
-        B, scales, zp = _weight(N, k, bs, zp_kind, dtype, "cuda")
+        B, scales, zp = _weight(n, k, bs, zp_kind, dtype, "cuda")
         a = rand(M, k, dtype=dtype, device="cuda", seed=M)
-        y = matmul_nbits(a, B, scales, zp, K=k, N=N, block_size=bs,
+        y = matmul_nbits(a, B, scales, zp, K=k, N=n, block_size=bs,
                          norm=(None, torch.ones(k, dtype=dtype, device="cuda"), 1e-5) if norm else None)
         if not norm:
-            assert_close(y, _reference(a, B, scales, zp, None, K=k, N=N, block_size=bs), dtype,
+            assert_close(y, _reference(a, B, scales, zp, None, K=k, N=n, block_size=bs), dtype,
                          tol=tuple(2 * t for t in TOL[dtype]))
         return bool(calls)
 
-    assert [run(M) for M in (1, 2, 3, 8, 16, 17)] == [False, True, True, True, True, False]
+    narrow = kernel_module.MMA_NARROW_MIN_M
+    assert narrow == 3 and kernel_module.MMA_NARROW_K >= 256 and kernel_module.MMA_NARROW_N >= 64
+    assert [run(M) for M in (1, 2, 3, 8, 16, 17)] == [False, False, True, True, True, False]
+    wide = kernel_module.MMA_NARROW_K + 128  # past the narrow products' K: from MMA_MIN_M rows
+    assert [run(M, k=wide) for M in (1, 2)] == [False, True]
     assert not run(4, dtype=torch.bfloat16)
     assert not run(4, zp_kind="float")
     assert not run(4, k=320)

@@ -709,6 +709,13 @@ def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> 
 #: at 8; its o projection 3.3 -> 3.7 at 2 rows), and in their int4 decode steps at B = 2-16 (results/
 #: genai_batch_int4_mma*.md: Llama-3.2-1B 2,573 -> 3,186 tokens/s at B = 2, 8,626 -> 11,366 at 8).
 MMA_MIN_M, MMA_MAX_M = 2, 16
+#: fewest rows with which a narrow product (K <= MMA_NARROW_K and N <= MMA_NARROW_N: the attention's qkv and output
+#: projections of small models, whose preceding RMSNorm the GEMVs fuse) takes the mma kernel; fewer take the GEMVs.
+#: In the GenAI benchmark's int4 decode steps (H200, results/genai_batch_int4_mma.md's setup, two alternated rounds)
+#: that took Qwen2.5-0.5B at B = 2 from 3,475-3,492 to 3,644-3,646 tokens/s; from 4 rows it cost B = 3 (5,195-5,219 ->
+#: 5,112-5,124), and for K up to 2048 it did not help Llama-3.2-1B (B = 2: 3,203-3,229 against 3,192-3,199; B = 3 with
+#: 4 rows 4,816-4,823 -> 3,985-3,993)
+MMA_NARROW_MIN_M, MMA_NARROW_K, MMA_NARROW_N = 3, 1024, 4096
 
 
 @functools.cache
@@ -723,9 +730,11 @@ def _mma_kernels():
 
 def mma_eligible(a: torch.Tensor, M: int, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
     """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows takes the Gluon mma kernel: MMA_MIN_M to
-    MMA_MAX_M rows and ``crossml.kernels.nbits_mma.supported`` (fp16 on NVIDIA sm80+, K a multiple of 128, block size
+    MMA_MAX_M rows (from MMA_NARROW_MIN_M for narrow products) and ``crossml.kernels.nbits_mma.supported`` (fp16 on NVIDIA sm80+, K a multiple of 128, block size
     32 to 256, zero points packed or absent)."""
     if not MMA_MIN_M <= M <= MMA_MAX_M or a.dtype != torch.float16 or a.device.type != "cuda":
+        return False
+    if M < MMA_NARROW_MIN_M and K <= MMA_NARROW_K and N <= MMA_NARROW_N:
         return False
     kernels = _mma_kernels()
     return kernels is not None and kernels.supported(a, K, N, block_size, zero_points)
