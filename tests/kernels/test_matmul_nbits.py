@@ -754,6 +754,9 @@ MMA_CASES = [  # block_size, K, N, M, zero points, bias, tiles (BLOCK_N, WARPS, 
     (128, 384, 130, 5, None, False, (64, 2, 1, 3)),
     (256, 384, 72, 16, "packed", True, (64, 2, 2, 1)),  # padded blocks: B rows longer than K / 2
     (32, 2048, 16384, 16, "packed", False, None),
+    (32, 896, 1152, 17, "packed", True, None),  # two 16-row tiles of A on each dequantized step
+    (32, 512, 200, 33, None, False, (64, 2, 1, 2)),  # four tiles, the last partial
+    (64, 256, 72, 64, "packed", True, (64, 4, 2, 1)),
 ]
 
 
@@ -776,8 +779,9 @@ def test_gpu_mma_kernel_matches_dequantize_matmul(case: tuple) -> None:
 @pytest.mark.parametrize("zp_kind", [None, "packed"])
 @pytest.mark.parametrize("bs", [32, 64, 256])
 def test_gpu_mma_kernel_dequantizes_bit_for_bit(zp_kind: str | None, bs: int) -> None:
-    """One-hot activation rows pick single weights: every weight of the product, sixteen K positions a call (K split
-    and not), equals ``dequantize`` bit for bit, so the permuted K order and the PTX dequantization are exact."""
+    """One-hot activation rows pick single weights: every weight of the product, sixteen (or 64: four tiles of A) K
+    positions a call (K split and not), equals ``dequantize`` bit for bit, so the permuted K order and the PTX
+    dequantization are exact."""
     K, N = 512, 136
     B, scales, zp = _weight(N, K, bs, zp_kind, torch.float16, "cuda", seed=3)
     want = dequantize(B, scales, zp, K=K, N=N, block_size=bs, dtype=torch.float16).T  # [K, N]
@@ -786,6 +790,9 @@ def test_gpu_mma_kernel_dequantizes_bit_for_bit(zp_kind: str | None, bs: int) ->
         got = torch.cat([matmul_nbits(eye[k:k + 16], B, scales, zp, K=K, N=N, block_size=bs, tiles=tiles, mma=True)
                          for k in range(0, K, 16)])
         assert torch.equal(got, want), tiles
+    got = torch.cat([matmul_nbits(eye[k:k + 64], B, scales, zp, K=K, N=N, block_size=bs, mma=True)
+                     for k in range(0, K, 64)])
+    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
@@ -811,7 +818,7 @@ def test_gpu_mma_kernel_graph_replays_and_const_w() -> None:
 @pytest.mark.gpu
 def test_gpu_mma_kernel_routing(monkeypatch: pytest.MonkeyPatch) -> None:
     """``matmul_nbits`` takes the mma kernel for MMA_MIN_M to MMA_MAX_M rows of fp16 where it applies (narrow products
-    from MMA_NARROW_MIN_M rows): not for one row, 17 rows, bf16, float zero points, K off the 128-value step, a fused
+    from MMA_NARROW_MIN_M rows, weights of MMA_WIDE_MIN_WEIGHT values or more to MMA_WIDE_MAX_M rows): not for one row, 17 rows, bf16, float zero points, K off the 128-value step, a fused
     norm, or with MMA_MAX_M set to 0."""
     from crossml.kernels import nbits_mma
 
@@ -833,6 +840,9 @@ def test_gpu_mma_kernel_routing(monkeypatch: pytest.MonkeyPatch) -> None:
     narrow = kernel_module.MMA_NARROW_MIN_M
     assert narrow == 3 and kernel_module.MMA_NARROW_K >= 256 and kernel_module.MMA_NARROW_N >= 64
     assert [run(M) for M in (1, 2, 3, 8, 16, 17)] == [False, False, True, True, True, False]
+    monkeypatch.setattr(kernel_module, "MMA_WIDE_MIN_WEIGHT", 256 * 64)  # this weight counts as wide: to 32 rows
+    assert [run(M) for M in (16, 17, 32, 33)] == [True, True, True, False]
+    monkeypatch.setattr(kernel_module, "MMA_WIDE_MIN_WEIGHT", 256 * 64 + 1)
     wide = kernel_module.MMA_NARROW_K + 128  # past the narrow products' K: from MMA_MIN_M rows
     assert [run(M, k=wide) for M in (1, 2)] == [False, True]
     assert not run(4, dtype=torch.bfloat16)
@@ -852,7 +862,7 @@ def test_gpu_mma_kernel_errors() -> None:
         matmul_nbits(a, B, scales, zp, tiles=(48, 2, 1, 1), **kw)
     with pytest.raises(ValueError, match="DEPTH 1 or 2"):
         matmul_nbits(a, B, scales, zp, tiles=(64, 2, 3, 1), **kw)
-    with pytest.raises(ValueError, match="M=17"):
-        matmul_nbits(rand(17, 256, dtype=torch.float16, device="cuda"), B, scales, zp, **kw)
+    with pytest.raises(ValueError, match="M=65"):
+        matmul_nbits(rand(65, 256, dtype=torch.float16, device="cuda"), B, scales, zp, **kw)
     with pytest.raises(ValueError, match="A torch.bfloat16"):
         matmul_nbits(a.bfloat16(), B, scales.bfloat16(), zp, **kw)

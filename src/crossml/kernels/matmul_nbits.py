@@ -716,6 +716,16 @@ MMA_MIN_M, MMA_MAX_M = 2, 16
 #: 5,112-5,124), and for K up to 2048 it did not help Llama-3.2-1B (B = 2: 3,203-3,229 against 3,192-3,199; B = 3 with
 #: 4 rows 4,816-4,823 -> 3,985-3,993)
 MMA_NARROW_MIN_M, MMA_NARROW_K, MMA_NARROW_N = 3, 1024, 4096
+#: MMA_MAX_M + 1 to MMA_WIDE_MAX_M rows take the mma kernel (two 16-row tiles of A on each dequantized step) for weights
+#: of at least MMA_WIDE_MIN_WEIGHT values: on an H100 (results/int4_mma_rows.md) at 17-32 rows it led the tl.dot
+#: kernel at Llama-3.2-1B's lm_head (124.9-140.9 against 153.0-158.4 us), down (11.6-12.9 against 18.5-18.7) and
+#: gate+up up to 24 rows (22.8-24.8 against 25.5-25.7; 27.1 against 26.3 at 32), and Qwen2.5-0.5B's lm_head (65.2-75.4
+#: against 77.3-79.3); it trailed at the smaller products (Qwen2.5-0.5B's qkv 3.8-3.9 against 3.3-3.5 us, its down
+#: 8.7-10.0 against 7.8-8.4) and, with four tiles, everywhere past 32 rows but Llama-3.2-1B's down. In the GenAI
+#: benchmark's int4 decode on an H100 (two rounds alternated with MMA_WIDE_MAX_M=16) it took Llama-3.2-1B from
+#: 18,657-19,260 to 21,615-21,763 tokens/s at B = 24 and from 24,866-24,934 to 26,312-26,419 at B = 32 (Qwen2.5-0.5B,
+#: whose lm_head alone is wide enough, 25,567-25,702 -> 25,762-25,810 and 31,406-31,418 -> 31,581-31,703)
+MMA_WIDE_MAX_M, MMA_WIDE_MIN_WEIGHT = 32, 16_000_000
 
 
 @functools.cache
@@ -730,9 +740,11 @@ def _mma_kernels():
 
 def mma_eligible(a: torch.Tensor, M: int, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
     """Whether ``matmul_nbits`` (without ``norm``) of ``a`` with M rows takes the Gluon mma kernel: MMA_MIN_M to
-    MMA_MAX_M rows (from MMA_NARROW_MIN_M for narrow products) and ``crossml.kernels.nbits_mma.supported`` (fp16 on NVIDIA sm80+, K a multiple of 128, block size
+    MMA_MAX_M rows (from MMA_NARROW_MIN_M for narrow products; to MMA_WIDE_MAX_M for weights of MMA_WIDE_MIN_WEIGHT
+    values or more) and ``crossml.kernels.nbits_mma.supported`` (fp16 on NVIDIA sm80+, K a multiple of 128, block size
     32 to 256, zero points packed or absent)."""
-    if not MMA_MIN_M <= M <= MMA_MAX_M or a.dtype != torch.float16 or a.device.type != "cuda":
+    wide = MMA_MAX_M < M <= MMA_WIDE_MAX_M and N * K >= MMA_WIDE_MIN_WEIGHT
+    if not (MMA_MIN_M <= M <= MMA_MAX_M or wide) or a.dtype != torch.float16 or a.device.type != "cuda":
         return False
     if M < MMA_NARROW_MIN_M and K <= MMA_NARROW_K and N <= MMA_NARROW_N:
         return False
@@ -836,7 +848,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
         kernels = _mma_kernels()
         if norm is not None or kernels is None or M > kernels.MAX_M \
                 or not kernels.supported(a, K, N, block_size, zero_points):
-            raise ValueError(f"MatMulNBits mma kernel: takes no norm, at most 16 rows of fp16 A on an NVIDIA GPU of "
+            raise ValueError(f"MatMulNBits mma kernel: takes no norm, at most 64 rows of fp16 A on an NVIDIA GPU of "
                              f"compute capability 8.0+ with Gluon, K a multiple of 128, block size 32-256, zero points "
                              f"packed or absent; got M={M}, K={K}, block_size={block_size}, A {a.dtype} on {a.device}, "
                              f"zero points {None if zero_points is None else zero_points.dtype}")

@@ -50,8 +50,8 @@ from crossml.kernels._launch import INTERPRET, cdiv, pdl
 
 __all__ = ["MAX_M", "mma_product", "pick_tiles", "supported"]
 
-#: most rows of A one product takes (one 16-row operand tile)
-MAX_M = 16
+#: most rows of A one product takes (four 16-row operand tiles)
+MAX_M = 64
 #: the K step: four lanes' 32-value blocks
 BLOCK_K = 128
 _BLOCK_K = gl.constexpr(BLOCK_K)
@@ -87,8 +87,8 @@ def _weight_loads(w_ptr, s_ptr, z_ptr, w_off, s_row, z_row, t32, kw, BS: gl.cons
 
 
 @gluon.jit
-def _step(acc, a, word, sc, zp, shift, mask, mul, odd, a_l: gl.constexpr, b_l: gl.constexpr):
-    """acc + the step's activations ``a`` [16, 4 t, 4 w, 8] times its dequantized weights (see the module)."""
+def _weights(word, sc, zp, shift, mask, mul, odd, b_l: gl.constexpr):
+    """The step's weights [BLOCK_K, BN] dequantized into the mma B operand (see the module)."""
     c_even = gl.expand_dims(gl.expand_dims((0xE400 | zp).to(gl.int16), 2), 3)  # fp16 bits of -(1024 + zp)
     c_odd = gl.expand_dims(gl.expand_dims((0xD400 | (zp << 4)).to(gl.int16), 2), 3)  # of -(64 + zp)
     lo, hi = gl.inline_asm_elementwise(_PAIR_PTX, "=h,=h,r,r,r,h",
@@ -97,19 +97,43 @@ def _step(acc, a, word, sc, zp, shift, mask, mul, odd, a_l: gl.constexpr, b_l: g
     s4 = gl.expand_dims(gl.expand_dims(sc, 2), 3)
     # [n, t, w, p, e] -> operand position 32 w + 8 p + 2 t + e
     b = gl.reshape(gl.permute(gl.join(lo * s4, hi * s4), (2, 3, 1, 4, 0)), (_BLOCK_K, lo.shape[0]))
-    # activations [m, t, w, h = p + 4 e] -> the same positions
+    return gl.convert_layout(b, b_l, assert_trivial=True)
+
+
+@gluon.jit
+def _activations(a, a_l: gl.constexpr):
+    """The step's activations ``a`` [16, 4 t, 4 w, 8 h = p + 4 e] as the mma A operand, in the weights' K order."""
     a2 = gl.reshape(gl.permute(gl.reshape(a, (16, 4, 4, 2, 4)), (0, 2, 4, 1, 3)), (16, _BLOCK_K))
-    return mma_v2(gl.convert_layout(a2, a_l, assert_trivial=True), gl.convert_layout(b, b_l, assert_trivial=True), acc)
+    return gl.convert_layout(a2, a_l, assert_trivial=True)
+
+
+@gluon.jit
+def _store(acc, bias_ptr, y_ptr, m0, M, N, n0, s_ym, s_ys, mma: gl.constexpr, BLOCK_N: gl.constexpr,
+           HAS_BIAS: gl.constexpr, PARTIAL: gl.constexpr):
+    """Rows m0 to m0 + 15 of the program's outputs: float32 partial sums of its split with PARTIAL, else plus the bias
+    (the product rounded to y's dtype first, as the unfused Add of the rounded product would), in y's dtype."""
+    mo = gl.expand_dims(m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, mma)), 1)
+    no = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma)), 0)
+    ok = (mo < M) & (no < N)
+    if PARTIAL:
+        gl.store(y_ptr + gl.program_id(1).to(gl.int64) * s_ys + mo * s_ym + no, acc, mask=ok)
+    else:
+        out_ty: gl.constexpr = y_ptr.dtype.element_ty
+        if HAS_BIAS:
+            acc = acc.to(out_ty).to(gl.float32) + gl.load(bias_ptr + no, mask=no < N, other=0.0).to(gl.float32)
+        gl.store(y_ptr + mo * s_ym + no, acc.to(out_ty), mask=ok)
 
 
 @gluon.jit
 def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_PER_SPLIT, ROW_W, S_ROW, Z_ROW,
                       s_am, s_ym, s_ys, BS: gl.constexpr, ZP: gl.constexpr, HAS_BIAS: gl.constexpr,
                       PARTIAL: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
-                      HALF_M: gl.constexpr, CONST_W: gl.constexpr, PDL: gl.constexpr = False):
+                      HALF_M: gl.constexpr, CONST_W: gl.constexpr, M_TILES: gl.constexpr = 1,
+                      PDL: gl.constexpr = False):
     """y [M, N] (or with PARTIAL float32 partial sums [split, M, N]) of the K range of program (n tile, split);
     words ``w_ptr`` int32 [N, ROW_W], scales [N, S_ROW], packed zero points [N, Z_ROW] (ZP). HALF_M: M <= 8, the
-    activation rows 8-15 are not loaded."""
+    activation rows 8-15 are not loaded. M_TILES (1, 2 or 4) 16-row tiles of A share each step's dequantized
+    weights; the first tile's activations are requested a step ahead, the others' at the step."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
@@ -158,27 +182,40 @@ def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_P
                                   is_pure=False, pack=1)
     a = gl.load(a_ptr + a_off + kw_lo * 8, mask=a_ok, other=0.0)
     acc = gl.zeros([16, BLOCK_N], gl.float32, mma)
+    if M_TILES >= 2:
+        acc1 = gl.zeros([16, BLOCK_N], gl.float32, mma)
+    if M_TILES == 4:
+        acc2 = gl.zeros([16, BLOCK_N], gl.float32, mma)
+        acc3 = gl.zeros([16, BLOCK_N], gl.float32, mma)
     for i in range(0, last + 1):
         ahead = kw_lo + gl.minimum(i + DEPTH, last) * _STEP_W  # the last step again at the end
         word_n, sc_n, zp_n = _weight_loads(w_ptr, s_ptr, z_ptr, w_off, s_row, z_row, t32, ahead, BS, ZP)
         a_n = gl.load(a_ptr + a_off + (kw_lo + gl.minimum(i + 1, last) * _STEP_W) * 8, mask=a_ok, other=0.0)
-        acc = _step(acc, a, word, sc, zp, shift, mask, mul, odd, a_l, b_l)
+        here = a_off + (kw_lo + i * _STEP_W) * 8
+        if M_TILES >= 2:
+            a1 = gl.load(a_ptr + here + 16 * s_am, mask=m4 + 16 < M, other=0.0)
+        if M_TILES == 4:
+            a2 = gl.load(a_ptr + here + 32 * s_am, mask=m4 + 32 < M, other=0.0)
+            a3 = gl.load(a_ptr + here + 48 * s_am, mask=m4 + 48 < M, other=0.0)
+        b = _weights(word, sc, zp, shift, mask, mul, odd, b_l)
+        acc = mma_v2(_activations(a, a_l), b, acc)
+        if M_TILES >= 2:
+            acc1 = mma_v2(_activations(a1, a_l), b, acc1)
+        if M_TILES == 4:
+            acc2 = mma_v2(_activations(a2, a_l), b, acc2)
+            acc3 = mma_v2(_activations(a3, a_l), b, acc3)
         a = a_n
         if DEPTH == 2:
             word, sc, zp = word1, sc1, zp1
             word1, sc1, zp1 = word_n, sc_n, zp_n
         else:
             word, sc, zp = word_n, sc_n, zp_n
-    mo = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(1, mma)), 1)
-    no = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma)), 0)
-    ok = (mo < M) & (no < N)
-    if PARTIAL:
-        gl.store(y_ptr + gl.program_id(1).to(gl.int64) * s_ys + mo * s_ym + no, acc, mask=ok)
-    else:
-        out_ty: gl.constexpr = y_ptr.dtype.element_ty
-        if HAS_BIAS:  # the product rounded to y's dtype first, as the unfused Add of the rounded product would
-            acc = acc.to(out_ty).to(gl.float32) + gl.load(bias_ptr + no, mask=no < N, other=0.0).to(gl.float32)
-        gl.store(y_ptr + mo * s_ym + no, acc.to(out_ty), mask=ok)
+    _store(acc, bias_ptr, y_ptr, 0, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+    if M_TILES >= 2:
+        _store(acc1, bias_ptr, y_ptr, 16, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+    if M_TILES == 4:
+        _store(acc2, bias_ptr, y_ptr, 32, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+        _store(acc3, bias_ptr, y_ptr, 48, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
 
 
 @functools.cache
@@ -247,7 +284,8 @@ def mma_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.
             a2, b2.view(torch.int32), s2, z2 if z2 is not None else s2, bias1 if has_bias else s2, out, M, N, K,
             k_per_split // 8, b2.shape[1] // 4, s2.stride(0), z2.stride(0) if z2 is not None else 0, a2.stride(0),
             out.stride(-2), M * N, BS=block_size, ZP=z2 is not None, HAS_BIAS=has_bias, PARTIAL=split > 1,
-            BLOCK_N=block_n, WARPS=warps, DEPTH=depth, HALF_M=M <= 8, CONST_W=const_w, num_warps=warps, **pdl(a2))
+            BLOCK_N=block_n, WARPS=warps, DEPTH=depth, HALF_M=M <= 8, CONST_W=const_w,
+            M_TILES=1 if M <= 16 else 2 if M <= 32 else 4, num_warps=warps, **pdl(a2))
         if split > 1:
             block_s, block, reduce_warps = _reduce_tiles(split)
             _split_k_reduce_kernel[(cdiv(M * N, block),)](out, bias1 if has_bias else out, y2, M * N, N, split,
