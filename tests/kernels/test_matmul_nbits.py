@@ -745,6 +745,20 @@ def test_mma_kernel_is_never_taken_on_the_cpu() -> None:
         matmul_nbits(a, B, scales, zp, K=128, N=16, block_size=32, mma=True)
 
 
+def test_mma_tiles_for_decode_shapes() -> None:
+    """The mma kernel's rule: 64 weight rows at two warps, one step ahead, K split (in whole 128-value steps, at most
+    64 ranges) to about SPLIT_PER_SM programs per SM; a vocabulary is not split."""
+    from crossml.kernels import nbits_mma
+
+    assert nbits_mma.pick_tiles(8, 1152, 896, 132) == (64, 2, 1, 7)  # Qwen2.5-0.5B qkv: K = 7 steps, all split
+    assert nbits_mma.pick_tiles(2, 896, 4864, 132) == (64, 2, 1, 38)  # its down projection
+    assert nbits_mma.pick_tiles(16, 2048, 8192, 132) == (64, 2, 1, 17)  # Llama-3.2-1B's down projection
+    assert nbits_mma.pick_tiles(4, 128256, 2048, 132) == (64, 2, 1, 1)  # its lm_head
+    assert nbits_mma.pick_tiles(4, 64, 128 * 100, 132) == (64, 2, 1, 64)  # at most 64 splits
+    a = torch.empty(4, 256, dtype=torch.float16)
+    assert not nbits_mma.supported(a, 256, 64, 32, None)  # not on the CPU
+
+
 MMA_CASES = [  # block_size, K, N, M, zero points, bias, tiles (BLOCK_N, WARPS, DEPTH, SPLIT_K) or None (the rule)
     (32, 128, 64, 2, "packed", False, (64, 2, 1, 1)),
     (32, 256, 200, 3, None, True, (64, 1, 1, 1)),  # a partial N tile, symmetric weights, bias, one launch
