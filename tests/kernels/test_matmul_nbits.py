@@ -745,6 +745,19 @@ def test_mma_kernel_is_never_taken_on_the_cpu() -> None:
         matmul_nbits(a, B, scales, zp, K=128, N=16, block_size=32, mma=True)
 
 
+def test_mma_kernel_needs_the_gluon_of_triton_3_6(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gluon's API moves between Triton releases: an older Triton leaves the 4-bit products on the other kernels."""
+    import triton
+
+    kernel_module._mma_kernels.cache_clear()
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    assert kernel_module._mma_kernels() is None
+    kernel_module._mma_kernels.cache_clear()
+    monkeypatch.undo()
+    assert kernel_module._mma_kernels() is not None
+    kernel_module._mma_kernels.cache_clear()
+
+
 def test_mma_tiles_for_decode_shapes() -> None:
     """The mma kernel's rule: 64 weight rows at two warps, one step ahead, K split (in whole 128-value steps, at most
     64 ranges) to about SPLIT_PER_SM programs per SM; a vocabulary is not split."""

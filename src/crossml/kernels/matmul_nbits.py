@@ -56,6 +56,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 
 import torch
 import triton
@@ -730,10 +731,13 @@ MMA_WIDE_MAX_M, MMA_WIDE_MIN_WEIGHT = 32, 16_000_000
 
 @functools.cache
 def _mma_kernels():
-    """``crossml.kernels.nbits_mma``, or None where this Triton has no Gluon."""
+    """``crossml.kernels.nbits_mma``, or None where this Triton has no Gluon as of Triton 3.6 (an experimental
+    language whose API moves between releases; the kernel is written and tested against 3.6)."""
+    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < (3, 6):
+        return None
     try:
         from crossml.kernels import nbits_mma
-    except ImportError:  # pragma: no cover - Triton builds without triton.experimental.gluon
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - builds without Gluon, or another API
         return None
     return nbits_mma
 
