@@ -93,7 +93,7 @@ def compile_mma(block_n: int, warps: int, depth: int) -> dict:
            "M": "i32", "N": "i32", "K": "i32", "KW_PER_SPLIT": "i32", "ROW_W": "i32", "S_ROW": "i32", "Z_ROW": "i32",
            "s_am": "i32", "s_ym": "i32", "s_ys": "i32"}
     consts = {"BS": BLOCK_SIZE, "ZP": True, "HAS_BIAS": False, "PARTIAL": True, "BLOCK_N": block_n, "WARPS": warps,
-              "DEPTH": depth, "HALF_M": False, "CONST_W": True, "PDL": True}
+              "DEPTH": depth, "HALF_M": False, "CONST_W": True, "M_TILES": 1, "PDL": True}
     sig.update(dict.fromkeys(consts, "constexpr"))
     src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
                          attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
