@@ -83,22 +83,9 @@ _DIV16 = ["a_ptr", "w_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "N", "K", "s_
 
 def compile_mma(block_n: int, warps: int, depth: int) -> dict:
     """``_sass_report`` of the mma kernel for sm_90: packed zero points, K split (float32 partial sums)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from crossml.kernels.nbits_mma import BLOCK_K, compile_for
 
-    from crossml.kernels.nbits_mma import BLOCK_K
-    from crossml.kernels.nbits_mma import _nbits_mma_kernel as kernel
-
-    sig = {"a_ptr": "*fp16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "bias_ptr": "*fp16", "y_ptr": "*fp32",
-           "M": "i32", "N": "i32", "K": "i32", "KW_PER_SPLIT": "i32", "ROW_W": "i32", "S_ROW": "i32", "Z_ROW": "i32",
-           "s_am": "i32", "s_ym": "i32", "s_ys": "i32"}
-    consts = {"BS": BLOCK_SIZE, "ZP": True, "HAS_BIAS": False, "PARTIAL": True, "BLOCK_N": block_n, "WARPS": warps,
-              "DEPTH": depth, "HALF_M": False, "CONST_W": True, "M_TILES": 1, "PDL": True}
-    sig.update(dict.fromkeys(consts, "constexpr"))
-    src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
-                         attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]]
-                                for n in [*_DIV16, "KW_PER_SPLIT", "ROW_W"]})
-    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    out = compile_for(90, BLOCK_N=block_n, WARPS=warps, DEPTH=depth)
     return _sass_report(f"nbits_mma depth {depth}", out, block_n, BLOCK_K, warps)
 
 

@@ -758,6 +758,25 @@ def test_mma_kernel_needs_the_gluon_of_triton_3_6(monkeypatch: pytest.MonkeyPatc
     kernel_module._mma_kernels.cache_clear()
 
 
+@pytest.mark.parametrize("consts", [
+    {},  # the rule's tiles, packed zero points, float32 partial sums, sm_90
+    {"ZP": False, "PARTIAL": False, "HAS_BIAS": True, "BS": 64, "M_TILES": 2, "arch": 80},
+    {"M_TILES": 4, "WARPS": 4, "DEPTH": 2, "HALF_M": True, "BLOCK_N": 128, "PDL": False},
+], ids=["rule", "bias_sm80", "four_tiles"])
+def test_mma_kernel_compiles_without_shared_memory(consts: dict) -> None:
+    """Gluon kernels do not run in Triton's interpreter, so the CPU compiles the kernel ahead of time (no GPU needed):
+    its operand layouts convert in registers (``assert_trivial``), nothing goes through shared memory, the weights
+    and activations load as 128-bit vectors and the product is mma instructions."""
+    from crossml.kernels import nbits_mma
+
+    consts = dict(consts)
+    out = nbits_mma.compile_for(consts.pop("arch", 90), **consts)
+    ptx = out.asm["ptx"]
+    assert out.metadata.shared == 0
+    assert "ld.global.v4.b32" in ptx or "ld.global.nc.v4.b32" in ptx
+    assert "mma.sync.aligned.m16n8k16" in ptx
+
+
 def test_mma_tiles_for_decode_shapes() -> None:
     """The mma kernel's rule: 64 weight rows at two warps, one step ahead, K split (in whole 128-value steps, at most
     64 ranges) to about SPLIT_PER_SM programs per SM; a vocabulary is not split."""

@@ -48,7 +48,7 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from crossml.kernels._launch import INTERPRET, cdiv, pdl
 
-__all__ = ["MAX_M", "mma_product", "pick_tiles", "supported"]
+__all__ = ["MAX_M", "compile_for", "mma_product", "pick_tiles", "supported"]
 
 #: most rows of A one product takes (four 16-row operand tiles)
 MAX_M = 64
@@ -291,3 +291,28 @@ def mma_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.
             _split_k_reduce_kernel[(cdiv(M * N, block),)](out, bias1 if has_bias else out, y2, M * N, N, split,
                                                            HAS_BIAS=has_bias, BLOCK_S=block_s, BLOCK=block,
                                                            num_warps=reduce_warps, **pdl(a2))
+
+
+def compile_for(arch: int = 90, **constexprs: object) -> object:
+    """The kernel compiled ahead of time for NVIDIA compute capability ``arch`` (no GPU needed), with fp16 A, packed
+    zero points, float32 partial sums, PDL from sm_90 (as ``pdl`` launches it) and the defaults below overridden by
+    ``constexprs``; for the tests
+    (Gluon kernels do not run in Triton's interpreter) and ``benchmarks/int4_mma.py --compile``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = _nbits_mma_kernel
+    sig = {"a_ptr": "*fp16", "w_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "bias_ptr": "*fp16",
+           "y_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "KW_PER_SPLIT": "i32", "ROW_W": "i32",
+           "S_ROW": "i32", "Z_ROW": "i32", "s_am": "i32", "s_ym": "i32", "s_ys": "i32"}
+    consts = {"BS": 32, "ZP": True, "HAS_BIAS": False, "PARTIAL": True, "BLOCK_N": 64, "WARPS": 2, "DEPTH": 1,
+              "HALF_M": False, "CONST_W": True, "M_TILES": 1, "PDL": arch >= 90, **constexprs}
+    if not consts["PARTIAL"]:
+        sig["y_ptr"] = "*fp16"
+    sig.update(dict.fromkeys(consts, "constexpr"))
+    div16 = ["a_ptr", "w_ptr", "s_ptr", "z_ptr", "bias_ptr", "y_ptr", "N", "K", "KW_PER_SPLIT", "ROW_W", "s_am",
+             "s_ym", "s_ys"]
+    src = GluonASTSource(fn=kernel, signature=sig, constexprs=consts,
+                         attrs={(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": consts["WARPS"]})
