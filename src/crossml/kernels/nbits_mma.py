@@ -294,10 +294,10 @@ def mma_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.
 
 
 def compile_for(arch: int = 90, **constexprs: object) -> object:
-    """The kernel compiled ahead of time for NVIDIA compute capability ``arch`` (no GPU needed), with fp16 A, packed
-    zero points, float32 partial sums, PDL from sm_90 (as ``pdl`` launches it) and the defaults below overridden by
-    ``constexprs``; for the tests
-    (Gluon kernels do not run in Triton's interpreter) and ``benchmarks/int4_mma.py --compile``."""
+    """The kernel compiled ahead of time for NVIDIA compute capability ``arch`` (no GPU needed): fp16 A, packed zero
+    points, float32 partial sums, PDL from sm_90 (as ``pdl`` launches it), the defaults below overridden by
+    ``constexprs``. For the tests (Gluon kernels do not run in Triton's interpreter) and ``benchmarks/int4_mma.py
+    --compile``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
