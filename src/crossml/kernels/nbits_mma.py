@@ -1,6 +1,7 @@
-"""MatMulNBits' 4-bit product for 2 to 16 rows of fp16 activations on NVIDIA matrix units, in Gluon.
+"""MatMulNBits' 4-bit product for 2 to 64 rows of fp16 activations on NVIDIA matrix units, in Gluon.
 
-``y[M, N] = A[M, K] @ dequantize(B)^T (+ bias)`` for M <= 16, reading MatMulNBits' own packed weight (uint8
+``y[M, N] = A[M, K] @ dequantize(B)^T (+ bias)`` for M <= 64 (``crossml.kernels.matmul_nbits.mma_eligible`` routes 2
+to 16 rows, and to 32 for large weights), reading MatMulNBits' own packed weight (uint8
 ``[N, n_blocks, block_size / 2]``, low nibble first; see ``crossml.kernels.matmul_nbits``) without a repacked copy.
 
 Gluon (``triton.experimental.gluon``, Triton 3.6) is Triton's layout-explicit language. ``tl.dot`` in
@@ -17,7 +18,8 @@ dequantized straight into the registers the matrix units read (the ``mma_v2`` B 
   leaves q - zero point exactly and a multiply by the scale rounds once, as ``dequantize`` does. The activations
   of a lane are eight contiguous values a word (128-bit loads), paired the same way.
 - The conversions into the operand layouts are register renamings (``assert_trivial``); one ``mma_v2`` per
-  16 x 8 x 16 tile, float32 accumulation.
+  16 x 8 x 16 tile, float32 accumulation. Past 16 rows, two or four 16-row tiles of A share each dequantized step
+  (``M_TILES``).
 - Each step's weights are requested ``DEPTH`` steps ahead (loop-carried registers); with PDL and constant weights
   the first steps' are requested before waiting for the previous kernel.
 - K is split until there are about ``SPLIT_PER_SM`` programs per SM; the partial sums are added in a fixed order
@@ -25,7 +27,8 @@ dequantized straight into the registers the matrix units read (the ``mma_v2`` B 
 
 It covers what the GenAI builder's int4 models use: fp16 activations, block sizes 32 to 256, zero points packed or
 absent, K a multiple of 128. ``supported`` says when it runs (NVIDIA compute capability 8.0 or later, not the
-interpreter: Gluon kernels do not run in Triton's interpreter, so its tests are GPU tests).
+interpreter: Gluon kernels do not run in Triton's interpreter, so its tests run on GPUs, and on the CPU compile it
+ahead of time, ``compile_for``).
 
 On an H200 (``benchmarks/int4_mma.py``, results/int4_mma.md, in CUDA graphs) at 2 to 16 rows it took
 Llama-3.2-1B's lm_head from 67.2-118.7 us (the fp16-pair GEMV at 2 rows, the tl.dot kernel from 4) to 65.8-78.6 us
