@@ -705,10 +705,11 @@ def pick_dot_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> 
 
 #: rows of fp16 activations that take the Gluon mma kernel (``crossml.kernels.nbits_mma``) where it applies
 #: (``mma_eligible``); set MMA_MAX_M to 0 to keep them on the kernels above (benchmarks' ``--set``). At 2 to 16 rows it
-#: led the fp16-pair GEMV and ``_matmul_nbits_dot_kernel`` at every decode product of the GenAI benchmark's models but
-#: the smallest at 2 rows (H200, results/int4_mma.md: Llama-3.2-1B's lm_head 67.2 -> 65.8 us at 2 rows, 116.7 -> 68.8
-#: at 8; its o projection 3.3 -> 3.7 at 2 rows), and in their int4 decode steps at B = 2-16 (results/
-#: genai_batch_int4_mma*.md: Llama-3.2-1B 2,573 -> 3,186 tokens/s at B = 2, 8,626 -> 11,366 at 8).
+#: led the fp16-pair GEMV and ``_matmul_nbits_dot_kernel`` at the larger decode products of the GenAI benchmark's
+#: models (H200, results/int4_mma.md: Llama-3.2-1B's lm_head 67.1 -> 65.8 us at 2 rows, 116.7 -> 68.9 at 8) and was
+#: within 0.4 us of the better of them at the small ones (its o projection 3.3 -> 3.7 at 2 rows, Qwen2.5-0.5B's qkv
+#: 2.9 -> 3.2 at 16), and in their int4 decode steps at B = 2-16 it gained (results/genai_batch_int4_mma*.md:
+#: Llama-3.2-1B 2,573 -> 3,186 tokens/s at B = 2, 8,626 -> 11,366 at 8).
 MMA_MIN_M, MMA_MAX_M = 2, 16
 #: fewest rows with which a narrow product (K <= MMA_NARROW_K and N <= MMA_NARROW_N: the attention's qkv and output
 #: projections of small models, whose preceding RMSNorm the GEMVs fuse) takes the mma kernel; fewer take the GEMVs.

@@ -31,7 +31,7 @@ interpreter: Gluon kernels do not run in Triton's interpreter, so its tests run 
 ahead of time, ``compile_for``).
 
 On an H200 (``benchmarks/int4_mma.py``, results/int4_mma.md, in CUDA graphs) at 2 to 16 rows it took
-Llama-3.2-1B's lm_head from 67.2-118.7 us (the fp16-pair GEMV at 2 rows, the tl.dot kernel from 4) to 65.8-78.6 us
+Llama-3.2-1B's lm_head from 67.1-118.7 us (the fp16-pair GEMV at 2 rows, the tl.dot kernel from 4) to 65.8-78.6 us
 and its gate+up from 15.8-19.9 to 10.8-14.9 us, and the GenAI benchmark's int4 decode at B = 2 / 4 / 8 / 16 from
 2,573 / 4,639 / 8,626 / 16,174 to 3,186 / 6,210 / 11,366 / 18,327 tokens/s (Llama-3.2-1B; Qwen2.5-0.5B 3,354 /
 5,689 / 10,715 / 20,377 to 3,487 / 6,853 / 12,634 / 21,924; results/genai_batch_int4_mma*.md). With one row the
