@@ -206,6 +206,19 @@ def product_output(a: torch.Tensor, N: int, K: int, bias: torch.Tensor | None) -
 
 
 
+@functools.cache
+def _sm80_capable(index: int) -> bool:
+    return not torch.version.hip and torch.cuda.get_device_capability(index) >= (8, 0)
+
+
+def nvidia_sm80(t: torch.Tensor) -> bool:
+    """Whether ``t`` is on an NVIDIA GPU of compute capability 8.0 or later (fp16 pairs in PTX, ``mma_v2``), outside
+    the interpreter."""
+    if INTERPRET or t.device.type != "cuda":
+        return False
+    return _sm80_capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
 #: CROSSML_PDL=0 launches every kernel without programmatic dependent launch (for A/B measurements)
 _PDL_ENABLED = os.environ.get("CROSSML_PDL", "1") != "0"
 

@@ -64,10 +64,10 @@ import triton.language as tl
 
 from crossml.kernels._launch import (
     GRID_YZ_MAX,
-    INTERPRET,
     cdiv,
     dot_acc,
     next_power_of_2,
+    nvidia_sm80,
     pdl,
     pdl_wait,
     product_output,
@@ -815,7 +815,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     with the rows as the GEMVs' does; ``dot`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
     (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps) (``pick_dot_tiles``).
 
-    Before it, 2 to 16 rows of fp16 activations where ``mma_eligible`` holds take the Gluon mma kernel
+    Before it, fp16 activations where ``mma_eligible`` holds (2 to 16 rows, to 32 for large weights) take the Gluon
+    mma kernel
     (``crossml.kernels.nbits_mma``); ``mma`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
     (BLOCK_N, WARPS, DEPTH, SPLIT_K) (``nbits_mma.pick_tiles``).
     """
@@ -980,17 +981,10 @@ def _dot_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch
 _FP16_PAIRS_ENABLED = os.environ.get("CROSSML_INT4_FP16_PAIRS", "1") != "0"
 
 
-@functools.cache
-def _fp16_pairs_capable(index: int) -> bool:
-    return not torch.version.hip and torch.cuda.get_device_capability(index) >= (8, 0)
-
-
 def fp16_pairs(a: torch.Tensor) -> bool:
     """Whether ``matmul_nbits`` of ``a`` takes the fp16-pair kernel (``_PAIR_DOT_PTX``): fp16 activations on an
     NVIDIA GPU of compute capability 8.0 or later (its PTX), outside the interpreter."""
-    if not _FP16_PAIRS_ENABLED or a.dtype != torch.float16 or a.device.type != "cuda" or INTERPRET:
-        return False
-    return _fp16_pairs_capable(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    return _FP16_PAIRS_ENABLED and a.dtype == torch.float16 and nvidia_sm80(a)
 
 
 #: dequantization tile: rows x columns per program (8192 values at 4 warps)

@@ -42,14 +42,13 @@ instructions a weight (``int4_mma.py --compile``), not memory, bounds it there.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from crossml.kernels._launch import INTERPRET, cdiv, pdl
+from crossml.kernels._launch import cdiv, nvidia_sm80, pdl
 
 __all__ = ["MAX_M", "compile_for", "mma_product", "pick_tiles", "supported"]
 
@@ -221,22 +220,15 @@ def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_P
         _store(acc3, bias_ptr, y_ptr, 48, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
 
 
-@functools.cache
-def _capable(index: int) -> bool:
-    return not torch.version.hip and torch.cuda.get_device_capability(index) >= (8, 0)
-
-
 def supported(a: torch.Tensor, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
     """Whether ``mma_product`` takes this product: fp16 activations on an NVIDIA GPU of compute capability 8.0 or
     later (outside the interpreter), K a multiple of 128, block size 32 to 256, zero points packed (uint8) or
     absent, and the weight's words addressable with 32-bit offsets."""
-    if a.dtype != torch.float16 or a.device.type != "cuda" or INTERPRET:
+    if a.dtype != torch.float16 or not nvidia_sm80(a):
         return False
     if K % BLOCK_K or not 32 <= block_size <= 256 or N * (K // 8) >= 2**31:
         return False
-    if zero_points is not None and zero_points.dtype != torch.uint8:
-        return False
-    return _capable(a.device.index if a.device.index is not None else torch.cuda.current_device())
+    return zero_points is None or zero_points.dtype == torch.uint8
 
 
 #: programs per SM that K is split to reach
@@ -266,8 +258,8 @@ def pick_tiles(M: int, N: int, K: int, processors: int) -> tuple[int, int, int, 
 def mma_product(a2: torch.Tensor, b2: torch.Tensor, s2: torch.Tensor, z2: torch.Tensor | None,
                 bias1: torch.Tensor | None, y2: torch.Tensor, *, K: int, N: int, block_size: int,
                 tiles: tuple[int, int, int, int], const_w: bool) -> None:
-    """``y2 [M, N] = a2 [M <= 16, K] @ dequantize(b2)^T (+ bias1)`` (``supported`` holds): b2 uint8 [N, K / 2]
-    contiguous, s2 [N, n_blocks], z2 uint8 [N, bytes] or None; ``tiles`` (BLOCK_N, WARPS, DEPTH, SPLIT_K) as
+    """``y2 [M, N] = a2 [M <= MAX_M, K] @ dequantize(b2)^T (+ bias1)`` (``supported`` holds): b2 uint8
+    [N, n_blocks * block_size / 2] contiguous, s2 [N, n_blocks], z2 uint8 [N, bytes] or None; ``tiles`` (BLOCK_N, WARPS, DEPTH, SPLIT_K) as
     ``pick_tiles``. One launch, or with K split the float32 partial sums and ``crossml.kernels.gemv``'s
     fixed-order reduction (bias and cast)."""
     from crossml.kernels.gemv import _k_per_split, _reduce_tiles, _split_k_reduce_kernel
