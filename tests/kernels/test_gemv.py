@@ -4,6 +4,7 @@ fast path, CUDA graph capture)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -323,22 +324,25 @@ DOT_CASES = [  # M, K, N, bias, silu_mul, interpreter tiles (BLOCK_M, BLOCK_N, B
 @pytest.mark.parametrize("case", DOT_CASES, ids=lambda c: "M{}_K{}_N{}{}{}_split{}".format(
     *c[:3], "_bias" if c[3] else "", "_silu" if c[4] else "", c[5][3]))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
+def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """The matrix-unit kernel (tiles with BLOCK_M >= 16 ask for it; the GPU's rule from 2 fp16 / bf16 rows) against
-    the fp64 product, gated activations rounded to a's dtype first as the SiluMul op stores them; fp32 in IEEE
-    float32."""
+    the fp64 product, gated activations rounded to a's dtype first as the SiluMul op stores them (gated in a launch
+    of their own, BATCHED_GATE_FIRST, and in the kernel's loads); fp32 in IEEE float32."""
     M, K, N, with_bias, silu, tiles = case
     a = rand(M, 2 * K if silu else K, dtype=dtype, device=device, seed=1)
     w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
     dot_tiles = tiles if device == "cpu" else pick_dot_tiles(M, K, N, a.element_size(), 132)
-    y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
     x = a
     if silu:
         g, up = a[:, :K].float(), a[:, K:].float()
         x = ((g * torch.sigmoid(g)) * up).to(dtype)
-    assert y.shape == (M, N)
-    assert_close(y, _reference(x, w, bias), dtype)
+    for gate_first in [True, False] if silu else [True]:
+        monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", gate_first)
+        y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
+        assert y.shape == (M, N)
+        assert_close(y, _reference(x, w, bias), dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -621,3 +625,197 @@ def test_gpu_dot_kernel_graph_capture(layout: str, silu: bool) -> None:
     assert torch.equal(y, gemv(a, w, silu_mul=silu, const_w=True)) and not torch.equal(y, y0)
     again = gemv_skip_norm(a, w, None, res, gamma, 1e-5, silu_mul=silu, const_w=True)
     assert torch.equal(normed, again[0]) and torch.equal(total, again[1])
+
+
+# --- the Gluon kernel for 2 to 16 rows of fp16 / bf16 with column-major W (crossml.kernels.gemv_mma) ---
+
+MMA_CASES = [  # M, K, N, bias, silu_mul, tiles (16, BLOCK_N, 128, SPLIT_K, warps) or None (the rule)
+    (2, 256, 24, False, False, None),  # N narrower than one tile
+    (4, 384, 130, True, True, (16, 64, 128, 1, 2)),  # a partial N tile, gated activations, bias, one launch
+    (16, 1024, 200, True, False, (16, 32, 128, 3, 1)),  # K split 3 / 3 / 2 steps, bias in the reduction
+    (7, 896, 1152, False, True, (16, 128, 128, 1, 4)),
+    (1, 512, 64, True, False, (16, 64, 128, 2, 2)),  # one row, forced
+    (9, 4864, 896, False, True, None),  # Qwen2.5-0.5B's down projection at the rule's tiles
+    (16, 2048, 3072, True, False, None),  # Llama-3.2-1B's qkv
+]
+
+
+def _gated(a: torch.Tensor, K: int) -> torch.Tensor:
+    """SiluMul of [g | up] rows, rounded to a's dtype as the op stores it."""
+    g, up = a[:, :K].float(), a[:, K:].float()
+    return ((g * torch.sigmoid(g)) * up).to(a.dtype)
+
+
+def _mma_reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    return _reference(_gated(a, w.shape[0]) if silu else a, w, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "M{}_K{}_N{}{}{}_{}".format(
+    *c[:3], "_bias" if c[3] else "", "_silu" if c[4] else "", "rule" if c[5] is None else "x".join(map(str, c[5]))))
+def test_gpu_mma_kernel_matches_fp64_reference(dtype: torch.dtype, case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Gluon kernel against the fp64 product of the same values (gated activations rounded to a's dtype first,
+    as the SiluMul op stores them; gated in a launch of their own and in the kernel's loads), and the ``tl.dot``
+    kernel's result within the rounding of its other summation order."""
+    M, K, N, with_bias, silu, tiles = case
+    a = rand(M, 2 * K if silu else K, dtype=dtype, device="cuda", seed=1)
+    w = _stored(rand(K, N, dtype=dtype, device="cuda", seed=2) * 0.05, "cols")
+    bias = rand(N, dtype=dtype, device="cuda", seed=3) if with_bias else None
+    rtol, atol = TOL[dtype]
+    for gate_first in [True, False] if silu else [True]:
+        monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", gate_first)
+        y = gemv(a, w, bias, tiles=tiles, silu_mul=silu, mma=True, const_w=True)
+        assert y.shape == (M, N) and y.dtype == dtype
+        assert_close(y, _mma_reference(a, w, bias, silu), dtype, tol=(rtol * 2, atol * 4))
+        assert_close(y, gemv(a, w, bias, silu_mul=silu, mma=False).double().cpu(), dtype, tol=(rtol * 2, atol * 4))
+
+
+@pytest.mark.gpu
+def test_gpu_mma_kernel_picks_single_weights_exactly() -> None:
+    """One-hot rows of a pick single rows of W: each K position of each 128-value step (sixteen a call, K split and
+    not) comes back as the stored weight bit for bit, so the permuted K order pairs each weight with its own
+    activation."""
+    K, N = 1024, 72
+    w = _stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2), "cols")
+    for tiles in [(16, 64, 128, 1, 2), (16, 32, 128, 4, 1)]:
+        for k0 in range(0, K, 16):
+            a = torch.zeros(16, K, dtype=torch.float16, device="cuda")
+            a[torch.arange(16), k0 + torch.arange(16)] = 1.0
+            y = gemv(a, w, tiles=tiles, mma=True)
+            assert torch.equal(y, w[k0:k0 + 16]), (tiles, k0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("silu", [False, "first", "inline"])
+def test_gpu_mma_kernel_skip_norm_graph_and_const_w(silu: bool | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gemv_skip_norm on the Gluon kernel's partial sums (the rule's tiles, K split): the reference's normed output
+    and sum; const_w and replays of a CUDA graph equal the eager calls bit for bit."""
+    monkeypatch.setattr(gemv_module, "MMA_MIN_WEIGHT", 0)  # Qwen2.5-0.5B's down projection takes the kernel
+    monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", silu == "first")
+    silu = bool(silu)
+    K, N, M = 4864, 896, 4
+    a = rand(M, 2 * K if silu else K, dtype=torch.float16, device="cuda", seed=1)
+    w = _stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05, "cols")
+    bias = rand(N, dtype=torch.float16, device="cuda", seed=3)
+    res, gamma = rand(M, N, dtype=torch.float16, device="cuda", seed=4), rand(N, dtype=torch.float16, device="cuda")
+    assert gemv_module.mma_eligible(a, w, M)
+    normed, total = gemv_skip_norm(a, w, bias, res, gamma, 1e-5, silu_mul=silu)
+    x = _gated(a, K) if silu else a
+    want_n, want_s = _skip_norm_reference(x, w, bias, res, gamma, 1e-5, torch.float16)
+    assert_close(total, want_s, torch.float16)
+    assert_close(normed, want_n, torch.float16)
+    again = gemv_skip_norm(a, w, bias, res, gamma, 1e-5, silu_mul=silu, const_w=True)
+    assert torch.equal(again[0], normed) and torch.equal(again[1], total)
+    y0 = gemv(a, w, bias, silu_mul=silu, const_w=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = gemv(a, w, bias, silu_mul=silu, const_w=True)
+        g_normed, g_total = gemv_skip_norm(a, w, bias, res, gamma, 1e-5, silu_mul=silu, const_w=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, y0) and torch.equal(g_normed, normed) and torch.equal(g_total, total)
+    a.copy_(rand(*a.shape, dtype=torch.float16, device="cuda", seed=7))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, gemv(a, w, bias, silu_mul=silu)) and not torch.equal(y, y0)
+
+
+@pytest.mark.gpu
+def test_gpu_mma_kernel_routing_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tiles, 2 to 16 fp16 / bf16 rows with a column-major W of MMA_MIN_WEIGHT values or more and K a multiple
+    of 128 take the Gluon kernel; one row, a row-major W, K off the step, fp32, a smaller weight or MMA_MAX_M = 0
+    keep the others. The ops take such batched weights past their batched limit only when N <= K (a down
+    projection). Forcing the kernel where it does not apply, or malformed tiles, are refused naming what it
+    takes."""
+    taken = []
+    real = gemv_module._mma_product
+    monkeypatch.setattr(gemv_module, "_mma_product", lambda *a, **kw: taken.append(1) or real(*a, **kw))
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cuda",))
+    down = _stored(rand(8192, 2048, dtype=torch.float16, device="cuda", seed=5) * 0.02, "cols")
+    a4 = rand(4, 8192, dtype=torch.float16, device="cuda", seed=6)
+    assert gemv_module.MMA_MIN_WEIGHT <= 8192 * 2048 and gemv_module.mma_eligible(a4, down, 4)
+    assert gemv_eligible(a4, down)  # past GEMV_BATCHED_MAX_WEIGHT, N <= K: the Gluon kernel
+    assert not gemv_eligible(rand(4, 2048, dtype=torch.float16, device="cuda"), down.t())  # wide: cuBLAS
+    assert_close(matmul_op(a4, down), _reference(a4, down), torch.float16, tol=(1e-2, 4e-2))
+    assert taken
+    taken.clear()
+    small = _stored(rand(896, 1152, dtype=torch.float16, device="cuda", seed=5) * 0.05, "cols")
+    gemv(rand(4, 896, dtype=torch.float16, device="cuda"), small)
+    assert not taken  # below MMA_MIN_WEIGHT: the tl.dot kernel
+    monkeypatch.setattr(gemv_module, "MMA_MIN_WEIGHT", 0)
+    K, N = 256, 96
+    w = rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05
+    cols = _stored(w, "cols")
+    for M, dtype, stored, want in [(1, torch.float16, cols, False), (2, torch.float16, cols, True),
+                                   (16, torch.bfloat16, cols, True), (17, torch.float16, cols, False),
+                                   (4, torch.float16, w, False), (4, torch.float32, cols, False)]:
+        taken.clear()
+        a = rand(M, K, dtype=dtype, device="cuda", seed=M)
+        y = gemv(a, stored.to(dtype))
+        assert bool(taken) == want, (M, dtype, stored.stride())
+        assert_close(y, _reference(a, stored.to(dtype)), dtype, tol=(TOL[dtype][0] * 2, TOL[dtype][1] * 4))
+    taken.clear()
+    a = rand(4, K, dtype=torch.float16, device="cuda")
+    gemv_skip_norm(a, cols, None, rand(4, N, dtype=torch.float16, device="cuda"),
+                   rand(N, dtype=torch.float16, device="cuda"), 1e-5)
+    assert taken
+    monkeypatch.setattr(gemv_module, "MMA_MAX_M", 0)
+    taken.clear()
+    gemv(a, cols)
+    assert not taken and not gemv_eligible(a4, down)
+    with pytest.raises(ValueError, match="mma kernel.*column-major with K a multiple of 128"):
+        gemv(rand(4, 320, dtype=torch.float16, device="cuda"), _stored(rand(320, N, device="cuda").half(), "cols"),
+             mma=True)
+    with pytest.raises(ValueError, match="mma kernel.*column-major"):
+        gemv(a, w, mma=True)
+    for bad in [(16, 64, 64, 1, 2), (32, 64, 128, 1, 2), (16, 48, 128, 1, 2), (16, 64, 128, MAX_SPLIT_K + 1, 2)]:
+        with pytest.raises(ValueError, match="mma kernel"):
+            gemv(a, cols, tiles=bad, mma=True)
+
+
+def test_mma_kernel_is_never_taken_on_the_cpu() -> None:
+    """On the CPU nothing is mma-eligible, and forcing the kernel names what it needs."""
+    a = rand(4, 256, dtype=torch.float16)
+    w = _stored(rand(256, 64, dtype=torch.float16), "cols")
+    assert not gemv_module.mma_eligible(a, w, 4)
+    with pytest.raises(ValueError, match="mma kernel.*NVIDIA GPU of compute capability 8.0"):
+        gemv(a, w, mma=True)
+
+
+def test_mma_tiles_for_decode_shapes() -> None:
+    """The Gluon kernel's rule: 64 W rows at two warps, K split in whole 128-value steps (at most 64 ranges) to
+    about SPLIT_PER_SM programs per SM; for the skip-norm's products at most the norm tile's splits."""
+    assert gemv_module._mma_tiles(8, 896, 1152, 132, False) == (16, 64, 128, 7, 2)  # Qwen2.5-0.5B qkv: 7 steps
+    assert gemv_module._mma_tiles(2, 4864, 896, 132, False) == (16, 64, 128, 38, 2)  # its down projection
+    assert gemv_module._mma_tiles(2, 4864, 896, 132, True) == (16, 64, 128, 16, 2)  # ... feeding the skip-norm
+    assert gemv_module._mma_tiles(16, 8192, 2048, 132, True) == (16, 64, 128, 8, 2)  # Llama-3.2-1B's down
+    assert gemv_module._mma_tiles(4, 2048, 16384, 132, False) == (16, 64, 128, 3, 2)  # its gate+up
+
+
+MMA_COMPILES = [(90, "fp16", {}), (90, "bf16", {"SILU_MUL": True}),
+                (80, "fp16", {"PARTIAL": False, "HAS_BIAS": True, "BLOCK_N": 128, "WARPS": 4})]
+
+
+def test_mma_kernel_compiles_to_register_operands() -> None:
+    """Gluon kernels do not run in Triton's interpreter, so the CPU compiles the kernel ahead of time: nothing goes
+    through shared memory, a and W load as 128-bit vectors, the products are mma instructions, and (the layout's
+    point) the plain kernel's loop has no byte permutes: each loaded word is an operand register as it is. (In a
+    process of its own: the interpreted tests' patches of Triton's language break compiling.)"""
+    code = (
+        "import json, os, sys\n"
+        "sys.path.insert(0, 'benchmarks')\n"
+        "from int4_mma import _loop_sass\n"
+        "from crossml.kernels import gemv_mma\n"
+        f"out = []\nfor arch, dtype, consts in {MMA_COMPILES!r}:\n"
+        "    k = gemv_mma.compile_for(arch, dtype, **consts)\n"
+        "    ptx = k.asm['ptx']\n"
+        "    out.append([k.metadata.shared, 'ld.global.v4.b32' in ptx, 'mma.sync.aligned.m16n8k16' in ptx,\n"
+        "                _loop_sass(k.asm['cubin'])[1].get('PRMT', 0) if not consts else 0])\n"
+        "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[0, True, True, 0]] * len(MMA_COMPILES)

@@ -750,13 +750,15 @@ def test_mma_kernel_needs_the_gluon_of_triton_3_6(monkeypatch: pytest.MonkeyPatc
     """Gluon's API moves between Triton releases: an older Triton leaves the 4-bit products on the other kernels."""
     import triton
 
-    kernel_module._mma_kernels.cache_clear()
+    from crossml.kernels._launch import gluon_kernels
+
+    gluon_kernels.cache_clear()
     monkeypatch.setattr(triton, "__version__", "3.5.1")
     assert kernel_module._mma_kernels() is None
-    kernel_module._mma_kernels.cache_clear()
+    gluon_kernels.cache_clear()
     monkeypatch.undo()
     assert kernel_module._mma_kernels() is not None
-    kernel_module._mma_kernels.cache_clear()
+    gluon_kernels.cache_clear()
 
 
 #: (arch, constexprs) the CPU compiles the mma kernel for: the rule's tiles with packed zero points and float32

@@ -10,7 +10,9 @@ launches use one small fixed tile instead of autotuning.
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -204,6 +206,18 @@ def product_output(a: torch.Tensor, N: int, K: int, bias: torch.Tensor | None) -
         return y, True
     return y, False
 
+
+
+@functools.cache
+def gluon_kernels(name: str) -> Any:
+    """The Gluon kernel module ``crossml.kernels.<name>``, or None where this Triton has no Gluon as of Triton 3.6
+    (an experimental language whose API moves between releases; the kernels are written and tested against 3.6)."""
+    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < (3, 6):
+        return None
+    try:
+        return importlib.import_module(f"crossml.kernels.{name}")
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - builds without Gluon, or another API
+        return None
 
 
 @functools.cache

@@ -93,6 +93,7 @@ from crossml.kernels._launch import (
     GRID_YZ_MAX,
     cdiv,
     dot_acc,
+    gluon_kernels,
     next_power_of_2,
     pdl,
     pdl_wait,
@@ -103,7 +104,8 @@ from crossml.kernels._launch import (
 )
 from crossml.kernels.rmsnorm import _cast
 
-__all__ = ["DOT_MIN_M", "DTYPES", "column_major", "gemv", "gemv_skip_norm", "pick_dot_tiles", "pick_tiles"]
+__all__ = ["DOT_MIN_M", "DTYPES", "MMA_MAX_M", "MMA_MIN_M", "column_major", "gemv", "gemv_skip_norm", "mma_eligible",
+           "pick_dot_tiles", "pick_tiles"]
 
 #: storage types the kernel takes (float32 accumulation for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -467,6 +469,12 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 
 #: fewest rows of a that take the matrix-unit kernel (``_gemv_dot_kernel``) rather than the per-row GEMV
 DOT_MIN_M = 2
+#: a SiLU-gated product of 2 rows or more (on ``_gemv_dot_kernel`` or the Gluon kernel) gates its activations in a
+#: launch of their own (``crossml.kernels.swiglu.silu_mul_packed``) rather than in every program's loads (False),
+#: where each of the N / BLOCK_N column tiles (and each warp of the Gluon kernel) would gate the same rows again
+#: (benchmarks/results/gemv_mma.md: Llama-3.2-1B's down projection with its skip-norm at 2-16 rows ... us gated
+#: first against ... in the loads on the Gluon kernel, ... on ``_gemv_dot_kernel``)
+BATCHED_GATE_FIRST = True
 
 
 def _dot_rows(M: int, dtype: torch.dtype) -> bool:
@@ -497,6 +505,46 @@ def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
         split = max(1, min(cdiv(4 * processors, n_prog), cdiv(K, block_k), MAX_SPLIT_K))
         split = cdiv(K, _k_per_split(K, split, block_k))
     return block_m, block_n, block_k, split, 4
+
+
+#: rows of a whose products of weights of at least MMA_MIN_WEIGHT values take the Gluon kernel
+#: (``crossml.kernels.gemv_mma``) where it applies (``mma_eligible``); MMA_MAX_M = 0 keeps them on
+#: ``_gemv_dot_kernel`` (and ``crossml.ops.matmul`` leaves the ones past its batched limit to cuBLAS).
+#:
+#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma.md) the kernel read the large
+#: weights faster than ``_gemv_dot_kernel`` or cuBLAS: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows
+#: 11.1-12.5 us against 11.2-11.6 and 13.0-13.3 (H200), and with the SiLU gate and the skip-norm fused ...; at the
+#: small products (Qwen2.5-0.5B's, Llama-3.2-1B's qkv and o) it trailed ``_gemv_dot_kernel`` by 0.1-1.1 us from 4
+#: rows, and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up 18.5-18.9 us against 20.1-22.2).
+MMA_MIN_M, MMA_MAX_M = 2, 16
+MMA_MIN_WEIGHT = 10_000_000
+
+
+def _mma_kernels():
+    """``crossml.kernels.gemv_mma``, or None without the Gluon of Triton 3.6 (``_launch.gluon_kernels``)."""
+    return gluon_kernels("gemv_mma")
+
+
+def mma_eligible(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
+    """Whether the matrix-unit product of M rows of ``a`` with ``w`` [K, N] runs the Gluon kernel: MMA_MIN_M to
+    MMA_MAX_M rows, K * N of at least MMA_MIN_WEIGHT and ``crossml.kernels.gemv_mma.supported`` (fp16 / bf16 on an NVIDIA GPU of compute capability
+    8.0+, W column-major with K a multiple of 128, 16-byte aligned rows)."""
+    if not MMA_MIN_M <= M <= MMA_MAX_M or a.device.type != "cuda" or a.dtype not in (torch.float16, torch.bfloat16) \
+            or w.dim() != 2 or w.shape[0] * w.shape[1] < MMA_MIN_WEIGHT:
+        return False
+    kernels = _mma_kernels()
+    return kernels is not None and kernels.supported(a, w, M)
+
+
+def _mma_tiles(M: int, K: int, N: int, processors: int, norm: bool) -> tuple[int, int, int, int, int]:
+    """(16, BLOCK_N, 128, SPLIT_K, warps) of the Gluon kernel (``gemv_mma.pick_tiles``); for a skip-norm's product
+    (``norm``) at most as many K splits as ``_norm_dot_tiles`` allows."""
+    kernels = _mma_kernels()
+    block_n, warps, split = kernels.pick_tiles(M, K, N, processors)
+    if norm:
+        cap = max(1, _NORM_TILE // next_power_of_2(N))
+        split = min(split, 1 << (cap.bit_length() - 1))
+    return 16, block_n, kernels.BLOCK_K, split, warps
 
 
 def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
@@ -589,19 +637,24 @@ def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu_mul
 
 def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
               tiles: tuple[int, int, int, int, int] | None, const_w: bool, silu_mul: bool,
-              interpret: bool) -> torch.Tensor | None:
+              interpret: bool, mma: bool | None = None, norm: bool = False) -> torch.Tensor | None:
     """The GEMV launch of ``a2 [M, K] @ w`` (``a2 [M, 2K]`` with ``silu_mul``): into ``y2 [M, N]`` (bias added)
     when K is not split, else the float32 ``[SPLIT_K, M, N]`` workspace of partial sums it returns (no bias; so
     also when ``y2`` is None). From DOT_MIN_M rows the matrix-unit kernel (``_gemv_dot_kernel``, tiles of
-    ``pick_dot_tiles``; tiles with BLOCK_M >= 16 ask for it)."""
+    ``pick_dot_tiles``; tiles with BLOCK_M >= 16 ask for it), or where ``mma_eligible`` holds (``mma`` None and no
+    tiles given) or ``mma`` is True, the Gluon kernel (``_mma_product``; ``norm``: the skip-norm's product)."""
     M = a2.shape[0]
     K, N = w.shape
+    if mma or (mma is None and tiles is None and _dot_rows(M, a2.dtype) and mma_eligible(a2, w, M)):
+        return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
     colmajor = column_major(w)
     if tiles is None:
         pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
         tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
     dot = block_m >= 16
+    if dot and silu_mul and BATCHED_GATE_FIRST:
+        a2, silu_mul = _gated(a2), False
     if (block_m not in (1, 2, 4) and not dot) or block_n & (block_n - 1) or block_k & (block_k - 1) \
             or block_m & (block_m - 1) or not 1 <= split <= MAX_SPLIT_K or dot and min(block_n, block_k) < 16:
         raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4 (the GEMV) or a power of two >= 16 (the "
@@ -633,6 +686,43 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     return ws
 
 
+def _gated(a2: torch.Tensor) -> torch.Tensor:
+    """``SiluMul`` of [g | up] rows ``a2`` [M, 2K] -> [M, K] in one launch (``BATCHED_GATE_FIRST``)."""
+    from crossml.kernels.swiglu import silu_mul_packed
+
+    return silu_mul_packed(a2)
+
+
+def _mma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
+                 tiles: tuple[int, int, int, int, int] | None, const_w: bool, silu_mul: bool,
+                 norm: bool) -> torch.Tensor | None:
+    """``_products`` on the Gluon kernel (``crossml.kernels.gemv_mma``): tiles (16, BLOCK_N, 128, SPLIT_K, warps),
+    ``_mma_tiles`` when None."""
+    M = a2.shape[0]
+    K, N = w.shape
+    kernels = _mma_kernels()
+    if kernels is None or not kernels.supported(a2, w, M):
+        raise ValueError(f"GEMV mma kernel: takes 1 to 16 rows of float16/bfloat16 a on an NVIDIA GPU of compute "
+                         f"capability 8.0+ with Gluon (Triton 3.6), w of a's dtype stored column-major with K a "
+                         f"multiple of 128 and 16-byte aligned rows; got M={M}, a {a2.dtype} on {a2.device}, w "
+                         f"{w.dtype} of shape {tuple(w.shape)} strides {w.stride()}")
+    if tiles is None:
+        tiles = _mma_tiles(M, K, N, rule_processors(a2), norm)
+    block_m, block_n, block_k, split, warps = tiles
+    if block_m != 16 or block_k != kernels.BLOCK_K or not 1 <= split <= MAX_SPLIT_K:
+        raise ValueError(f"GEMV mma kernel: tiles {tiles} must be (16, BLOCK_N, {kernels.BLOCK_K}, SPLIT_K in "
+                         f"[1, {MAX_SPLIT_K}], warps)")
+    k_per_split = _k_per_split(K, min(split, K // block_k), block_k)
+    split = cdiv(K, k_per_split)  # no empty splits
+    if silu_mul and BATCHED_GATE_FIRST:
+        a2, silu_mul = _gated(a2), False
+    partial = split > 1 or y2 is None
+    out = torch.empty((split, M, N), dtype=torch.float32, device=a2.device) if partial else y2
+    kernels.launch(a2, w, bias1, out, k_per_split=k_per_split, split=split, block_n=block_n, warps=warps,
+                   has_bias=has_bias, partial=partial, const_w=const_w, silu_mul=silu_mul, pdl=pdl(a2))
+    return out if partial else None
+
+
 def _reduce_tiles(split: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK, num_warps) of the kernels that add ``split`` partial sums: one [BLOCK_S, BLOCK] tile
     of float32 partial sums per step."""
@@ -643,7 +733,7 @@ def _reduce_tiles(split: int) -> tuple[int, int, int]:
 
 def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          tiles: tuple[int, int, int, int, int] | None = None, const_w: bool = False,
-         silu_mul: bool = False) -> torch.Tensor:
+         silu_mul: bool = False, mma: bool | None = None) -> torch.Tensor:
     """``a @ w (+ bias)`` for ``a`` [..., K] and a contiguous ``w`` [K, N] -> [..., N] in a's dtype.
 
     Meant for decode sizes (prod of a's leading dims M of 1 to 16, ``crossml.ops.matmul.GEMV_MAX_M``; from 2 rows
@@ -655,7 +745,9 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     the model that no kernel writes (an initializer), so with programmatic dependent launch its first
     tiles are read while the previous kernel finishes. ``silu_mul``: ``a`` is [..., 2K], [g | up] along its last
     axis, and the product is ``SiluMul(a) @ w`` with the activations rounded to a's dtype (the SiluMul op's
-    output), computed as the GEMV loads them.
+    output), computed as the GEMV loads them. ``mma``: True forces the Gluon kernel (``crossml.kernels.gemv_mma``;
+    tiles then (16, BLOCK_N, 128, SPLIT_K, warps)), False keeps it off, None takes it where ``mma_eligible`` holds
+    and no tiles are given.
     """
     K, N = _check(a, w, bias, silu_mul)
     M = math.prod(a.shape[:-1])
@@ -669,7 +761,7 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     interpret = use_interpreter(a, "GEMV")
     launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
     with launch:
-        ws = _products(a2, w, bias1, bias is not None, y2, tiles, const_w, silu_mul, interpret)
+        ws = _products(a2, w, bias1, bias is not None, y2, tiles, const_w, silu_mul, interpret, mma)
         if ws is None:
             return y
         block_s, block, warps = _reduce_tiles(ws.shape[0])
@@ -696,8 +788,8 @@ def _norm_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
 
 def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                    gamma: torch.Tensor, eps: float, *, want_sum: bool = True, const_w: bool = False,
-                   silu_mul: bool = False,
-                   tiles: tuple[int, int, int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   silu_mul: bool = False, tiles: tuple[int, int, int, int, int] | None = None,
+                   mma: bool | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``SkipSimplifiedLayerNormalization(residual, a @ w (+ bias), gamma)``: the decode product and the RMSNorm
     of the residual stream that follows it, in two launches instead of three.
 
@@ -707,7 +799,7 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     computes them from ``y = a @ w (+ bias)`` rounded to a's dtype (the unfused MatMul's output). The GEMV
     always writes float32 partial sums (K split or not); the one program per row of the second launch adds
     them, rounds y, adds the residual and normalizes, so no [M, N] product is stored in between.
-    ``tiles``, ``const_w`` and ``silu_mul`` as for ``gemv``.
+    ``tiles``, ``const_w``, ``silu_mul`` and ``mma`` as for ``gemv``.
     """
     K, N = _check(a, w, bias, silu_mul)
     shape = (*a.shape[:-1], N)
@@ -730,9 +822,9 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         if K == 0:  # the empty sum: a zero workspace of one split (bias added below)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)
         else:
-            if tiles is None and _dot_rows(M, a.dtype):
+            if tiles is None and _dot_rows(M, a.dtype) and not (mma or (mma is None and mma_eligible(a2, w, M))):
                 tiles = _norm_dot_tiles(M, K, N, a.element_size(), rule_processors(a))
-            ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret)
+            ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret, mma, norm=True)
         block_s, block, warps = _reduce_tiles(ws.shape[0])
         single = block_s * next_power_of_2(N) <= _NORM_TILE
         if single:

@@ -53,10 +53,8 @@ with pairs: the step's time moved with how the next launches overlap, not with t
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
-import re
 
 import torch
 import triton
@@ -66,6 +64,7 @@ from crossml.kernels._launch import (
     GRID_YZ_MAX,
     cdiv,
     dot_acc,
+    gluon_kernels,
     next_power_of_2,
     nvidia_sm80,
     pdl,
@@ -730,17 +729,9 @@ MMA_NARROW_MIN_M, MMA_NARROW_K, MMA_NARROW_N = 3, 1024, 4096
 MMA_WIDE_MAX_M, MMA_WIDE_MIN_WEIGHT = 32, 16_000_000
 
 
-@functools.cache
 def _mma_kernels():
-    """``crossml.kernels.nbits_mma``, or None where this Triton has no Gluon as of Triton 3.6 (an experimental
-    language whose API moves between releases; the kernel is written and tested against 3.6)."""
-    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < (3, 6):
-        return None
-    try:
-        from crossml.kernels import nbits_mma
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover - builds without Gluon, or another API
-        return None
-    return nbits_mma
+    """``crossml.kernels.nbits_mma``, or None without the Gluon of Triton 3.6 (``_launch.gluon_kernels``)."""
+    return gluon_kernels("nbits_mma")
 
 
 def mma_eligible(a: torch.Tensor, M: int, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:

@@ -90,12 +90,18 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 #: Its gate+up and down on cuBLAS from 2 rows took B = 2 / 4 / 8 from 1,980 / 3,903-3,920 / 7,538-7,555 to
 #: 2,122-2,123 / 4,254-4,261 / 7,900-7,903 (H200; H100 +2-5 %). A 20M limit, with the down projection (16.8M) on the
 #: kernel, was slower.
+#:
+#: Past GEMV_BATCHED_MAX_WEIGHT, a product whose N is at most its K (a down projection) takes the GEMV's Gluon
+#: kernel where it applies (``crossml.kernels.gemv.mma_eligible``: NVIDIA sm80+, column-major W, K a multiple of
+#: 128), with the SiLU gate and the skip-norm fused; GEMV_MMA_TALL = False leaves those to cuBLAS too. Wide ones
+#: (an MLP's gate+up) stay on cuBLAS, which read them faster than either kernel (benchmarks/results/gemv_mma.md).
 GEMV_DEVICES: tuple[str, ...] = ("cuda",)
 GEMV_DTYPES = (torch.float16, torch.bfloat16)
 GEMV_MAX_M = 16
 GEMV_BATCHED_MAX_WEIGHT = 10_000_000
 GEMV_MIN_KN = 256
 GEMV_MAX_WEIGHT = 1 << 26
+GEMV_MMA_TALL = True
 
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
@@ -136,7 +142,7 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     ``w`` a 2-D [K, N] matrix of the same dtype and device stored contiguous or column-major (its transpose
     contiguous, ``column_major_weight``), at most GEMV_MAX_M rows of ``a``
     (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT (and at most
-    GEMV_BATCHED_MAX_WEIGHT for 2 rows or more), a bias (if any) of
+    GEMV_BATCHED_MAX_WEIGHT for 2 rows or more, unless N <= K and the Gluon kernel takes it), a bias (if any) of
     N values of the same dtype and device, and triton importable. Anything else (CPU tensors included)
     keeps torch."""
     if a.device.type not in GEMV_DEVICES or a.dtype not in GEMV_DTYPES or w.dtype != a.dtype:
@@ -145,13 +151,20 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         return False
     K, N = w.shape
     M = math.prod(a.shape[:-1])
-    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT or not 1 <= M <= GEMV_MAX_M \
-            or (M > 1 and K * N > GEMV_BATCHED_MAX_WEIGHT):
+    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT or not 1 <= M <= GEMV_MAX_M:
+        return False
+    if M > 1 and K * N > GEMV_BATCHED_MAX_WEIGHT and not (GEMV_MMA_TALL and N <= K and _mma_takes(a, w, M)):
         return False
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != N or bias.dtype != a.dtype
                              or bias.device != a.device):
         return False
     return load("gemv") is not None  # imported on the first eligible call only
+
+
+def _mma_takes(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
+    """Whether the GEMV's Gluon kernel takes M rows of ``a`` with ``w`` (``crossml.kernels.gemv.mma_eligible``)."""
+    kernels = load("gemv")
+    return kernels is not None and kernels.mma_eligible(a, w, M)
 
 
 def matmul_any(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
