@@ -95,9 +95,9 @@ def measure(N: int, K: int, rows: list[int], sweep: bool, fused: bool) -> dict:
                                                                  silu_mul=True, mma=mma) for w in ws])
 
             r["fused_dot_us"], r["fused_mma_us"] = fused_us(False), fused_us(True)
-            g.BATCHED_GATE_FIRST = False
+            g.MMA_GATE_FIRST = False
             r["fused_mma_inline_gate_us"] = fused_us(True)
-            g.BATCHED_GATE_FIRST = True
+            g.MMA_GATE_FIRST = True
             n0, s0 = g.gemv_skip_norm(gu, ws[0], None, res, gamma, 1e-6, silu_mul=True, mma=False)
             n1, s1 = g.gemv_skip_norm(gu, ws[0], None, res, gamma, 1e-6, silu_mul=True, mma=True)
             r["fused_max_diff"] = float(max((n0.float() - n1.float()).abs().max(), (s0.float() - s1.float()).abs().max()))

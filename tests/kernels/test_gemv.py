@@ -324,25 +324,22 @@ DOT_CASES = [  # M, K, N, bias, silu_mul, interpreter tiles (BLOCK_M, BLOCK_N, B
 @pytest.mark.parametrize("case", DOT_CASES, ids=lambda c: "M{}_K{}_N{}{}{}_split{}".format(
     *c[:3], "_bias" if c[3] else "", "_silu" if c[4] else "", c[5][3]))
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
     """The matrix-unit kernel (tiles with BLOCK_M >= 16 ask for it; the GPU's rule from 2 fp16 / bf16 rows) against
-    the fp64 product, gated activations rounded to a's dtype first as the SiluMul op stores them (gated in a launch
-    of their own, BATCHED_GATE_FIRST, and in the kernel's loads); fp32 in IEEE float32."""
+    the fp64 product, gated activations rounded to a's dtype first as the SiluMul op stores them; fp32 in IEEE
+    float32."""
     M, K, N, with_bias, silu, tiles = case
     a = rand(M, 2 * K if silu else K, dtype=dtype, device=device, seed=1)
     w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
     dot_tiles = tiles if device == "cpu" else pick_dot_tiles(M, K, N, a.element_size(), 132)
+    y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
     x = a
     if silu:
         g, up = a[:, :K].float(), a[:, K:].float()
         x = ((g * torch.sigmoid(g)) * up).to(dtype)
-    for gate_first in [True, False] if silu else [True]:
-        monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", gate_first)
-        y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
-        assert y.shape == (M, N)
-        assert_close(y, _reference(x, w, bias), dtype)
+    assert y.shape == (M, N)
+    assert_close(y, _reference(x, w, bias), dtype)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -664,7 +661,7 @@ def test_gpu_mma_kernel_matches_fp64_reference(dtype: torch.dtype, case: tuple, 
     bias = rand(N, dtype=dtype, device="cuda", seed=3) if with_bias else None
     rtol, atol = TOL[dtype]
     for gate_first in [True, False] if silu else [True]:
-        monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", gate_first)
+        monkeypatch.setattr(gemv_module, "MMA_GATE_FIRST", gate_first)
         y = gemv(a, w, bias, tiles=tiles, silu_mul=silu, mma=True, const_w=True)
         assert y.shape == (M, N) and y.dtype == dtype
         assert_close(y, _mma_reference(a, w, bias, silu), dtype, tol=(rtol * 2, atol * 4))
@@ -692,7 +689,7 @@ def test_gpu_mma_kernel_skip_norm_graph_and_const_w(silu: bool | str, monkeypatc
     """gemv_skip_norm on the Gluon kernel's partial sums (the rule's tiles, K split): the reference's normed output
     and sum; const_w and replays of a CUDA graph equal the eager calls bit for bit."""
     monkeypatch.setattr(gemv_module, "MMA_MIN_WEIGHT", 0)  # Qwen2.5-0.5B's down projection takes the kernel
-    monkeypatch.setattr(gemv_module, "BATCHED_GATE_FIRST", silu == "first")
+    monkeypatch.setattr(gemv_module, "MMA_GATE_FIRST", silu == "first")
     silu = bool(silu)
     K, N, M = 4864, 896, 4
     a = rand(M, 2 * K if silu else K, dtype=torch.float16, device="cuda", seed=1)

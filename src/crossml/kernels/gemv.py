@@ -469,12 +469,6 @@ def pick_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 
 #: fewest rows of a that take the matrix-unit kernel (``_gemv_dot_kernel``) rather than the per-row GEMV
 DOT_MIN_M = 2
-#: a SiLU-gated product of 2 rows or more (on ``_gemv_dot_kernel`` or the Gluon kernel) gates its activations in a
-#: launch of their own (``crossml.kernels.swiglu.silu_mul_packed``) rather than in every program's loads (False),
-#: where each of the N / BLOCK_N column tiles (and each warp of the Gluon kernel) would gate the same rows again
-#: (benchmarks/results/gemv_mma.md: Llama-3.2-1B's down projection with its skip-norm at 2-16 rows ... us gated
-#: first against ... in the loads on the Gluon kernel, ... on ``_gemv_dot_kernel``)
-BATCHED_GATE_FIRST = True
 
 
 def _dot_rows(M: int, dtype: torch.dtype) -> bool:
@@ -509,15 +503,28 @@ def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 
 #: rows of a whose products of weights of at least MMA_MIN_WEIGHT values take the Gluon kernel
 #: (``crossml.kernels.gemv_mma``) where it applies (``mma_eligible``); MMA_MAX_M = 0 keeps them on
-#: ``_gemv_dot_kernel`` (and ``crossml.ops.matmul`` leaves the ones past its batched limit to cuBLAS).
+#: ``_gemv_dot_kernel`` (and ``crossml.ops.matmul`` then leaves the ones past its batched limit to cuBLAS).
 #:
-#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma.md) the kernel read the large
-#: weights faster than ``_gemv_dot_kernel`` or cuBLAS: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows
-#: 11.1-12.5 us against 11.2-11.6 and 13.0-13.3 (H200), and with the SiLU gate and the skip-norm fused ...; at the
-#: small products (Qwen2.5-0.5B's, Llama-3.2-1B's qkv and o) it trailed ``_gemv_dot_kernel`` by 0.1-1.1 us from 4
-#: rows, and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up 18.5-18.9 us against 20.1-22.2).
+#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma*.md) the kernel read
+#: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows in 11.0-12.6 us against 11.2-11.8 for
+#: ``_gemv_dot_kernel`` and 12.6-13.5 for cuBLAS on an H200, and with the SiLU gate and the skip-norm in 14.6-15.5
+#: against 15.4-19.6 (``_gemv_dot_kernel``'s) or cuBLAS plus the two kernels around it; at the products below the
+#: limit it trailed ``_gemv_dot_kernel`` from 4 rows (by 0.1-1.1 us at the qkv and o projections of both models,
+#: 0.4-1.6 at Qwen2.5-0.5B's gate+up and down), and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up 18.5-19.6 us
+#: against 20.1-22.4). In the GenAI benchmark that took Llama-3.2-1B's fp16 decode at B = 2 / 4 / 8 / 16 from
+#: 1,728 / 3,432 / 6,409 / 11,980 to 1,781 / 3,526 / 6,608 / 12,380 tokens/s on an H100 and from 2,120 / 4,244 /
+#: 7,897 / 14,917 to 2,204 / 4,375 / 8,189 / 15,337 on an H200 (results/genai_batch_fp16_mma.md).
 MMA_MIN_M, MMA_MAX_M = 2, 16
 MMA_MIN_WEIGHT = 10_000_000
+#: a SiLU-gated product on the Gluon kernel gates its rows in a launch of their own
+#: (``crossml.kernels.swiglu.silu_mul_packed``) rather than in its loads (False), where each warp of each of the
+#: N / BLOCK_N programs would gate the same rows again: Llama-3.2-1B's down projection with its skip-norm at 2-16
+#: rows took 14.6-15.5 against 15.1-19.2 us on an H200 and 16.8-17.8 against 17.0-21.0 on an H100
+#: (results/gemv_mma*.md). (On ``_gemv_dot_kernel``, gating first took Qwen2.5-0.5B's fp16 decode at B = 2-16 from
+#: 3,179-3,183 / 6,283 / 12,272-12,277 / 21,365-21,381 to 3,196-3,201 / 6,340-6,341 / 12,211-12,278 /
+#: 21,514-21,516 tokens/s on an H200 but from 2,845-2,853 / 5,626-5,655 / 10,243-10,274 / 19,111-19,220 to
+#: 2,826-2,832 / 5,607-5,616 / 10,058-10,105 / 19,140-19,190 on an H100, so that kernel gates in its loads.)
+MMA_GATE_FIRST = True
 
 
 def _mma_kernels():
@@ -653,8 +660,6 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
         tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
     dot = block_m >= 16
-    if dot and silu_mul and BATCHED_GATE_FIRST:
-        a2, silu_mul = _gated(a2), False
     if (block_m not in (1, 2, 4) and not dot) or block_n & (block_n - 1) or block_k & (block_k - 1) \
             or block_m & (block_m - 1) or not 1 <= split <= MAX_SPLIT_K or dot and min(block_n, block_k) < 16:
         raise ValueError(f"tiles {tiles}: BLOCK_M must be 1, 2 or 4 (the GEMV) or a power of two >= 16 (the "
@@ -687,7 +692,7 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
 
 
 def _gated(a2: torch.Tensor) -> torch.Tensor:
-    """``SiluMul`` of [g | up] rows ``a2`` [M, 2K] -> [M, K] in one launch (``BATCHED_GATE_FIRST``)."""
+    """``SiluMul`` of [g | up] rows ``a2`` [M, 2K] -> [M, K] in one launch (``MMA_GATE_FIRST``)."""
     from crossml.kernels.swiglu import silu_mul_packed
 
     return silu_mul_packed(a2)
@@ -714,7 +719,7 @@ def _mma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bia
                          f"[1, {MAX_SPLIT_K}], warps)")
     k_per_split = _k_per_split(K, min(split, K // block_k), block_k)
     split = cdiv(K, k_per_split)  # no empty splits
-    if silu_mul and BATCHED_GATE_FIRST:
+    if silu_mul and MMA_GATE_FIRST:
         a2, silu_mul = _gated(a2), False
     partial = split > 1 or y2 is None
     out = torch.empty((split, M, N), dtype=torch.float32, device=a2.device) if partial else y2

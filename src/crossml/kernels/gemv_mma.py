@@ -19,6 +19,17 @@ each lane loads its own operand registers from global memory (the layout scheme 
 - K is split until there are about ``SPLIT_PER_SM`` programs per SM; the partial sums are added in a fixed order by
   the GEMV's reduction (or its skip-norm), so a captured graph's replays give the eager result bit for bit.
 
+Reading a quad's four 128-bit loads as 64 contiguous bytes (``QUAD_RUNS``: lane t at K offset ``32 w + 8 t``, rather
+than each lane's own 64 bytes) made every product faster (Llama-3.2-1B's lm_head at 16 rows 124.1 against 141.7 us
+on an H200). The loop is 1.09 SASS instructions a weight a thread (``benchmarks/gemv_mma.py --compile``) against the
+``tl.dot`` kernel's staging through shared memory; with the SiLU gate in the loads (``SILU_MUL``) each warp of each
+column tile gates the same rows again (3.4 instructions a weight at 8 rows, 5.9 at 16, with the ``tl.sigmoid``
+formula in PTX without its subnormal range checks), so ``crossml.kernels.gemv`` gates them in a launch of their own
+first (``MMA_GATE_FIRST``). ``crossml.kernels.gemv`` routes it the products where it measured fastest (``MMA_*``
+there, results/gemv_mma*.md): the large weights with N <= K of a batched decode step (Llama-3.2-1B's down
+projection), which it read faster than ``_gemv_dot_kernel`` and cuBLAS. At the smaller products the ``tl.dot`` kernel
+stayed ahead from 4 rows and cuBLAS at the wide ones.
+
 It takes K a multiple of 128 and W rows at 16-byte aligned strides. ``supported`` says when it runs (NVIDIA
 compute capability 8.0 or later, outside the interpreter: Gluon kernels do not run in Triton's interpreter, so its
 tests run on GPUs, and on the CPU compile it ahead of time, ``compile_for``).
