@@ -72,7 +72,8 @@ arithmetic and registers grow with the rows. At 4 rows the GenAI benchmark's fp1
 tokens/s (Qwen2.5-0.5B) and from 3,412 to 3,900 (Llama-3.2-1B) on an H200 (results/genai_batch.md); with 5 to 16
 rows routed here too (they had gone to cuBLAS), Qwen2.5-0.5B's went from 8,767-8,785 to 11,316-11,347 at 8 rows
 (results/genai_batch_fp16_rows.md; ``crossml.ops.matmul.GEMV_MAX_M`` and ``GEMV_BATCHED_MAX_WEIGHT`` say which
-products come here).
+products come here). Large weights with N <= K (Llama-3.2-1B's down projection) take a Gluon kernel instead
+(``crossml.kernels.gemv_mma``, ``mma_eligible``), which loads W straight into the matrix units' operand registers.
 
 Tiles come from a fixed rule of (M, K, N, element size, SM count) (``pick_tiles``), not from
 autotuning, which would time kernels during graph capture; the grid needs no host syncs and the
@@ -505,13 +506,13 @@ def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 #: (``crossml.kernels.gemv_mma``) where it applies (``mma_eligible``); MMA_MAX_M = 0 keeps them on
 #: ``_gemv_dot_kernel`` (and ``crossml.ops.matmul`` then leaves the ones past its batched limit to cuBLAS).
 #:
-#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma*.md) the kernel read
-#: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows in 11.0-12.6 us against 11.2-11.8 for
-#: ``_gemv_dot_kernel`` and 12.6-13.5 for cuBLAS on an H200, and with the SiLU gate and the skip-norm in 14.6-15.5
-#: against 15.4-19.6 (``_gemv_dot_kernel``'s) or cuBLAS plus the two kernels around it; at the products below the
-#: limit it trailed ``_gemv_dot_kernel`` from 4 rows (by 0.1-1.1 us at the qkv and o projections of both models,
-#: 0.4-1.6 at Qwen2.5-0.5B's gate+up and down), and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up 18.5-19.6 us
-#: against 20.1-22.4). In the GenAI benchmark that took Llama-3.2-1B's fp16 decode at B = 2 / 4 / 8 / 16 from
+#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma_h200.md) the kernel read
+#: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows in 11.2-12.6 us against 11.4-11.8 for
+#: ``_gemv_dot_kernel`` and 12.9-13.3 for cuBLAS on an H200, and with the SiLU gate and the skip-norm in 14.6-15.4
+#: against 17.9-19.0 on ``_gemv_dot_kernel`` (cuBLAS needs the two kernels around it); at the products below the
+#: limit it trailed ``_gemv_dot_kernel`` from 4 rows (Llama-3.2-1B's qkv and o by 0.6-1.3 us, Qwen2.5-0.5B's by
+#: 0-0.2, its gate+up by 0.8-1.6 and down by 0.6-1.2), and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up
+#: 18.8-19.4 us against 20.3-22.6). In the GenAI benchmark that took Llama-3.2-1B's fp16 decode at B = 2 / 4 / 8 / 16 from
 #: 1,728 / 3,432 / 6,409 / 11,980 to 1,781 / 3,526 / 6,608 / 12,380 tokens/s on an H100 and from 2,120 / 4,244 /
 #: 7,897 / 14,917 to 2,204 / 4,375 / 8,189 / 15,337 on an H200 (results/genai_batch_fp16_mma.md).
 MMA_MIN_M, MMA_MAX_M = 2, 16
@@ -519,8 +520,8 @@ MMA_MIN_WEIGHT = 10_000_000
 #: a SiLU-gated product on the Gluon kernel gates its rows in a launch of their own
 #: (``crossml.kernels.swiglu.silu_mul_packed``) rather than in its loads (False), where each warp of each of the
 #: N / BLOCK_N programs would gate the same rows again: Llama-3.2-1B's down projection with its skip-norm at 2-16
-#: rows took 14.6-15.5 against 15.1-19.2 us on an H200 and 16.8-17.8 against 17.0-21.0 on an H100
-#: (results/gemv_mma*.md). (On ``_gemv_dot_kernel``, gating first took Qwen2.5-0.5B's fp16 decode at B = 2-16 from
+#: rows took 14.6-15.4 against 15.0-18.8 us on an H200 and 16.9-17.9 against 16.9-21.0 on an H100
+#: (results/gemv_mma_h200.json, gemv_mma.json). (On ``_gemv_dot_kernel``, gating first took Qwen2.5-0.5B's fp16 decode at B = 2-16 from
 #: 3,179-3,183 / 6,283 / 12,272-12,277 / 21,365-21,381 to 3,196-3,201 / 6,340-6,341 / 12,211-12,278 /
 #: 21,514-21,516 tokens/s on an H200 but from 2,845-2,853 / 5,626-5,655 / 10,243-10,274 / 19,111-19,220 to
 #: 2,826-2,832 / 5,607-5,616 / 10,058-10,105 / 19,140-19,190 on an H100, so that kernel gates in its loads.)

@@ -20,7 +20,7 @@ each lane loads its own operand registers from global memory (the layout scheme 
   the GEMV's reduction (or its skip-norm), so a captured graph's replays give the eager result bit for bit.
 
 Reading a quad's four 128-bit loads as 64 contiguous bytes (``QUAD_RUNS``: lane t at K offset ``32 w + 8 t``, rather
-than each lane's own 64 bytes) made every product faster (Llama-3.2-1B's lm_head at 16 rows 124.1 against 141.7 us
+than each lane's own 64 bytes) made every product faster (Llama-3.2-1B's lm_head at 16 rows 126.8 against 144.3 us
 on an H200). The loop is 1.09 SASS instructions a weight a thread (``benchmarks/gemv_mma.py --compile``) against the
 ``tl.dot`` kernel's staging through shared memory; with the SiLU gate in the loads (``SILU_MUL``) each warp of each
 column tile gates the same rows again (3.4 instructions a weight at 8 rows, 5.9 at 16, with the ``tl.sigmoid``
