@@ -42,6 +42,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from crossml.kernels._gluon import gdc_launch_dependents, gdc_wait, store_rows
 from crossml.kernels._launch import cdiv, nvidia_sm80
 
 __all__ = ["BLOCK_K", "MAX_M", "compile_for", "pick_tiles", "supported"]
@@ -197,14 +198,12 @@ def _gemv_mma_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
     kw_lo = gl.program_id(1) * (K_PER_SPLIT // 2)  # in words
     last = (gl.minimum(K, 2 * kw_lo + K_PER_SPLIT) - 2 * kw_lo) // _BLOCK_K - 1  # index of the last step
     if PDL and not CONST_W:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gdc_wait()
     w = gl.load(w_ptr + w_off + kw_lo)
     if PDL:
         if CONST_W:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+            gdc_wait()
+        gdc_launch_dependents()
     a, up, a8, up8 = _words_of_rows(a_ptr, a_off, kw_lo, a_ok, a_ok8, off8, up_off, SILU_MUL, HALF_M)
     acc = gl.zeros([16, BLOCK_N], gl.float32, mma)
     for i in range(0, last + 1):
@@ -216,16 +215,7 @@ def _gemv_mma_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
                      _operand(gl.join(w_lo, w_hi), BLOCK_N, b_l, True), acc)
         a, up, a8, up8 = a_n, up_n, a8_n, up8_n
         w = w_n
-    mo = gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(1, mma)), 1)
-    no = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma)), 0)
-    ok = (mo < M) & (no < N)
-    if PARTIAL:
-        gl.store(y_ptr + gl.program_id(1).to(gl.int64) * s_ys + mo * s_ym + no, acc, mask=ok)
-    else:
-        out_ty: gl.constexpr = y_ptr.dtype.element_ty
-        if HAS_BIAS:  # as crossml.kernels._launch.store_tile adds it
-            acc = acc + gl.load(bias_ptr + no, mask=no < N, other=0.0).to(out_ty).to(gl.float32)
-        gl.store(y_ptr + mo * s_ym + no, acc.to(out_ty), mask=ok)
+    store_rows(acc, bias_ptr, y_ptr, 0, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL, False)
 
 
 def supported(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:

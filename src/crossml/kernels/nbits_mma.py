@@ -48,6 +48,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from crossml.kernels._gluon import gdc_launch_dependents, gdc_wait, store_rows
 from crossml.kernels._launch import cdiv, nvidia_sm80, pdl
 
 __all__ = ["MAX_M", "compile_for", "mma_product", "pick_tiles", "supported"]
@@ -110,23 +111,6 @@ def _activations(a, a_l: gl.constexpr):
 
 
 @gluon.jit
-def _store(acc, bias_ptr, y_ptr, m0, M, N, n0, s_ym, s_ys, mma: gl.constexpr, BLOCK_N: gl.constexpr,
-           HAS_BIAS: gl.constexpr, PARTIAL: gl.constexpr):
-    """Rows m0 to m0 + 15 of the program's outputs: float32 partial sums of its split with PARTIAL, else plus the bias
-    (the product rounded to y's dtype first, as the unfused Add of the rounded product would), in y's dtype."""
-    mo = gl.expand_dims(m0 + gl.arange(0, 16, layout=gl.SliceLayout(1, mma)), 1)
-    no = gl.expand_dims(n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma)), 0)
-    ok = (mo < M) & (no < N)
-    if PARTIAL:
-        gl.store(y_ptr + gl.program_id(1).to(gl.int64) * s_ys + mo * s_ym + no, acc, mask=ok)
-    else:
-        out_ty: gl.constexpr = y_ptr.dtype.element_ty
-        if HAS_BIAS:
-            acc = acc.to(out_ty).to(gl.float32) + gl.load(bias_ptr + no, mask=no < N, other=0.0).to(gl.float32)
-        gl.store(y_ptr + mo * s_ym + no, acc.to(out_ty), mask=ok)
-
-
-@gluon.jit
 def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_PER_SPLIT, ROW_W, S_ROW, Z_ROW,
                       s_am, s_ym, s_ys, BS: gl.constexpr, ZP: gl.constexpr, HAS_BIAS: gl.constexpr,
                       PARTIAL: gl.constexpr, BLOCK_N: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
@@ -171,17 +155,15 @@ def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_P
     kw_lo = gl.program_id(1) * KW_PER_SPLIT
     last = (gl.minimum(K // 8, kw_lo + KW_PER_SPLIT) - kw_lo) // _STEP_W - 1  # index of the last step
     if PDL and not CONST_W:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gdc_wait()
     word, sc, zp = _weight_loads(w_ptr, s_ptr, z_ptr, w_off, s_row, z_row, t32, kw_lo, BS, ZP)
     if DEPTH == 2:
         word1, sc1, zp1 = _weight_loads(w_ptr, s_ptr, z_ptr, w_off, s_row, z_row, t32,
                                         kw_lo + gl.minimum(1, last) * _STEP_W, BS, ZP)
     if PDL:
         if CONST_W:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                                      pack=1)
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+            gdc_wait()
+        gdc_launch_dependents()
     a = gl.load(a_ptr + a_off + kw_lo * 8, mask=a_ok, other=0.0)
     acc = gl.zeros([16, BLOCK_N], gl.float32, mma)
     if M_TILES >= 2:
@@ -212,12 +194,12 @@ def _nbits_mma_kernel(a_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, y_ptr, M, N, K, KW_P
             word1, sc1, zp1 = word_n, sc_n, zp_n
         else:
             word, sc, zp = word_n, sc_n, zp_n
-    _store(acc, bias_ptr, y_ptr, 0, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+    store_rows(acc, bias_ptr, y_ptr, 0, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL, True)
     if M_TILES >= 2:
-        _store(acc1, bias_ptr, y_ptr, 16, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+        store_rows(acc1, bias_ptr, y_ptr, 16, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL, True)
     if M_TILES == 4:
-        _store(acc2, bias_ptr, y_ptr, 32, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
-        _store(acc3, bias_ptr, y_ptr, 48, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL)
+        store_rows(acc2, bias_ptr, y_ptr, 32, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL, True)
+        store_rows(acc3, bias_ptr, y_ptr, 48, M, N, n0, s_ym, s_ys, mma, BLOCK_N, HAS_BIAS, PARTIAL, True)
 
 
 def supported(a: torch.Tensor, K: int, N: int, block_size: int, zero_points: torch.Tensor | None) -> bool:
