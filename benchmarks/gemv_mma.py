@@ -100,7 +100,8 @@ def measure(N: int, K: int, rows: list[int], sweep: bool, fused: bool) -> dict:
             g.MMA_GATE_FIRST = True
             n0, s0 = g.gemv_skip_norm(gu, ws[0], None, res, gamma, 1e-6, silu_mul=True, mma=False)
             n1, s1 = g.gemv_skip_norm(gu, ws[0], None, res, gamma, 1e-6, silu_mul=True, mma=True)
-            r["fused_max_diff"] = float(max((n0.float() - n1.float()).abs().max(), (s0.float() - s1.float()).abs().max()))
+            r["fused_max_diff"] = float(max((n0.float() - n1.float()).abs().max(),
+                                            (s0.float() - s1.float()).abs().max()))
         out["by_rows"][str(M)] = r
         best = f" sweep best {r['sweep'][0]['us']:.2f} {tuple(r['sweep'][0]['tiles'])}" if sweep else ""
         extra = (f" fused dot {r['fused_dot_us']:.2f} mma {r['fused_mma_us']:.2f} (gate inline "

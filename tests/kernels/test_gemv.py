@@ -651,7 +651,8 @@ def _mma_reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", MMA_CASES, ids=lambda c: "M{}_K{}_N{}{}{}_{}".format(
     *c[:3], "_bias" if c[3] else "", "_silu" if c[4] else "", "rule" if c[5] is None else "x".join(map(str, c[5]))))
-def test_gpu_mma_kernel_matches_fp64_reference(dtype: torch.dtype, case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_mma_kernel_matches_fp64_reference(dtype: torch.dtype, case: tuple,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The Gluon kernel against the fp64 product of the same values (gated activations rounded to a's dtype first,
     as the SiluMul op stores them; gated in a launch of their own and in the kernel's loads), and the ``tl.dot``
     kernel's result within the rounding of its other summation order."""

@@ -506,25 +506,25 @@ def pick_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int, *,
 #: (``crossml.kernels.gemv_mma``) where it applies (``mma_eligible``); MMA_MAX_M = 0 keeps them on
 #: ``_gemv_dot_kernel`` (and ``crossml.ops.matmul`` then leaves the ones past its batched limit to cuBLAS).
 #:
-#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma_h200.md) the kernel read
-#: Llama-3.2-1B's down projection (2048 x 8192) at 2-16 rows in 11.2-12.6 us against 11.4-11.8 for
-#: ``_gemv_dot_kernel`` and 12.9-13.3 for cuBLAS on an H200, and with the SiLU gate and the skip-norm in 14.6-15.4
-#: against 17.9-19.0 on ``_gemv_dot_kernel`` (cuBLAS needs the two kernels around it); at the products below the
-#: limit it trailed ``_gemv_dot_kernel`` from 4 rows (Llama-3.2-1B's qkv and o by 0.6-1.3 us, Qwen2.5-0.5B's by
-#: 0-0.2, its gate+up by 0.8-1.6 and down by 0.6-1.2), and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up
-#: 18.8-19.4 us against 20.3-22.6). In the GenAI benchmark that took Llama-3.2-1B's fp16 decode at B = 2 / 4 / 8 / 16 from
-#: 1,728 / 3,432 / 6,409 / 11,980 to 1,781 / 3,526 / 6,608 / 12,380 tokens/s on an H100 and from 2,120 / 4,244 /
-#: 7,897 / 14,917 to 2,204 / 4,375 / 8,189 / 15,337 on an H200 (results/genai_batch_fp16_mma.md).
+#: In CUDA graphs of like products (``benchmarks/gemv_mma.py``, results/gemv_mma_h200.md) the kernel read Llama-3.2-1B's
+#: down projection (2048 x 8192) at 2-16 rows in 11.2-12.6 us against 11.4-11.8 for ``_gemv_dot_kernel`` and 12.9-13.3
+#: for cuBLAS on an H200, and with the SiLU gate and the skip-norm in 14.6-15.4 against 17.9-19.0 on
+#: ``_gemv_dot_kernel`` (cuBLAS needs the two kernels around it); at the products below the limit it trailed
+#: ``_gemv_dot_kernel`` from 4 rows (Llama-3.2-1B's qkv and o by 0.6-1.3 us, Qwen2.5-0.5B's by 0-0.2, its gate+up by
+#: 0.8-1.6 and down by 0.6-1.2), and at the wide ones cuBLAS led (Llama-3.2-1B's gate+up 18.8-19.4 us against
+#: 20.3-22.6). In the GenAI benchmark that took Llama-3.2-1B's fp16 decode at B = 2 / 4 / 8 / 16 from 1,728 / 3,432 /
+#: 6,409 / 11,980 to 1,781 / 3,526 / 6,608 / 12,380 tokens/s on an H100 and from 2,120 / 4,244 / 7,897 / 14,917 to 2,204
+#: / 4,375 / 8,189 / 15,337 on an H200 (results/genai_batch_fp16_mma.md).
 MMA_MIN_M, MMA_MAX_M = 2, 16
 MMA_MIN_WEIGHT = 10_000_000
 #: a SiLU-gated product on the Gluon kernel gates its rows in a launch of their own
-#: (``crossml.kernels.swiglu.silu_mul_packed``) rather than in its loads (False), where each warp of each of the
-#: N / BLOCK_N programs would gate the same rows again: Llama-3.2-1B's down projection with its skip-norm at 2-16
-#: rows took 14.6-15.4 against 15.0-18.8 us on an H200 and 16.9-17.9 against 16.9-21.0 on an H100
-#: (results/gemv_mma_h200.json, gemv_mma.json). (On ``_gemv_dot_kernel``, gating first took Qwen2.5-0.5B's fp16 decode at B = 2-16 from
-#: 3,179-3,183 / 6,283 / 12,272-12,277 / 21,365-21,381 to 3,196-3,201 / 6,340-6,341 / 12,211-12,278 /
-#: 21,514-21,516 tokens/s on an H200 but from 2,845-2,853 / 5,626-5,655 / 10,243-10,274 / 19,111-19,220 to
-#: 2,826-2,832 / 5,607-5,616 / 10,058-10,105 / 19,140-19,190 on an H100, so that kernel gates in its loads.)
+#: (``crossml.kernels.swiglu.silu_mul_packed``) rather than in its loads (False), where each warp of each of the N /
+#: BLOCK_N programs would gate the same rows again: Llama-3.2-1B's down projection with its skip-norm at 2-16 rows took
+#: 14.6-15.4 against 15.0-18.8 us on an H200 and 16.9-17.9 against 16.9-21.0 on an H100 (results/gemv_mma_h200.json,
+#: gemv_mma.json). (On ``_gemv_dot_kernel``, gating first took Qwen2.5-0.5B's fp16 decode at B = 2-16 from 3,179-3,183 /
+#: 6,283 / 12,272-12,277 / 21,365-21,381 to 3,196-3,201 / 6,340-6,341 / 12,211-12,278 / 21,514-21,516 tokens/s on an
+#: H200 but from 2,845-2,853 / 5,626-5,655 / 10,243-10,274 / 19,111-19,220 to 2,826-2,832 / 5,607-5,616 / 10,058-10,105
+#: / 19,140-19,190 on an H100, so that kernel gates in its loads.)
 MMA_GATE_FIRST = True
 
 
@@ -535,8 +535,8 @@ def _mma_kernels():
 
 def mma_eligible(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
     """Whether the matrix-unit product of M rows of ``a`` with ``w`` [K, N] runs the Gluon kernel: MMA_MIN_M to
-    MMA_MAX_M rows, K * N of at least MMA_MIN_WEIGHT and ``crossml.kernels.gemv_mma.supported`` (fp16 / bf16 on an NVIDIA GPU of compute capability
-    8.0+, W column-major with K a multiple of 128, 16-byte aligned rows)."""
+    MMA_MAX_M rows, K * N of at least MMA_MIN_WEIGHT and ``crossml.kernels.gemv_mma.supported`` (fp16 / bf16 on an
+    NVIDIA GPU of compute capability 8.0+, W column-major with K a multiple of 128, 16-byte aligned rows)."""
     if not MMA_MIN_M <= M <= MMA_MAX_M or a.device.type != "cuda" or a.dtype not in (torch.float16, torch.bfloat16) \
             or w.dim() != 2 or w.shape[0] * w.shape[1] < MMA_MIN_WEIGHT:
         return False

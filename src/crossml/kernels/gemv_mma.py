@@ -259,9 +259,9 @@ def launch(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, out: torch.Te
                          f"with {k_per_split} values of K a split (a multiple of {BLOCK_K})")
     _gemv_mma_kernel[(cdiv(N, block_n), split)](
         _words(a2), _words(w.t()), bias1, out, M, N, K, k_per_split, a2.stride(0) // 2, w.stride(1) // 2,
-        N if partial else out.stride(0), M * N, K // 2, HAS_BIAS=has_bias and not partial, PARTIAL=partial, BLOCK_N=block_n, WARPS=warps, CONST_W=const_w,
-        SILU_MUL=silu_mul, HALF_M=M <= 8, QUAD_RUNS=OPTIONS["quad_runs"],
-        num_warps=warps, **pdl)
+        N if partial else out.stride(0), M * N, K // 2, HAS_BIAS=has_bias and not partial, PARTIAL=partial,
+        BLOCK_N=block_n, WARPS=warps, CONST_W=const_w, SILU_MUL=silu_mul, HALF_M=M <= 8,
+        QUAD_RUNS=OPTIONS["quad_runs"], num_warps=warps, **pdl)
 
 
 def compile_for(arch: int = 90, dtype: str = "fp16", **constexprs: object) -> object:
