@@ -25,6 +25,12 @@ from crossml.ops.matmul import matmul as matmul_op  # noqa: E402
 from tests.kernels._common import DEVICES, TOL, assert_close, rand  # noqa: E402
 
 
+def _gated(a: torch.Tensor, K: int) -> torch.Tensor:
+    """SiluMul of [g | up] rows, rounded to a's dtype as the op stores it."""
+    g, up = a[:, :K].float(), a[:, K:].float()
+    return ((g * torch.sigmoid(g)) * up).to(a.dtype)
+
+
 def _reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     y = a.double().cpu() @ w.double().cpu()
     return y if bias is None else y + bias.double().cpu()
@@ -334,10 +340,7 @@ def test_dot_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, case
     bias = rand(N, dtype=dtype, device=device, seed=3) if with_bias else None
     dot_tiles = tiles if device == "cpu" else pick_dot_tiles(M, K, N, a.element_size(), 132)
     y = gemv(a, _stored(w, layout), bias, tiles=dot_tiles, silu_mul=silu)
-    x = a
-    if silu:
-        g, up = a[:, :K].float(), a[:, K:].float()
-        x = ((g * torch.sigmoid(g)) * up).to(dtype)
+    x = _gated(a, K) if silu else a
     assert y.shape == (M, N)
     assert_close(y, _reference(x, w, bias), dtype)
 
@@ -635,12 +638,6 @@ MMA_CASES = [  # M, K, N, bias, silu_mul, tiles (16, BLOCK_N, 128, SPLIT_K, warp
     (9, 4864, 896, False, True, None),  # Qwen2.5-0.5B's down projection at the rule's tiles
     (16, 2048, 3072, True, False, None),  # Llama-3.2-1B's qkv
 ]
-
-
-def _gated(a: torch.Tensor, K: int) -> torch.Tensor:
-    """SiluMul of [g | up] rows, rounded to a's dtype as the op stores it."""
-    g, up = a[:, :K].float(), a[:, K:].float()
-    return ((g * torch.sigmoid(g)) * up).to(a.dtype)
 
 
 def _mma_reference(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:

@@ -544,14 +544,23 @@ def mma_eligible(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
     return kernels is not None and kernels.supported(a, w, M)
 
 
+def _takes_mma(a2: torch.Tensor, w: torch.Tensor, tiles: tuple[int, int, int, int, int] | None,
+               mma: bool | None) -> bool:
+    """Whether ``_products`` runs the Gluon kernel: ``mma`` when given, else with no tiles given where
+    ``mma_eligible`` holds for a's rows."""
+    if mma is not None:
+        return mma
+    M = a2.shape[0]
+    return tiles is None and _dot_rows(M, a2.dtype) and mma_eligible(a2, w, M)
+
+
 def _mma_tiles(M: int, K: int, N: int, processors: int, norm: bool) -> tuple[int, int, int, int, int]:
     """(16, BLOCK_N, 128, SPLIT_K, warps) of the Gluon kernel (``gemv_mma.pick_tiles``); for a skip-norm's product
     (``norm``) at most as many K splits as ``_norm_dot_tiles`` allows."""
     kernels = _mma_kernels()
     block_n, warps, split = kernels.pick_tiles(M, K, N, processors)
     if norm:
-        cap = max(1, _NORM_TILE // next_power_of_2(N))
-        split = min(split, 1 << (cap.bit_length() - 1))
+        split = min(split, _norm_split_cap(N))
     return 16, block_n, kernels.BLOCK_K, split, warps
 
 
@@ -653,7 +662,7 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     tiles given) or ``mma`` is True, the Gluon kernel (``_mma_product``; ``norm``: the skip-norm's product)."""
     M = a2.shape[0]
     K, N = w.shape
-    if mma or (mma is None and tiles is None and _dot_rows(M, a2.dtype) and mma_eligible(a2, w, M)):
+    if _takes_mma(a2, w, tiles, mma):
         return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
     colmajor = column_major(w)
     if tiles is None:
@@ -692,13 +701,6 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     return ws
 
 
-def _gated(a2: torch.Tensor) -> torch.Tensor:
-    """``SiluMul`` of [g | up] rows ``a2`` [M, 2K] -> [M, K] in one launch (``MMA_GATE_FIRST``)."""
-    from crossml.kernels.swiglu import silu_mul_packed
-
-    return silu_mul_packed(a2)
-
-
 def _mma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
                  tiles: tuple[int, int, int, int, int] | None, const_w: bool, silu_mul: bool,
                  norm: bool) -> torch.Tensor | None:
@@ -720,8 +722,10 @@ def _mma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bia
                          f"[1, {MAX_SPLIT_K}], warps)")
     k_per_split = _k_per_split(K, min(split, K // block_k), block_k)
     split = cdiv(K, k_per_split)  # no empty splits
-    if silu_mul and MMA_GATE_FIRST:
-        a2, silu_mul = _gated(a2), False
+    if silu_mul and MMA_GATE_FIRST:  # the rows' SiluMul in one launch
+        from crossml.kernels.swiglu import silu_mul_packed
+
+        a2, silu_mul = silu_mul_packed(a2), False
     partial = split > 1 or y2 is None
     out = torch.empty((split, M, N), dtype=torch.float32, device=a2.device) if partial else y2
     kernels.launch(a2, w, bias1, out, k_per_split=k_per_split, split=split, block_n=block_n, warps=warps,
@@ -777,14 +781,20 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     return y
 
 
+def _norm_split_cap(N: int) -> int:
+    """Most K splits of a product feeding ``gemv_skip_norm`` that keep a row's partial sums one tile of the norm
+    kernel (``_NORM_TILE``): a power of two, as that tile holds next_power_of_2(split) rows."""
+    cap = max(1, _NORM_TILE // next_power_of_2(N))
+    return 1 << (cap.bit_length() - 1)
+
+
 def _norm_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
     """``pick_dot_tiles`` for ``gemv_skip_norm``: at most as many K splits as keep a row's partial sums one tile of
     the norm kernel (``_NORM_TILE``; past it that kernel walks the row in chunks, two latency-bound passes), with
     32-column tiles where that gives more programs. Uncapped, Qwen2.5-0.5B's down projection at 2 and 4 rows
     (38 splits) took its fp16 decode step from about 0.6 to 2.05 ms on an H200 (``benchmarks/genai_batch.py``)."""
     block_m, block_n, block_k, split, warps = pick_dot_tiles(M, K, N, elem_size, processors)
-    cap = max(1, _NORM_TILE // next_power_of_2(N))
-    cap = 1 << (cap.bit_length() - 1)  # a power of two: the norm kernel's tile holds next_power_of_2(split) rows
+    cap = _norm_split_cap(N)
     if split <= cap:
         return block_m, block_n, block_k, split, warps
     if cdiv(N, block_n) * cap < 4 * processors:
@@ -828,7 +838,8 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         if K == 0:  # the empty sum: a zero workspace of one split (bias added below)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)
         else:
-            if tiles is None and _dot_rows(M, a.dtype) and not (mma or (mma is None and mma_eligible(a2, w, M))):
+            mma = _takes_mma(a2, w, tiles, mma)
+            if tiles is None and _dot_rows(M, a.dtype) and not mma:
                 tiles = _norm_dot_tiles(M, K, N, a.element_size(), rule_processors(a))
             ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret, mma, norm=True)
         block_s, block, warps = _reduce_tiles(ws.shape[0])
