@@ -564,6 +564,49 @@ def _mma_tiles(M: int, K: int, N: int, processors: int, norm: bool) -> tuple[int
     return 16, block_n, kernels.BLOCK_K, split, warps
 
 
+#: the one-row products of column-major weights that run the TMA kernel (``crossml.kernels.gemv_tma``): weight
+#: shapes (K, N), or "all"; empty: none. ``TMA_TILES`` maps a shape to forced (BLOCK_N, BLOCK_K, STAGES, SPLIT_K,
+#: warps) (benchmarks).
+TMA_SHAPES: frozenset[tuple[int, int]] | str = frozenset()
+TMA_TILES: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+
+
+def _tma_kernels():
+    """``crossml.kernels.gemv_tma``, or None without the Gluon of Triton 3.6 (``_launch.gluon_kernels``)."""
+    return gluon_kernels("gemv_tma")
+
+
+def tma_eligible(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
+    """Whether the product of M rows of ``a`` with ``w`` [K, N] runs the TMA kernel: one row, w's shape in
+    TMA_SHAPES and ``crossml.kernels.gemv_tma.supported`` (fp16 / bf16 on an NVIDIA GPU of compute capability 9.0+,
+    W column-major with 16-byte aligned rows)."""
+    if M != 1 or not TMA_SHAPES or a.device.type != "cuda" or w.dim() != 2 or not column_major(w):
+        return False
+    if TMA_SHAPES != "all" and tuple(w.shape) not in TMA_SHAPES:
+        return False
+    kernels = _tma_kernels()
+    return kernels is not None and kernels.supported(a, w, M)
+
+
+def _tma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
+                 silu_mul: bool, norm: bool) -> torch.Tensor | None:
+    """``_products`` on the TMA kernel: into ``y2`` when K is not split, else the float32 workspace it returns (so
+    also when ``y2`` is None); ``norm``: the skip-norm's product (at most ``_norm_split_cap`` splits)."""
+    K, N = w.shape
+    kernels = _tma_kernels()
+    block_n, block_k, stages, split, warps = TMA_TILES.get((K, N)) or kernels.pick_tiles(K, N, rule_processors(a2))
+    if norm:
+        split = min(split, _norm_split_cap(N))
+    k_per_split = _k_per_split(K, min(split, cdiv(K, block_k)), block_k)
+    split = cdiv(K, k_per_split)  # no empty splits
+    stages = min(stages, cdiv(k_per_split, block_k))
+    partial = split > 1 or y2 is None
+    out = torch.empty((split, 1, N), dtype=torch.float32, device=a2.device) if partial else y2
+    kernels.launch(a2, w, bias1, out, k_per_split=k_per_split, split=split, block_n=block_n, block_k=block_k,
+                   stages=stages, warps=warps, has_bias=has_bias, partial=partial, silu_mul=silu_mul, pdl=pdl(a2))
+    return out if partial else None
+
+
 def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
     """``pick_tiles`` for a column-major W, whose programs read BLOCK_N contiguous runs of BLOCK_K values.
 
@@ -664,6 +707,8 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     K, N = w.shape
     if _takes_mma(a2, w, tiles, mma):
         return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
+    if tiles is None and const_w and tma_eligible(a2, w, M):
+        return _tma_product(a2, w, bias1, has_bias, y2, silu_mul, norm)
     colmajor = column_major(w)
     if tiles is None:
         pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
