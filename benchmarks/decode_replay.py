@@ -23,8 +23,7 @@ OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (
 ``KxN=BM:BN:BK:SPLIT:WARPS`` (the one-row half-precision GEMVs of K x N weights launched with those tiles instead of
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
 picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS), ``normwarps=W`` (the
-skip-norm kernel at W warps), ``tma`` / ``tma=KxN/KxN`` (the one-row products, or those of these weights, on the
-TMA kernel, ``crossml.kernels.gemv_tma``), ``tma:KxN=BN:BK:STAGES:SPLIT:WARPS`` (its tiles for that weight) and ``rmswarps=W`` (the RMSNorm kernel, GatherNorm's in an fp16 step, at W warps),
+skip-norm kernel at W warps) and ``rmswarps=W`` (the RMSNorm kernel, GatherNorm's in an fp16 step, at W warps),
 several joined by ``+``; written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
@@ -82,7 +81,6 @@ def variant(layout: str):
     kept_cap, kept_norm = matmul_ops.GEMV_MAX_WEIGHT, gemv_module._split_k_norm_kernel
     kept_rms = rmsnorm_module._rms_norm_kernel
     kept_layout = layout_module.column_major_weight
-    kept_tma = gemv_module.TMA_SHAPES, dict(gemv_module.TMA_TILES)
     kept_blas = torch.backends.cuda.preferred_blas_library()
     if layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
         torch.backends.cuda.preferred_blas_library("cublaslt")
@@ -94,19 +92,9 @@ def variant(layout: str):
                 return True
             return kept_layout(domain, op_type, w, device, attrs, tf32)
         layout_module.column_major_weight = column_major
-    elif "=" in layout or layout == "vocab" or layout.startswith("tma"):
+    elif "=" in layout or layout == "vocab":
         chosen, chosen4 = {}, {}
         for part in layout.split("+"):
-            if part == "tma":  # every one-row column-major product on the TMA kernel
-                gemv_module.TMA_SHAPES = "all"
-                continue
-            if part.startswith("tma="):  # the one-row products of these KxN weights (joined by "/") on it
-                gemv_module.TMA_SHAPES = frozenset(tuple(int(v) for v in s.split("x")) for s in part[4:].split("/"))
-                continue
-            if part.startswith("tma:"):  # tma:KxN=BN:BK:STAGES:SPLIT:WARPS, that shape's TMA tiles
-                shape, _, tiles = part[4:].partition("=")
-                gemv_module.TMA_TILES[tuple(int(v) for v in shape.split("x"))] = tuple(int(v) for v in tiles.split(":"))
-                continue
             if part.startswith("normwarps="):  # the skip-norm kernel after split products at this many warps
                 gemv_module._split_k_norm_kernel = _Warps(kept_norm, int(part[10:]))
                 continue
@@ -153,7 +141,6 @@ def variant(layout: str):
         matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules, matmul_ops.GEMV_MAX_WEIGHT = kept, kept_rules, kept_cap
         gemv_module._split_k_norm_kernel, layout_module.column_major_weight = kept_norm, kept_layout
         rmsnorm_module._rms_norm_kernel = kept_rms
-        gemv_module.TMA_SHAPES, gemv_module.TMA_TILES = kept_tma[0], dict(kept_tma[1])
         torch.backends.cuda.preferred_blas_library(kept_blas)
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
 

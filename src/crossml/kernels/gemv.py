@@ -63,7 +63,14 @@ fp16 decode step from 0.58 to 1.67 ms (1.75 two products ahead, 3.15 both; back-
 a side-stream prefetch of a 16 MB buffer during another buffer's read made the pair slower (11.3 -> 14.1 us).
 Computing an MLP's gate+up and down products in one launch, the down programs waiting on per-K-range counters of the
 gate+up slices done, took 13.0-17.6 us per Qwen2.5-0.5B layer against 11.3 for this GEMV's two launches and the
-skip-norm (Llama-3.2-1B: 31.6-44.2 against 28.4).
+skip-norm (Llama-3.2-1B: 31.6-44.2 against 28.4). A Gluon GEMV streaming each program's W rows into shared memory
+with TMA copies (one instruction a [16, 256] box, every stage requested before the PDL wait, so a qkv, o or Qwen2.5-0.5B
+gate+up program has its whole slice in flight while the kernel before it finishes) was level with this GEMV per
+product and slower at Llama-3.2-1B's gate+up and down (more programs than fit at once); in the decode steps on an H100
+no combination of products on it beat this kernel by more than the rounds' drift (Qwen2.5-0.5B fp16 0.603-0.607 ->
+0.602-0.783 ms, Llama-3.2-1B 1.041-1.057 -> 1.049-1.246; its products' critical time fell 380.6 -> 353.6 us with K
+split for the skip-norm products, whose norms then rose 47.5 -> 84.0 us). Commit b40eeb9 holds it and
+results/decode_tma.md the runs.
 
 From 2 rows of fp16 / bf16 activations (a batched decode step, beam search) the products run on the matrix units
 instead (``_gemv_dot_kernel``, ``pick_dot_tiles``): one ``tl.dot`` of a 16-row tile of a with a 64- or 128-column
@@ -564,49 +571,6 @@ def _mma_tiles(M: int, K: int, N: int, processors: int, norm: bool) -> tuple[int
     return 16, block_n, kernels.BLOCK_K, split, warps
 
 
-#: the one-row products of column-major weights that run the TMA kernel (``crossml.kernels.gemv_tma``): weight
-#: shapes (K, N), or "all"; empty: none. ``TMA_TILES`` maps a shape to forced (BLOCK_N, BLOCK_K, STAGES, SPLIT_K,
-#: warps) (benchmarks).
-TMA_SHAPES: frozenset[tuple[int, int]] | str = frozenset()
-TMA_TILES: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
-
-
-def _tma_kernels():
-    """``crossml.kernels.gemv_tma``, or None without the Gluon of Triton 3.6 (``_launch.gluon_kernels``)."""
-    return gluon_kernels("gemv_tma")
-
-
-def tma_eligible(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
-    """Whether the product of M rows of ``a`` with ``w`` [K, N] runs the TMA kernel: one row, w's shape in
-    TMA_SHAPES and ``crossml.kernels.gemv_tma.supported`` (fp16 / bf16 on an NVIDIA GPU of compute capability 9.0+,
-    W column-major with 16-byte aligned rows)."""
-    if M != 1 or not TMA_SHAPES or a.device.type != "cuda" or w.dim() != 2 or not column_major(w):
-        return False
-    if TMA_SHAPES != "all" and tuple(w.shape) not in TMA_SHAPES:
-        return False
-    kernels = _tma_kernels()
-    return kernels is not None and kernels.supported(a, w, M)
-
-
-def _tma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
-                 silu_mul: bool, norm: bool) -> torch.Tensor | None:
-    """``_products`` on the TMA kernel: into ``y2`` when K is not split, else the float32 workspace it returns (so
-    also when ``y2`` is None); ``norm``: the skip-norm's product (at most ``_norm_split_cap`` splits)."""
-    K, N = w.shape
-    kernels = _tma_kernels()
-    block_n, block_k, stages, split, warps = TMA_TILES.get((K, N)) or kernels.pick_tiles(K, N, rule_processors(a2))
-    if norm:
-        split = min(split, _norm_split_cap(N))
-    k_per_split = _k_per_split(K, min(split, cdiv(K, block_k)), block_k)
-    split = cdiv(K, k_per_split)  # no empty splits
-    stages = min(stages, cdiv(k_per_split, block_k))
-    partial = split > 1 or y2 is None
-    out = torch.empty((split, 1, N), dtype=torch.float32, device=a2.device) if partial else y2
-    kernels.launch(a2, w, bias1, out, k_per_split=k_per_split, split=split, block_n=block_n, block_k=block_k,
-                   stages=stages, warps=warps, has_bias=has_bias, partial=partial, silu_mul=silu_mul, pdl=pdl(a2))
-    return out if partial else None
-
-
 def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> tuple[int, int, int, int, int]:
     """``pick_tiles`` for a column-major W, whose programs read BLOCK_N contiguous runs of BLOCK_K values.
 
@@ -707,8 +671,6 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     K, N = w.shape
     if _takes_mma(a2, w, tiles, mma):
         return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
-    if tiles is None and const_w and tma_eligible(a2, w, M):
-        return _tma_product(a2, w, bias1, has_bias, y2, silu_mul, norm)
     colmajor = column_major(w)
     if tiles is None:
         pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
