@@ -17,10 +17,11 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import crossml
+import crossml.graph.passes.matmul_norm as matmul_norm_module
 from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.linear import RULE as LINEAR
-from crossml.graph.passes.matmul_norm import MATMUL_NORM, SILU_MUL_NORM
+from crossml.graph.passes.matmul_norm import MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
 from tests.graph._rules import rule_reason
@@ -114,9 +115,11 @@ def test_registered_on_gpu_sessions_without_disable_metacommands() -> None:
     assert MATMUL_NORM not in fusion_rules(None, torch.device("cpu"))
     assert MATMUL_NORM not in fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda"))
     assert SILU_MUL_NORM not in fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda"))
+    assert MATMUL_SILU_MUL not in fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda"))
     for gpu in (None, SimpleNamespace(disable_metacommands=False)):
         rules = fusion_rules(gpu, torch.device("cuda"))
-        assert rules.index(SILU_MUL_NORM) == rules.index(MATMUL_NORM) + 1 > rules.index(LINEAR) + 1
+        assert rules.index(SILU_MUL_NORM) == rules.index(MATMUL_SILU_MUL) + 1 == rules.index(MATMUL_NORM) + 2 \
+            > rules.index(LINEAR) + 2
 
 
 @pytest.mark.gpu
@@ -202,6 +205,95 @@ def test_gpu_gated_session_matches_unfused(rows: int) -> None:
     f = _gated_feeds(rows, np.float16, 320, 256)
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
     assert [n.op_type for n in sess._model.graph.node] == ["MatMulSkipNorm"]
+    so = crossml.SessionOptions()
+    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
+    plain = crossml.InferenceSession(m, so, providers=["GPUExecutionProvider"])
+    (normed, total), (normed0, total0) = sess.run(None, f), plain.run(None, f)
+    np.testing.assert_allclose(total.astype(np.float32), total0.astype(np.float32), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(normed.astype(np.float32), normed0.astype(np.float32), rtol=2e-3, atol=2e-3)
+
+
+def mlp_layer(*, dtype: type = np.float32, gu_twice: bool = False, k: int = K, i: int = N, n: int = K,
+              odd: bool = False) -> onnx.ModelProto:
+    """x -> MatMul([Wg | Wu]) -> gu -> com.crossml SiluMul -> h -> MatMul(Wd) -> y; SkipSimplifiedLayerNormalization(r,
+    y, gamma): an MLP after the gate/up merge (``odd``: an odd number of product columns)."""
+    et = T.FLOAT if dtype == np.float32 else T.FLOAT16
+    inits = [numpy_helper.from_array((RNG.standard_normal((k, 2 * i + odd)) * 0.1).astype(dtype), "Wgu"),
+             numpy_helper.from_array((RNG.standard_normal((i, n)) * 0.1).astype(dtype), "Wd"),
+             numpy_helper.from_array((RNG.random(n) + 0.5).astype(dtype), "gamma")]
+    inputs = [h.make_tensor_value_info("x", et, ["batch", "seq", k]),
+              h.make_tensor_value_info("r", et, ["batch", "seq", n])]
+    outputs = [h.make_tensor_value_info("normed", et, None), h.make_tensor_value_info("sum", et, None)]
+    nodes = [h.make_node("MatMul", ["x", "Wgu"], ["gu"], name="gate_up"),
+             h.make_node("SiluMul", ["gu"], ["h"], name="gate", domain="com.crossml"),
+             h.make_node("MatMul", ["h", "Wd"], ["y"], name="down"),
+             h.make_node("SkipSimplifiedLayerNormalization", ["r", "y", "gamma"], ["normed", "", "", "sum"],
+                         name="norm", domain=MS, epsilon=1e-6)]
+    if gu_twice:
+        nodes.append(h.make_node("Relu", ["gu"], ["rgu"], name="other"))
+        outputs.append(h.make_tensor_value_info("rgu", et, None))
+    m = make_model(nodes, inputs, outputs, inits)
+    m.opset_import.extend([h.make_opsetid(MS, 1), h.make_opsetid("com.crossml", 1)])
+    return prepare(m)
+
+
+def _mlp_feeds(rows: int = 3, dtype: type = np.float32, k: int = K, n: int = K) -> dict[str, np.ndarray]:
+    return {"x": RNG.standard_normal((1, rows, k)).astype(dtype), "r": RNG.standard_normal((1, rows, n)).astype(dtype)}
+
+
+GPU_RULES = [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM]
+
+
+def test_gate_folded_into_the_gate_up_product_equals_unfused() -> None:
+    """MatMulSiluMul takes the SiluMul before SiluMulSkipNorm can; on the CPU the fused op runs the MatMul and
+    SiluMul ops, bit for bit the unfused model's results."""
+    m = mlp_layer()
+    f = _mlp_feeds()
+    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(m)
+    assert apply_rules(fused, GPU_RULES) == {"MatMulSkipNorm": 1, "MatMulSiluMul": 1}
+    gate, down = fused.graph.node
+    assert (gate.op_type, list(gate.input), list(gate.output)) == ("MatMulSiluMul", ["x", "Wgu"], ["h"])
+    assert down.op_type == "MatMulSkipNorm" and down.input[0] == "h"
+    assert "silu_mul" not in {a.name for a in down.attribute}
+    got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_gate_product_switched_off_leaves_the_gate_to_the_down_projection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(matmul_norm_module, "GATE_IN_PRODUCT", False)
+    m = mlp_layer()
+    assert apply_rules(m, GPU_RULES) == {"MatMulSkipNorm": 1, "SiluMulSkipNorm": 1}
+
+
+@pytest.mark.parametrize(("kw", "says"), [({"gu_twice": True}, "used elsewhere"), ({"odd": True}, "an even N")])
+def test_gate_product_refuses_with_a_reason(kw: dict, says: str) -> None:
+    m = mlp_layer(**kw)
+    assert "MatMulSiluMul" not in apply_rules(m, [MATMUL_NORM, MATMUL_SILU_MUL])
+    assert says in rule_reason(MATMUL_SILU_MUL, m, "SiluMul")
+
+
+def test_gate_product_weight_fed_at_run_time_is_not_fused() -> None:
+    m = mlp_layer()
+    w = m.graph.initializer[0]
+    m.graph.input.append(h.make_tensor_value_info("Wgu", T.FLOAT, list(w.dims)))
+    del m.graph.initializer[0]
+    assert "not a 2-D constant" in rule_reason(MATMUL_SILU_MUL, m, "SiluMul")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4, 6], ids=["decode", "decode4", "prompt"])
+def test_gpu_gate_product_session_matches_unfused(rows: int) -> None:
+    """fp16 on the GPU: the gate stored by the gate/up GEMV (1 and 4 rows) or by the SiluMul op after the product (6
+    rows), then the down projection's GEMV and norm: within fp16 rounding of the session without graph fusion."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU: torch sees none on this machine")
+    m = mlp_layer(dtype=np.float16, k=256, i=320, n=256)
+    f = _mlp_feeds(rows, np.float16, 256, 256)
+    sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
+    assert [n.op_type for n in sess._model.graph.node] == ["MatMulSiluMul", "MatMulSkipNorm"]
     so = crossml.SessionOptions()
     so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
     plain = crossml.InferenceSession(m, so, providers=["GPUExecutionProvider"])

@@ -814,3 +814,89 @@ def test_mma_kernel_compiles_to_register_operands() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [[0, True, True, 0]] * len(MMA_COMPILES)
+
+
+def _gated_product(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """SiluMul(a @ [Wg | Wu]): the fp64 product rounded to a's dtype (the MatMul's output), then gated as the SiluMul
+    op stores it."""
+    gu = _reference(a, w).to(a.dtype)
+    return _gated(gu, w.shape[1] // 2)
+
+
+GATE_OUT_CASES = [  # M, K, I, interpreter tiles of the [K, I] product: each path of gemv(silu_out=True)
+    (1, 64, 24, (1, 16, 32, 1, 4)),  # per-row GEMV, gate in its epilogue, a partial N tile
+    (1, 96, 40, (1, 16, 32, 3, 4)),  # K split: the [K, 2I] product's partial sums, gated by the reduction
+    (3, 64, 24, (4, 32, 16, 1, 4)),  # 4-row blocks of the per-row GEMV: through the reduction too
+    (4, 96, 40, (16, 16, 32, 1, 4)),  # matrix-unit kernel, gate in its epilogue
+    (20, 96, 24, (16, 16, 32, 2, 4)),  # matrix-unit kernel, two row tiles, K split
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", GATE_OUT_CASES, ids=lambda c: "M{}_K{}_I{}_tiles{}x{}_split{}".format(
+    *c[:3], c[3][0], c[3][1], c[3][3]))
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_silu_out_matches_the_product_then_silu_mul(device: str, dtype: torch.dtype, case: tuple,
+                                                    layout: str) -> None:
+    """gemv(silu_out=True) of a merged [Wg | Wu] weight: the fp64 reference of the rounded product then SiluMul, and
+    the plain GEMV's product gated by the SiluMul kernel (the interpreter: by torch), bit for bit in fp16 (and bf16
+    compiled: the interpreter truncates float32 -> bfloat16 casts) where both add K in the same order (same tiles)."""
+    M, K, half, tiles = case
+    if device != "cpu":
+        tiles = None if tiles[0] == 1 or M >= 2 else tiles
+        if tiles is not None and tiles[0] < 16 and dtype != torch.float32:
+            tiles = None
+    elif (tiles[0] >= 16) != (M >= 2 and dtype != torch.float32):
+        pytest.skip("the interpreter's tiles are the other kernel's for these rows and this dtype")
+    a = rand(M, K, dtype=dtype, device=device, seed=1)
+    w = _stored(rand(K, 2 * half, dtype=dtype, device=device, seed=2) * 0.1, layout)
+    y = gemv(a, w, tiles=tiles, silu_out=True)
+    assert y.shape == (M, half)
+    assert_close(y, _gated_product(a, w).double(), dtype)
+    if device == "cuda" or dtype != torch.bfloat16:  # the interpreter truncates float32 -> bfloat16 casts
+        from crossml.kernels.swiglu import silu_mul_packed
+
+        plain = gemv(a, w, tiles=None if tiles is None or tiles[3] > 1 or tiles[0] == 4 else
+                     (tiles[0], tiles[1] * 2, *tiles[2:]))
+        want = silu_mul_packed(plain) if device == "cuda" else _gated(plain, half)
+        if tiles is not None and tiles[3] == 1 and tiles[0] != 4 and dtype != torch.float32:
+            assert torch.equal(y, want)  # float32 keeps the sigmoids' last bits, which torch's and Triton's differ in
+        else:
+            assert_close(y, want.double().cpu(), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_out_errors_empty_and_zero_k(device: str) -> None:
+    a = rand(1, 64, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="even number of columns"):
+        gemv(a, rand(64, 33, dtype=torch.float16, device=device), silu_out=True)
+    with pytest.raises(ValueError, match="without a bias"):
+        gemv(a, rand(64, 32, dtype=torch.float16, device=device), rand(32, dtype=torch.float16, device=device),
+             silu_out=True)
+    assert gemv(a[:0], rand(64, 32, dtype=torch.float16, device=device), silu_out=True).shape == (0, 16)
+    zero = gemv(a[:, :0], torch.empty(0, 32, dtype=torch.float16, device=device), silu_out=True)
+    assert zero.shape == (1, 16) and not zero.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("K", "N"), [(896, 9728), (2048, 16384)])  # the GenAI benchmark models' gate/up weights
+@pytest.mark.parametrize("M", [1, 2, 4, 8, 16])
+def test_gpu_silu_out_at_decode_shapes_and_in_graphs(K: int, N: int, M: int) -> None:
+    """The merged gate/up products of the benchmark models, column-major as GPU plans store them: the rounded
+    product's SiluMul within fp16 rounding (bit for bit the plain GEMV's, gated by the SiluMul kernel, where one row's
+    tiles add K alike), and a CUDA graph's replay of the same bits."""
+    from crossml.kernels.swiglu import silu_mul_packed
+
+    a = rand(M, K, dtype=torch.float16, device="cuda", seed=1)
+    w = _stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2) * 0.05, "cols")
+    y = gemv(a, w, const_w=True, silu_out=True)
+    assert_close(y, _gated_product(a, w).double(), torch.float16)
+    assert_close(y, silu_mul_packed(gemv(a, w)).double().cpu(), torch.float16)
+    out = torch.empty_like(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(gemv(a, w, const_w=True, silu_out=True))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, y)

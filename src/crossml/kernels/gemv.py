@@ -23,7 +23,12 @@ and casts. Otherwise the one launch adds the bias and stores y in a's dtype.
 an LLM's attention output and MLP down projections): the GEMV always writes the float32 partial sums, and one
 program per row adds them, rounds the product, adds the residual and normalizes, so the norm costs no launch of
 its own. With ``silu_mul`` the GEMV computes the SiLU-gated activations of an MLP (``SiluMul`` of [g | up]) as it
-loads them, so the gate costs no launch either. On an H200 the captured decode step of the GenAI benchmark's
+loads them, so the gate costs no launch either. With ``silu_out`` (graph rule MatMulSiluMul, which takes the gate
+first where the gate/up product is a MatMul) it is the gate/up product that gates: each program adds up the g and up
+columns of its outputs (two W tiles a step) and stores their SiluMul, or where K is split the reduction gates the
+[g | up] partial sums, so the product writes I values instead of 2I. On an H100 that took the GenAI benchmark's
+Qwen2.5-0.5B fp16 one-row decode from 1,651-1,652 to 1,672-1,675 tokens/s and left its batched rows and
+Llama-3.2-1B's as they were (results/gate_product.md). On an H200 the captured decode step of the GenAI benchmark's
 Llama-3.2-1B fp16 model went from 0.976 to 0.934 ms and Qwen2.5-0.5B's from 0.741 to 0.678 ms with both
 (back-to-back replays; the session's graph rules MatMulSkipNorm and SiluMulSkipNorm removed or kept, one
 process). Per call, in CUDA graphs of calls on distinct weights (``benchmarks/gemv_tiles.py --fused``,
@@ -194,7 +199,8 @@ def _over_k(acc, COLMAJOR: tl.constexpr):
 def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_wn, s_ym, s_ys, up_off,
                  HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False,
-                 SILU_MUL: tl.constexpr = False, COLMAJOR: tl.constexpr = False, PDL: tl.constexpr = False):
+                 SILU_MUL: tl.constexpr = False, COLMAJOR: tl.constexpr = False, GATE_OUT: tl.constexpr = False,
+                 w_up=0, PDL: tl.constexpr = False):
     """Columns [pid0 * BLOCK_N, +BLOCK_N) of rows [pid2 * BLOCK_M, +BLOCK_M), summed over K range pid1.
 
     PARTIAL: store the float32 sums to workspace slice pid1 (``y_ptr + pid1 * s_ys``), no bias;
@@ -209,6 +215,10 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
 
     SILU_MUL: each row of a holds [g | up] (up ``up_off`` elements after g) and the product's activations
     are ``(g * sigmoid(g)) * up`` rounded to a's dtype, as the SiluMul kernel stores them.
+
+    GATE_OUT (BLOCK_M 1, not PARTIAL, no bias): W holds [Wg | Wu] (Wu's column n ``w_up`` elements after Wg's)
+    and the program stores SiluMul of its g and up products, each rounded to y's dtype first (the merged gate/up
+    product's output, then the SiluMul kernel's): column n of y is ``silu(a @ Wg[:, n]) * (a @ Wu[:, n])``.
     """
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -237,8 +247,14 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
     if not CONST_W:
         pdl_wait(PDL)
     w_cur = _w_tile(w_ptrs, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
+    u_cur = w_cur
+    if GATE_OUT:
+        u_cur = _w_tile(w_ptrs + w_up, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
     w_ptrs += BLOCK_K * s_wk
     w_nxt = _w_tile(w_ptrs, k_lo + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
+    u_nxt = w_nxt
+    if GATE_OUT:
+        u_nxt = _w_tile(w_ptrs + w_up, k_lo + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
     if CONST_W:
         pdl_wait(PDL)
     # each step's activations are requested a step ahead too (after the wait: the previous kernel writes them)
@@ -255,13 +271,19 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
     for k in range(k_lo, k_hi, BLOCK_K):
         w = w_cur.to(tl.float32)
         w_cur = w_nxt
+        wu = u_cur.to(tl.float32)
+        u_cur = u_nxt
         w_ptrs += BLOCK_K * s_wk
         w_nxt = _w_tile(w_ptrs, k + 2 * BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
+        if GATE_OUT:
+            u_nxt = _w_tile(w_ptrs + w_up, k + 2 * BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
         a_ptrs += BLOCK_K * s_ak
         k_ok = k + BLOCK_K + offs_k < k_hi
         a0 = _finish(x0, u0, SILU_MUL)
         x0, u0 = _raw(a_ptrs, k_ok, up_off, SILU_MUL)
         acc0 += _times(w, a0, COLMAJOR)
+        if GATE_OUT:
+            acc1 += _times(wu, a0, COLMAJOR)
         if BLOCK_M > 1:
             a1 = _finish(x1, u1, SILU_MUL)
             x1, u1 = _raw(a_ptrs + s_am, k_ok & ok1, up_off, SILU_MUL)
@@ -284,7 +306,11 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
         else:
             bias = 0.0
     out_ty = y_ptr.dtype.element_ty
-    tl.store(y_row, (_over_k(acc0, COLMAJOR) + bias).to(out_ty), mask=n_ok)
+    if GATE_OUT:  # acc1 holds the up products
+        g = _over_k(acc0, COLMAJOR).to(out_ty)
+        tl.store(y_row, _finish(g, _over_k(acc1, COLMAJOR).to(out_ty), True).to(out_ty), mask=n_ok)
+    else:
+        tl.store(y_row, (_over_k(acc0, COLMAJOR) + bias).to(out_ty), mask=n_ok)
     if BLOCK_M > 1:
         tl.store(y_row + s_ym, (_over_k(acc1, COLMAJOR) + bias).to(out_ty), mask=n_ok & ok1)
     if BLOCK_M > 2:
@@ -296,10 +322,12 @@ def _gemv_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak
 def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, s_ak, s_wk, s_wn, s_ym, s_ys, up_off,
                      HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, CONST_W: tl.constexpr = False, SILU_MUL: tl.constexpr = False,
-                     COLMAJOR: tl.constexpr = False, F32_DOT: tl.constexpr = False, PDL: tl.constexpr = False):
+                     COLMAJOR: tl.constexpr = False, F32_DOT: tl.constexpr = False, GATE_OUT: tl.constexpr = False,
+                     w_up=0, PDL: tl.constexpr = False):
     """``_gemv_kernel`` on the matrix units, for a few rows of a (a batched decode step, beam search): rows [pid2 *
     BLOCK_M, +BLOCK_M) (BLOCK_M >= 16, rows past M zeros) times columns [pid0 * BLOCK_N, +BLOCK_N) of W over K
-    range pid1, one ``tl.dot`` per K step accumulating in float32; same arguments, outputs and PARTIAL workspace.
+    range pid1, one ``tl.dot`` per K step accumulating in float32; same arguments, outputs and PARTIAL workspace
+    (GATE_OUT: a second dot with the up columns, and the SiluMul of the two stored).
     The W tile and the activations of the next step are requested before this step's product (and, with CONST_W,
     the first W tile before the PDL wait); with SILU_MUL each step's activations are gated as they are loaded.
     (Without the activations' early request, an MLP's gated down projection with its skip-norm at 2-4 rows took
@@ -317,17 +345,24 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
     w_ptrs = _w_start(w_ptr, offs_n, offs_k, k_lo, s_wk, s_wn, COLMAJOR)
     a_ptrs = a_ptr + rows[:, None] * s_am + (k_lo + offs_k)[None, :] * s_ak
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = acc
     if not CONST_W:
         pdl_wait(PDL)
     w_nxt = _w_tile(w_ptrs, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
+    u_nxt = w_nxt
+    if GATE_OUT:
+        u_nxt = _w_tile(w_ptrs + w_up, k_lo + offs_k < k_hi, n_ok, COLMAJOR)
     if CONST_W:
         pdl_wait(PDL)
     # each step's activations are requested a step ahead too (after the wait: the previous kernel writes them)
     x_nxt, up_nxt = _raw(a_ptrs, m_ok[:, None] & (k_lo + offs_k < k_hi)[None, :], up_off, SILU_MUL)
     for k in range(k_lo, k_hi, BLOCK_K):
         w = w_nxt
+        wu = u_nxt
         w_ptrs += BLOCK_K * s_wk
         w_nxt = _w_tile(w_ptrs, k + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
+        if GATE_OUT:
+            u_nxt = _w_tile(w_ptrs + w_up, k + BLOCK_K + offs_k < k_hi, n_ok, COLMAJOR)
         x, up = x_nxt, up_nxt
         a_ptrs += BLOCK_K * s_ak
         x_nxt, up_nxt = _raw(a_ptrs, m_ok[:, None] & (k + BLOCK_K + offs_k < k_hi)[None, :], up_off, SILU_MUL)
@@ -336,8 +371,16 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
             x = ((g * tl.sigmoid(g)) * up.to(tl.float32)).to(up.dtype)
         if COLMAJOR:
             w = tl.trans(w)
+            wu = tl.trans(wu)
         acc = dot_acc(x, w, acc, F32_DOT)
-    store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
+        if GATE_OUT:
+            acc_up = dot_acc(x, wu, acc_up, F32_DOT)
+    if GATE_OUT:
+        out_ty = y_ptr.dtype.element_ty
+        gated = _finish(acc.to(out_ty), acc_up.to(out_ty), True)
+        store_tile(gated, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, False)
+    else:
+        store_tile(acc, bias_ptr, y_ptr, offs_n, rows, M, N, s_ym, HAS_BIAS, PARTIAL, pid_k, s_ys)
 
 
 @triton.jit
@@ -356,16 +399,25 @@ def _sum_splits(p, stride, ok, n, BLOCK_S: tl.constexpr):
 @triton.jit
 def _split_k_reduce_kernel(ws_ptr, bias_ptr, y_ptr, MN, N, SPLIT_K,
                            HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK: tl.constexpr,
-                           PDL: tl.constexpr = False):
-    """y.flat[i] = sum_s ws[s].flat[i] (+ bias[i % N]) for BLOCK values of i, in y's dtype."""
+                           GATE_OUT: tl.constexpr = False, PDL: tl.constexpr = False):
+    """y.flat[i] = sum_s ws[s].flat[i] (+ bias[i % N]) for BLOCK values of i, in y's dtype.
+
+    GATE_OUT (no bias): the workspace holds [g | up] products, ``[SPLIT_K, M, 2N]``, and y [M, N] their SiluMul, each
+    sum rounded to y's dtype first (as ``_gemv_kernel``'s GATE_OUT stores it)."""
     pdl_wait(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
-    total = _sum_splits(ws_ptr + offs, MN, ok, SPLIT_K, BLOCK_S)
     out_ty = y_ptr.dtype.element_ty
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(out_ty).to(tl.float32)
-    tl.store(y_ptr + offs, total.to(out_ty), mask=ok)
+    if GATE_OUT:
+        at = offs + (offs // N) * N  # [m, n] of y at [m, n] of the [M, 2N] workspace slices
+        g = _sum_splits(ws_ptr + at, 2 * MN, ok, SPLIT_K, BLOCK_S).to(out_ty)
+        up = _sum_splits(ws_ptr + at + N, 2 * MN, ok, SPLIT_K, BLOCK_S).to(out_ty)
+        tl.store(y_ptr + offs, _finish(g, up, True).to(out_ty), mask=ok)
+    else:
+        total = _sum_splits(ws_ptr + offs, MN, ok, SPLIT_K, BLOCK_S)
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs % N, mask=ok, other=0.0).to(out_ty).to(tl.float32)
+        tl.store(y_ptr + offs, total.to(out_ty), mask=ok)
 
 
 @triton.jit
@@ -661,19 +713,33 @@ def _check(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, silu_mul
 
 def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: bool, y2: torch.Tensor | None,
               tiles: tuple[int, int, int, int, int] | None, const_w: bool, silu_mul: bool,
-              interpret: bool, mma: bool | None = None, norm: bool = False) -> torch.Tensor | None:
+              interpret: bool, mma: bool | None = None, norm: bool = False,
+              gate_out: bool = False) -> torch.Tensor | None:
     """The GEMV launch of ``a2 [M, K] @ w`` (``a2 [M, 2K]`` with ``silu_mul``): into ``y2 [M, N]`` (bias added)
     when K is not split, else the float32 ``[SPLIT_K, M, N]`` workspace of partial sums it returns (no bias; so
     also when ``y2`` is None). From DOT_MIN_M rows the matrix-unit kernel (``_gemv_dot_kernel``, tiles of
     ``pick_dot_tiles``; tiles with BLOCK_M >= 16 ask for it), or where ``mma_eligible`` holds (``mma`` None and no
-    tiles given) or ``mma`` is True, the Gluon kernel (``_mma_product``; ``norm``: the skip-norm's product)."""
+    tiles given) or ``mma`` is True, the Gluon kernel (``_mma_product``; ``norm``: the skip-norm's product).
+
+    ``gate_out`` (no bias, no ``silu_mul``): w is [K, 2I], [Wg | Wu], and ``y2`` [M, I] receives SiluMul of the two
+    products where the tiles of the [K, I] product (``tiles``, or the rule's) split no K and, on the per-row GEMV,
+    take one row a program; else the workspace returned holds the [M, 2I] product's partial sums (at its own rule's
+    tiles), for the reduction to gate."""
     M = a2.shape[0]
     K, N = w.shape
-    if _takes_mma(a2, w, tiles, mma):
+    if gate_out:
+        N //= 2
+    elif _takes_mma(a2, w, tiles, mma):
         return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
     colmajor = column_major(w)
+    dot_rows = _dot_rows(M, a2.dtype)
     if tiles is None:
-        pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
+        pick = pick_dot_tiles if dot_rows else pick_tiles
+        tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
+    if gate_out and (tiles[3] > 1 or (tiles[0] > 1 and not tiles[0] >= 16) or y2 is None):
+        # the [M, 2I] product's partial sums at its own tiles; the reduction gates them
+        pick = pick_dot_tiles if dot_rows else pick_tiles
+        N, gate_out, y2 = 2 * N, False, None
         tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles
     dot = block_m >= 16
@@ -691,6 +757,8 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     compiled = {} if interpret else {"num_warps": num_warps, "num_stages": 2, **pdl(a2)}
     meta = {"HAS_BIAS": has_bias, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "CONST_W": const_w,
             "SILU_MUL": silu_mul, "COLMAJOR": colmajor}
+    if gate_out:  # the up columns start N columns after the gate's
+        meta.update(GATE_OUT=True, w_up=N * (w.stride(1) if colmajor else 1))
     kernel = _gemv_kernel
     if dot:
         kernel = _gemv_dot_kernel
@@ -750,7 +818,7 @@ def _reduce_tiles(split: int) -> tuple[int, int, int]:
 
 def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
          tiles: tuple[int, int, int, int, int] | None = None, const_w: bool = False,
-         silu_mul: bool = False, mma: bool | None = None) -> torch.Tensor:
+         silu_mul: bool = False, mma: bool | None = None, silu_out: bool = False) -> torch.Tensor:
     """``a @ w (+ bias)`` for ``a`` [..., K] and a contiguous ``w`` [K, N] -> [..., N] in a's dtype.
 
     Meant for decode sizes (prod of a's leading dims M of 1 to 16, ``crossml.ops.matmul.GEMV_MAX_M``; from 2 rows
@@ -764,9 +832,17 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     axis, and the product is ``SiluMul(a) @ w`` with the activations rounded to a's dtype (the SiluMul op's
     output), computed as the GEMV loads them. ``mma``: True forces the Gluon kernel (``crossml.kernels.gemv_mma``;
     tiles then (16, BLOCK_N, 128, SPLIT_K, warps)), False keeps it off, None takes it where ``mma_eligible`` holds
-    and no tiles are given.
+    and no tiles are given. ``silu_out``: ``w`` is [K, 2I], the merged gate/up weight [Wg | Wu], and the result
+    [..., I] is ``SiluMul(a @ w)`` (the products rounded to a's dtype, then gated as the SiluMul kernel gates them),
+    stored by the GEMV (or by its split-K reduction) instead of the [..., 2I] product; ``tiles`` are then those of the
+    [K, I] product, and neither a bias nor ``silu_mul`` is taken.
     """
     K, N = _check(a, w, bias, silu_mul)
+    if silu_out:
+        if bias is not None or silu_mul or N % 2:
+            raise ValueError(f"GEMV silu_out: w must hold [Wg | Wu], an even number of columns, without a bias or "
+                             f"silu_mul; got w of shape {tuple(w.shape)}, bias {bias is not None}, silu_mul {silu_mul}")
+        N //= 2
     M = math.prod(a.shape[:-1])
     y, final = product_output(a, N, K, bias)
     if final:
@@ -778,13 +854,15 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     interpret = use_interpreter(a, "GEMV")
     launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
     with launch:
-        ws = _products(a2, w, bias1, bias is not None, y2, tiles, const_w, silu_mul, interpret, mma)
+        ws = _products(a2, w, bias1, bias is not None, y2, tiles, const_w, silu_mul, interpret, mma,
+                       gate_out=silu_out)
         if ws is None:
             return y
         block_s, block, warps = _reduce_tiles(ws.shape[0])
         reduce_meta = {} if interpret else {"num_warps": warps, **pdl(a)}
         _split_k_reduce_kernel[(cdiv(M * N, block),)](ws, bias1, y2, M * N, N, ws.shape[0], HAS_BIAS=bias is not None,
-                                                       BLOCK_S=block_s, BLOCK=block, **reduce_meta)
+                                                       BLOCK_S=block_s, BLOCK=block, GATE_OUT=silu_out,
+                                                       **reduce_meta)
     return y
 
 

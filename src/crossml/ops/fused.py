@@ -9,7 +9,9 @@ SiluMul (two inputs g, up, or one holding both halves) runs crossml's Triton ker
 decode-sized products on GPUs (as MatMul does). NormMatMulNBits (an RMSNorm, with or without skip,
 feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and the two ops elsewhere;
 MatMulSkipNorm (a product feeding the residual stream's SkipSimplifiedLayerNormalization) is the GEMV and
-one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere. SumCast (an integer row sum,
+one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere; MatMulSiluMul (an MLP's merged
+gate/up product feeding its SiluMul) is the GEMV storing the gated activations at decode sizes on GPUs, and the two
+ops elsewhere. SumCast (an integer row sum,
 offset and cast: the GenAI builder's attention-mask lengths) is one Triton launch on GPUs. GatherNorm (an
 embedding lookup feeding the first layer's RMSNorm) is one Triton launch on GPUs and the two ops elsewhere.
 """
@@ -256,6 +258,18 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits,
                      ctx=product)
     return y, s
+
+
+@op("MatMulSiluMul", since=1, domain=DOMAIN, ctx=True)
+def matmul_silu_mul(a: torch.Tensor, w: torch.Tensor, *, ctx: OpContext) -> torch.Tensor:
+    """SiluMul(a @ w) for ``w`` [K, 2I], the merged gate/up weight [Wg | Wu] of an LLM MLP (graph rule MatMulSiluMul):
+    the [..., I] gated activations. At decode sizes on a GPU (``crossml.ops.matmul.gemv_eligible`` of the merged
+    product) the Triton GEMV computes the g and up products of each output column in one program and stores their
+    SiluMul (``crossml.kernels.gemv.gemv(silu_out=True)``; its split-K reduction gates where K is split), the
+    products rounded to a's dtype first as the MatMul's output is; elsewhere the MatMul and SiluMul ops."""
+    if w.dim() == 2 and w.shape[-1] % 2 == 0 and gemv_eligible(a, w):
+        return load("gemv").gemv(a, w, const_w=ctx.constant(1), silu_out=True)
+    return silu_mul_op(matmul_op(a, w, ctx=ctx))
 
 
 @op("MatMulSkipNorm", since=1, domain=DOMAIN, ctx=True)

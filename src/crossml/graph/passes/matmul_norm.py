@@ -7,7 +7,8 @@ GPU the fused node runs the Triton GEMV and then one kernel that adds its split-
 residual and normalizes (``crossml.kernels.gemv.gemv_skip_norm``): one launch fewer per norm, two per
 transformer layer, and the product is never stored. Elsewhere it runs the two ops. SILU_MUL_NORM then
 folds the MLP's SiluMul into the down projection's fused node (the GEMV gates the activations as it
-loads them).
+loads them), unless MATMUL_SILU_MUL (which runs first) has folded it into the gate/up product (whose GEMV
+stores the gated activations).
 
 The rule needs the product's output read by this norm alone, the norm's statistics outputs unused, no
 bias on the norm, W a 2-D constant and gamma a 1-D constant of W's N values. It runs on GPU sessions
@@ -102,3 +103,41 @@ def rewrite_gated(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 #: gate (one-input SiluMul of the merged gate/up product, graph/passes/gate_up.py) computed as the down projection
 #: loads its activations, one launch fewer per layer. Runs after MATMUL_NORM.
 SILU_MUL_NORM = Rule("SiluMulSkipNorm", match_gated, check_gated, rewrite_gated, domains=((DOMAIN, 1),))
+
+
+#: MATMUL_SILU_MUL applies (False leaves the gate to SILU_MUL_NORM; benchmarks)
+GATE_IN_PRODUCT = True
+
+
+def match_gate_product(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if not GATE_IN_PRODUCT or node.op_type != "SiluMul" or node.domain != DOMAIN or len(node.input) != 1:
+        return None
+    product = view.producer.get(node.input[0])
+    if product is None or (product.domain, product.op_type) not in (("", "MatMul"), ("ai.onnx", "MatMul")):
+        return None
+    return Match([product, node], {})
+
+
+def check_gate_product(view: GraphView, m: Match) -> str | None:
+    product, gate = m.nodes
+    gu = product.output[0]
+    if not view.read_once(gu):
+        return f"the gate/up product ('{gu}') of '{product.name}' is used elsewhere"
+    w = view.initializers.get(product.input[1])
+    if w is None or len(w.dims) != 2 or w.dims[1] % 2:
+        return f"the weight ('{product.input[1]}') of '{product.name}' is not a 2-D constant of an even N"
+    return None
+
+
+def rewrite_gate_product(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    product, gate = m.nodes
+    return [helper.make_node("MatMulSiluMul", list(product.input[:2]), list(gate.output),
+                             name=f"{product.name}_{gate.name}", domain=DOMAIN)]
+
+
+#: MatMul(h, [Wg | Wu]) → gu, com.crossml SiluMul(gu) → a  =>  com.crossml MatMulSiluMul(h, [Wg | Wu]) → a: the MLP's
+#: gate computed where its merged gate/up product (graph/passes/gate_up.py) is, so at decode sizes the GEMV stores
+#: the I gated activations instead of the 2I products and the down projection reads them as they are. Runs before
+#: SILU_MUL_NORM, which it leaves nothing to fold.
+MATMUL_SILU_MUL = Rule("MatMulSiluMul", match_gate_product, check_gate_product, rewrite_gate_product,
+                       domains=((DOMAIN, 1),))
