@@ -26,9 +26,10 @@ its own. With ``silu_mul`` the GEMV computes the SiLU-gated activations of an ML
 loads them, so the gate costs no launch either. With ``silu_out`` (graph rule MatMulSiluMul, which takes the gate
 first where the gate/up product is a MatMul) it is the gate/up product that gates: each program adds up the g and up
 columns of its outputs (two W tiles a step) and stores their SiluMul, or where K is split the reduction gates the
-[g | up] partial sums, so the product writes I values instead of 2I. On an H100 that took the GenAI benchmark's
-Qwen2.5-0.5B fp16 one-row decode from 1,651-1,652 to 1,672-1,675 tokens/s and left its batched rows and
-Llama-3.2-1B's as they were (results/gate_product.md). On an H200 the captured decode step of the GenAI benchmark's
+[g | up] partial sums, so the product writes I values instead of 2I. That took the GenAI benchmark's Qwen2.5-0.5B
+fp16 one-row decode from 1,651-1,652 to 1,672-1,675 tokens/s on an H100 and from 1,918 to 1,943-1,949 on an H200
+(its batched rows +0.5-1.1 % on the H200, unchanged on the H100), Llama-3.2-1B's from 1,213-1,215 to 1,224-1,226 on
+the H200 (results/gate_product.md). On an H200 the captured decode step of the GenAI benchmark's
 Llama-3.2-1B fp16 model went from 0.976 to 0.934 ms and Qwen2.5-0.5B's from 0.741 to 0.678 ms with both
 (back-to-back replays; the session's graph rules MatMulSkipNorm and SiluMulSkipNorm removed or kept, one
 process). Per call, in CUDA graphs of calls on distinct weights (``benchmarks/gemv_tiles.py --fused``,
