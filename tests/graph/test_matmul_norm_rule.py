@@ -103,12 +103,15 @@ def test_refuses_with_a_reason_and_leaves_the_graph(kw: dict, says: str) -> None
     assert m.SerializeToString() == before
 
 
-def test_weight_fed_at_run_time_is_not_fused() -> None:
-    m = layer()
+@pytest.mark.parametrize("which", ["MatMulSkipNorm", "MatMulSiluMul"])
+def test_weight_fed_at_run_time_is_not_fused(which: str) -> None:
+    """The product's weight an input of the graph, not a constant: neither rule takes it."""
+    m, rule, at = ((layer(), MATMUL_NORM, "SkipSimplifiedLayerNormalization") if which == "MatMulSkipNorm"
+                   else (mlp_layer(), MATMUL_SILU_MUL, "SiluMul"))
     w = m.graph.initializer[0]
-    m.graph.input.append(h.make_tensor_value_info("W", T.FLOAT, list(w.dims)))
+    m.graph.input.append(h.make_tensor_value_info(w.name, T.FLOAT, list(w.dims)))
     del m.graph.initializer[0]
-    assert "not a 2-D constant" in rule_reason(MATMUL_NORM, m, "SkipSimplifiedLayerNormalization")
+    assert "not a 2-D constant" in rule_reason(rule, m, at)
 
 
 def test_registered_on_gpu_sessions_without_disable_metacommands() -> None:
@@ -148,24 +151,35 @@ def test_gpu_session_fuses_and_matches_unfused(bias: bool, rows: int) -> None:
     np.testing.assert_allclose(normed.astype(np.float32), cpu[0].astype(np.float32), rtol=1e-2, atol=1e-2)
 
 
-def gated_layer(*, dtype: type = np.float32, h_twice: bool = False, k: int = K, n: int = N) -> onnx.ModelProto:
-    """gu [.., 2k] -> com.crossml SiluMul -> h -> MatMul -> y; SkipSimplifiedLayerNormalization(r, y, gamma)."""
+def _gated_tail(dtype: type, k: int, n: int) -> tuple[list, list, list, list]:
+    """com.crossml SiluMul(gu) -> h -> MatMul(W) -> y; SkipSimplifiedLayerNormalization(r, y, gamma): its nodes, its
+    initializers (W [k, n], gamma), the residual input r and the outputs (normed, sum)."""
     et = T.FLOAT if dtype == np.float32 else T.FLOAT16
     inits = [numpy_helper.from_array((RNG.standard_normal((k, n)) * 0.1).astype(dtype), "W"),
              numpy_helper.from_array((RNG.random(n) + 0.5).astype(dtype), "gamma")]
-    inputs = [h.make_tensor_value_info("gu", et, ["batch", "seq", 2 * k]),
-              h.make_tensor_value_info("r", et, ["batch", "seq", n])]
     outputs = [h.make_tensor_value_info("normed", et, None), h.make_tensor_value_info("sum", et, None)]
     nodes = [h.make_node("SiluMul", ["gu"], ["h"], name="gate", domain="com.crossml"),
              h.make_node("MatMul", ["h", "W"], ["y"], name="down"),
              h.make_node("SkipSimplifiedLayerNormalization", ["r", "y", "gamma"], ["normed", "", "", "sum"],
                          name="norm", domain=MS, epsilon=1e-6)]
-    if h_twice:
-        nodes.append(h.make_node("Relu", ["h"], ["rh"], name="other"))
-        outputs.append(h.make_tensor_value_info("rh", et, None))
+    return nodes, inits, [h.make_tensor_value_info("r", et, ["batch", "seq", n])], outputs
+
+
+def _crossml_model(nodes: list, inputs: list, outputs: list, inits: list) -> onnx.ModelProto:
     m = make_model(nodes, inputs, outputs, inits)
     m.opset_import.extend([h.make_opsetid(MS, 1), h.make_opsetid("com.crossml", 1)])
     return prepare(m)
+
+
+def gated_layer(*, dtype: type = np.float32, h_twice: bool = False, k: int = K, n: int = N) -> onnx.ModelProto:
+    """gu [.., 2k] -> com.crossml SiluMul -> h -> MatMul -> y; SkipSimplifiedLayerNormalization(r, y, gamma)."""
+    et = T.FLOAT if dtype == np.float32 else T.FLOAT16
+    nodes, inits, inputs, outputs = _gated_tail(dtype, k, n)
+    inputs.insert(0, h.make_tensor_value_info("gu", et, ["batch", "seq", 2 * k]))
+    if h_twice:
+        nodes.append(h.make_node("Relu", ["h"], ["rh"], name="other"))
+        outputs.append(h.make_tensor_value_info("rh", et, None))
+    return _crossml_model(nodes, inputs, outputs, inits)
 
 
 def _gated_feeds(rows: int = 3, dtype: type = np.float32, k: int = K, n: int = N) -> dict[str, np.ndarray]:
@@ -196,15 +210,21 @@ def test_gate_used_elsewhere_is_not_folded() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4, 6], ids=["decode", "decode4", "prompt"])
-def test_gpu_gated_session_matches_unfused(rows: int) -> None:
-    """fp16 on the GPU, the gate computed in the GEMV's loads (1 and 4 rows) or by the SiluMul op (6 rows):
-    sums and normalized values within fp16 rounding of the session without graph fusion."""
+@pytest.mark.parametrize("gate_in", ["down", "gate_up"])
+def test_gpu_gated_session_matches_unfused(rows: int, gate_in: str) -> None:
+    """fp16 on the GPU, the gate computed in the down projection GEMV's loads (a gated layer fed [g | up]) or stored by
+    the gate/up product's GEMV (an MLP from its merged product) at 1 and 4 rows, or by the SiluMul op at 6 rows: sums
+    and normalized values within fp16 rounding of the session without graph fusion."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: torch sees none on this machine")
-    m = gated_layer(dtype=np.float16, k=320, n=256)
-    f = _gated_feeds(rows, np.float16, 320, 256)
+    if gate_in == "down":
+        m, f, nodes = gated_layer(dtype=np.float16, k=320, n=256), _gated_feeds(rows, np.float16, 320, 256), \
+            ["MatMulSkipNorm"]
+    else:
+        m, f, nodes = mlp_layer(dtype=np.float16, k=256, i=320, n=256), _mlp_feeds(rows, np.float16, 256, 256), \
+            ["MatMulSiluMul", "MatMulSkipNorm"]
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
-    assert [n.op_type for n in sess._model.graph.node] == ["MatMulSkipNorm"]
+    assert [n.op_type for n in sess._model.graph.node] == nodes
     so = crossml.SessionOptions()
     so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
     plain = crossml.InferenceSession(m, so, providers=["GPUExecutionProvider"])
@@ -215,26 +235,17 @@ def test_gpu_gated_session_matches_unfused(rows: int) -> None:
 
 def mlp_layer(*, dtype: type = np.float32, gu_twice: bool = False, k: int = K, i: int = N, n: int = K,
               odd: bool = False) -> onnx.ModelProto:
-    """x -> MatMul([Wg | Wu]) -> gu -> com.crossml SiluMul -> h -> MatMul(Wd) -> y; SkipSimplifiedLayerNormalization(r,
-    y, gamma): an MLP after the gate/up merge (``odd``: an odd number of product columns)."""
+    """x -> MatMul([Wg | Wu]) -> gu, then ``_gated_tail``: an MLP after the gate/up merge (``odd``: an odd number of
+    product columns)."""
     et = T.FLOAT if dtype == np.float32 else T.FLOAT16
-    inits = [numpy_helper.from_array((RNG.standard_normal((k, 2 * i + odd)) * 0.1).astype(dtype), "Wgu"),
-             numpy_helper.from_array((RNG.standard_normal((i, n)) * 0.1).astype(dtype), "Wd"),
-             numpy_helper.from_array((RNG.random(n) + 0.5).astype(dtype), "gamma")]
-    inputs = [h.make_tensor_value_info("x", et, ["batch", "seq", k]),
-              h.make_tensor_value_info("r", et, ["batch", "seq", n])]
-    outputs = [h.make_tensor_value_info("normed", et, None), h.make_tensor_value_info("sum", et, None)]
-    nodes = [h.make_node("MatMul", ["x", "Wgu"], ["gu"], name="gate_up"),
-             h.make_node("SiluMul", ["gu"], ["h"], name="gate", domain="com.crossml"),
-             h.make_node("MatMul", ["h", "Wd"], ["y"], name="down"),
-             h.make_node("SkipSimplifiedLayerNormalization", ["r", "y", "gamma"], ["normed", "", "", "sum"],
-                         name="norm", domain=MS, epsilon=1e-6)]
+    nodes, inits, inputs, outputs = _gated_tail(dtype, i, n)
+    inits.insert(0, numpy_helper.from_array((RNG.standard_normal((k, 2 * i + odd)) * 0.1).astype(dtype), "Wgu"))
+    inputs.insert(0, h.make_tensor_value_info("x", et, ["batch", "seq", k]))
+    nodes.insert(0, h.make_node("MatMul", ["x", "Wgu"], ["gu"], name="gate_up"))
     if gu_twice:
         nodes.append(h.make_node("Relu", ["gu"], ["rgu"], name="other"))
         outputs.append(h.make_tensor_value_info("rgu", et, None))
-    m = make_model(nodes, inputs, outputs, inits)
-    m.opset_import.extend([h.make_opsetid(MS, 1), h.make_opsetid("com.crossml", 1)])
-    return prepare(m)
+    return _crossml_model(nodes, inputs, outputs, inits)
 
 
 def _mlp_feeds(rows: int = 3, dtype: type = np.float32, k: int = K, n: int = K) -> dict[str, np.ndarray]:
@@ -273,30 +284,3 @@ def test_gate_product_refuses_with_a_reason(kw: dict, says: str) -> None:
     m = mlp_layer(**kw)
     assert "MatMulSiluMul" not in apply_rules(m, [MATMUL_NORM, MATMUL_SILU_MUL])
     assert says in rule_reason(MATMUL_SILU_MUL, m, "SiluMul")
-
-
-def test_gate_product_weight_fed_at_run_time_is_not_fused() -> None:
-    m = mlp_layer()
-    w = m.graph.initializer[0]
-    m.graph.input.append(h.make_tensor_value_info("Wgu", T.FLOAT, list(w.dims)))
-    del m.graph.initializer[0]
-    assert "not a 2-D constant" in rule_reason(MATMUL_SILU_MUL, m, "SiluMul")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4, 6], ids=["decode", "decode4", "prompt"])
-def test_gpu_gate_product_session_matches_unfused(rows: int) -> None:
-    """fp16 on the GPU: the gate stored by the gate/up GEMV (1 and 4 rows) or by the SiluMul op after the product (6
-    rows), then the down projection's GEMV and norm: within fp16 rounding of the session without graph fusion."""
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA GPU: torch sees none on this machine")
-    m = mlp_layer(dtype=np.float16, k=256, i=320, n=256)
-    f = _mlp_feeds(rows, np.float16, 256, 256)
-    sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
-    assert [n.op_type for n in sess._model.graph.node] == ["MatMulSiluMul", "MatMulSkipNorm"]
-    so = crossml.SessionOptions()
-    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
-    plain = crossml.InferenceSession(m, so, providers=["GPUExecutionProvider"])
-    (normed, total), (normed0, total0) = sess.run(None, f), plain.run(None, f)
-    np.testing.assert_allclose(total.astype(np.float32), total0.astype(np.float32), rtol=2e-3, atol=2e-3)
-    np.testing.assert_allclose(normed.astype(np.float32), normed0.astype(np.float32), rtol=2e-3, atol=2e-3)
