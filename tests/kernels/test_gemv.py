@@ -874,6 +874,8 @@ def test_silu_out_errors_empty_and_zero_k(device: str) -> None:
     with pytest.raises(ValueError, match="without a bias"):
         gemv(a, rand(64, 32, dtype=torch.float16, device=device), rand(32, dtype=torch.float16, device=device),
              silu_out=True)
+    with pytest.raises(ValueError, match="not the Gluon kernel"):
+        gemv(a, rand(64, 32, dtype=torch.float16, device=device), silu_out=True, mma=True)
     assert gemv(a[:0], rand(64, 32, dtype=torch.float16, device=device), silu_out=True).shape == (0, 16)
     zero = gemv(a[:, :0], torch.empty(0, 32, dtype=torch.float16, device=device), silu_out=True)
     assert zero.shape == (1, 16) and not zero.any()

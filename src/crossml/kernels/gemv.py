@@ -843,6 +843,8 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
         if bias is not None or silu_mul or N % 2:
             raise ValueError(f"GEMV silu_out: w must hold [Wg | Wu], an even number of columns, without a bias or "
                              f"silu_mul; got w of shape {tuple(w.shape)}, bias {bias is not None}, silu_mul {silu_mul}")
+        if mma:
+            raise ValueError("GEMV silu_out runs the Triton GEMVs, not the Gluon kernel: leave mma unset or False")
         N //= 2
     M = math.prod(a.shape[:-1])
     y, final = product_output(a, N, K, bias)
