@@ -24,6 +24,7 @@ OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
 picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS), ``normwarps=W`` (the
 skip-norm kernel at W warps) and ``rmswarps=W`` (the RMSNorm kernel, GatherNorm's in an fp16 step, at W warps),
+``set:MODULE.ATTRIBUTE=VALUE`` (a module constant, as ``genai_batch.py --set``; several joined by ``+set:``),
 several joined by ``+``; written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
@@ -32,6 +33,7 @@ Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstring
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -42,7 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import genai_bench as gb  # noqa: E402
-from _common import genai_parser, machine, write  # noqa: E402
+from _common import apply_settings, genai_parser, machine, parse_settings, write  # noqa: E402
 
 import crossml.genai as og  # noqa: E402
 import crossml.kernels.gemv as gemv_module  # noqa: E402
@@ -82,7 +84,14 @@ def variant(layout: str):
     kept_rms = rmsnorm_module._rms_norm_kernel
     kept_layout = layout_module.column_major_weight
     kept_blas = torch.backends.cuda.preferred_blas_library()
-    if layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
+    kept_settings: dict = {}
+    if layout.startswith("set:"):  # module constants, as genai_batch.py --set: set:MODULE.ATTR=VALUE[+set:...]
+        settings = parse_settings([part.removeprefix("set:") for part in layout.split("+")])
+        for name in settings:
+            module, _, attr = name.rpartition(".")
+            kept_settings[name] = getattr(importlib.import_module(module), attr)
+        apply_settings(settings)
+    elif layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
         torch.backends.cuda.preferred_blas_library("cublaslt")
     elif layout == "lmcols":  # the vocabulary products' weights column-major too, still on the vendor GEMM
         def column_major(domain, op_type, w, device, attrs, tf32):
@@ -143,6 +152,7 @@ def variant(layout: str):
         rmsnorm_module._rms_norm_kernel = kept_rms
         torch.backends.cuda.preferred_blas_library(kept_blas)
         gemv_module.pick_tiles, nbits_module.pick_tiles, nbits_module.pick_pair_tiles = kept_tiles
+        apply_settings(kept_settings)
 
 
 def replay_ms(folder: str, replays: int, kernels: bool,

@@ -25,7 +25,8 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     measured slower on an H200: the arrival's fence and round trip cost more than a launch. So were fewer
     splits, in the GenAI benchmark's captured decode steps: half, a quarter, or one split and no combine
     launch took Qwen2.5-0.5B fp16 from 0.575-0.592 to 0.604-0.616, 0.629-0.645 and 0.781 ms; twice as many
-    changed nothing.)
+    changed nothing. On an H100, 1 or 4 programs per SM instead of 2 (``SPLIT_PROGRAMS_PER_UNIT``) left every fp16 and
+    int4 decode step of both benchmark models within the rounds' drift: results/decode_tiles.md, run 17.)
 ``rotary_decode_attention``
     The op's decode step: the two above with one launch less. The attention programs rotate their
     own query heads, take the new key and value from registers for the new row, and one program per
@@ -61,6 +62,8 @@ _LOG2E_C = tl.constexpr(_LOG2E)
 _MAX_BLOCK_G = 64
 #: most key-range splits of one (batch entry, KV head)
 _MAX_SPLITS = 64
+#: programs per compute unit the key range is split to reach (``_num_splits``)
+SPLIT_PROGRAMS_PER_UNIT = 2
 
 
 def supported_head_size(h: int) -> bool:
@@ -387,13 +390,14 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, 
 
 
 def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bool) -> int:
-    """Key-range splits so that about two programs run per compute unit (1 when the batch fills the device)."""
+    """Key-range splits so that about SPLIT_PROGRAMS_PER_UNIT programs run per compute unit (1 when the batch fills
+    the device)."""
     if interp:
         return 1
     units = processors(t)
     if programs >= units:
         return 1
-    return max(1, min(cdiv(2 * units, programs), cdiv(L, block_l), _MAX_SPLITS))
+    return max(1, min(cdiv(SPLIT_PROGRAMS_PER_UNIT * units, programs), cdiv(L, block_l), _MAX_SPLITS))
 
 
 def _on_device(t: torch.Tensor, interp: bool):
