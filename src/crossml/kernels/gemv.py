@@ -733,13 +733,11 @@ def _products(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bias: 
     elif _takes_mma(a2, w, tiles, mma):
         return _mma_product(a2, w, bias1, has_bias, y2, tiles, const_w, silu_mul, norm)
     colmajor = column_major(w)
-    dot_rows = _dot_rows(M, a2.dtype)
+    pick = pick_dot_tiles if _dot_rows(M, a2.dtype) else pick_tiles
     if tiles is None:
-        pick = pick_dot_tiles if dot_rows else pick_tiles
         tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
-    if gate_out and (tiles[3] > 1 or (tiles[0] > 1 and not tiles[0] >= 16) or y2 is None):
+    if gate_out and (tiles[3] > 1 or 1 < tiles[0] < 16 or y2 is None):
         # the [M, 2I] product's partial sums at its own tiles; the reduction gates them
-        pick = pick_dot_tiles if dot_rows else pick_tiles
         N, gate_out, y2 = 2 * N, False, None
         tiles = pick(M, K, N, a2.element_size(), rule_processors(a2), colmajor=colmajor)
     block_m, block_n, block_k, split, num_warps = tiles

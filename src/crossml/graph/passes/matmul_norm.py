@@ -24,8 +24,10 @@ from crossml.graph.passes import GraphView, Match, Rule, node_attrs
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
-#: the products the rule takes: (domain, op type)
-PRODUCTS = {("", "MatMul"), ("ai.onnx", "MatMul"), (DOMAIN, "Linear")}
+#: the plain products: (domain, op type)
+MATMULS = {("", "MatMul"), ("ai.onnx", "MatMul")}
+#: the products the rule takes
+PRODUCTS = MATMULS | {(DOMAIN, "Linear")}
 
 
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
@@ -113,7 +115,7 @@ def match_gate_product(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if not GATE_IN_PRODUCT or node.op_type != "SiluMul" or node.domain != DOMAIN or len(node.input) != 1:
         return None
     product = view.producer.get(node.input[0])
-    if product is None or (product.domain, product.op_type) not in (("", "MatMul"), ("ai.onnx", "MatMul")):
+    if product is None or (product.domain, product.op_type) not in MATMULS:
         return None
     return Match([product, node], {})
 
