@@ -48,3 +48,16 @@ def test_context_settled() -> None:
     ctx.settled_inputs = (False, True, True, True, True, True, True)
     assert ctx.settled(1, 3, 6) and ctx.settled(3, 11)  # 11: an absent optional input
     assert not ctx.settled(0, 3)
+
+
+def test_settled_by_names_the_product() -> None:
+    """``OpContext.settled_by``: the previous step's op type where it settles an input (the decode attention picks
+    where its splits are combined by it), "" where nothing is settled."""
+    steps = [_step("Add", (3,)), _step("MatMulNBits", (7,))]
+    b = SimpleNamespace(steps=steps, last_node=(steps[-1], "com.microsoft"))
+    b._settled = lambda in_slots, device: _Builder._settled(b, in_slots, device)
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    _Builder._settle(b, ctx, (7, 1), GPU)
+    assert ctx.settled_inputs == (False, True) and ctx.settled_by == "MatMulNBits"
+    _Builder._settle(b, ctx, (1, 2), GPU)  # the product wrote none of the inputs
+    assert ctx.settled_inputs == () and ctx.settled_by == ""

@@ -220,6 +220,85 @@ def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[i
     torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
 
 
+def _cluster_combine_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLUSTER_COMBINE on, and the GPU one that takes it (else the test skips, saying why)."""
+    if not decode_attention_module.cluster_capable(torch.empty(0, device="cuda"), 16):
+        pytest.skip("thread-block clusters of 16 need an NVIDIA GPU of compute capability 9.x or 10.x")
+    monkeypatch.setattr(decode_attention_module, "CLUSTER_COMBINE", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("dtype", "heads", "H", "B", "L", "splits", "window", "softcap", "sink"), [
+    (torch.float16, (14, 2), 64, 1, 768, 12, -1, 0.0, False),  # Qwen2.5-0.5B's decode (splits padded to 16)
+    (torch.float16, (32, 8), 64, 1, 768, 12, -1, 0.0, False),  # Llama-3.2-1B's
+    (torch.bfloat16, (32, 8), 128, 2, 300, 8, -1, 0.0, False),
+    (torch.float16, (16, 2), 128, 3, 200, 5, 37, 0.0, True),
+    (torch.float32, (4, 2), 16, 2, 100, 16, -1, 2.0, True),  # 16 splits over a 16-channel tile: one a program
+    (torch.float16, (40, 4), 96, 1, 500, 2, -1, 0.0, False),  # head dim 96 in a 128-channel tile
+    (torch.float16, (24, 2), 64, 1, 520, 3, -1, 1.5, False),  # 12 query heads a KV head: one 16-row block
+], ids=_ids)
+@pytest.mark.parametrize("early", [False, True], ids=lambda e: "early" if e else "wait_first")
+def test_gpu_cluster_combine(dtype: torch.dtype, heads: tuple[int, int], H: int, B: int, L: int, splits: int,
+                             window: int, softcap: float, sink: bool, early: bool,
+                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The splits combined in the attention launch (thread-block clusters) against the references: the decode step
+    with its new token (cache rows bit for bit) and the plain decode attention, at lengths from one row to the
+    whole buffer, and replayed in a CUDA graph, where it gives the eager result bit for bit."""
+    _cluster_combine_on(monkeypatch)
+    N, Nk = heads
+    assert decode_attention_module._cluster_size(torch.empty(0, device="cuda"), splits, max(16, H)) >= splits
+    dev = "cuda"
+    qkv = rand(B, (N + 2 * Nk) * H, dtype=dtype, device=dev, seed=41)
+    q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+    cos, sin = _caches(L + 8, H // 2, dtype, dev)
+    seqlens = torch.tensor([L - 1, 0, L // 3][:B], dtype=torch.int32, device=dev)
+    pos = seqlens.long()
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=dev, seed=s) for s in (42, 43))
+    snk = rand(N, dtype=torch.float32, device=dev, seed=44) if sink else None
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ref = rotary_decode_attention_reference(q, k, v, cos, sin, pos, kc_ref, vc_ref, seqlens, 0.3, window,
+                                            softcap=softcap, sink=snk)
+
+    def step() -> torch.Tensor:
+        return rotary_decode_attention(q, k, v, cos, sin, pos, kc, vc, seqlens, 0.3, window, num_splits=splits,
+                                       softcap=softcap, sink=snk, early=early)
+
+    out = step()
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.double().cpu(), ref, rtol=rtol, atol=atol)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, out)
+    plain = decode_attention(q, kc, vc, seqlens, 0.3, window, len_offset=1, num_splits=splits, softcap=softcap,
+                             sink=snk)
+    plain_ref = decode_attention_reference(q, kc, vc, seqlens, 0.3, window, len_offset=1, softcap=softcap, sink=snk)
+    torch.testing.assert_close(plain.double().cpu(), plain_ref, rtol=rtol, atol=atol)
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the clusters combine the splits: after a 4-bit product (CLUSTER_COMBINE None), or always (True), never
+    (False); 2 to 16 splits, padded to a power of two (at most CLUSTER_SPLITS) no wider than the head dimension's
+    tile; one split or more than 16 keep the combine kernel."""
+    _cluster_combine_on(monkeypatch)
+    t = torch.empty(0, device="cuda")
+    size = decode_attention_module._cluster_size
+    assert [size(t, s, 64) for s in (1, 2, 3, 5, 8, 9, 12, 16, 17, 64)] == [0, 2, 4, 8, 8, 16, 16, 16, 0, 0]
+    assert size(t, 12, 16) == 16 and size(t, 12, 8) == 0
+    monkeypatch.setattr(decode_attention_module, "CLUSTER_SPLITS", 8)
+    assert size(t, 12, 64) == 8 and size(t, 3, 64) == 4
+    monkeypatch.setattr(decode_attention_module, "CLUSTER_SPLITS", 16)
+    monkeypatch.setattr(decode_attention_module, "CLUSTER_COMBINE", None)
+    assert size(t, 12, 64, "MatMulNBits") == 16 and size(t, 12, 64, "NormMatMulNBits") == 16
+    assert size(t, 12, 64, "MatMul") == 0 and size(t, 12, 64) == 0
+    monkeypatch.setattr(decode_attention_module, "CLUSTER_COMBINE", False)
+    assert size(t, 12, 64, "MatMulNBits") == 0
+
+
 # ---------------------------------------------------------------------------------------------- the op's fast path
 
 

@@ -293,7 +293,7 @@ class _Builder:
         ctx = None
         if spec.wants_ctx:
             ctx = self._context(node, opset, device)
-            ctx.settled_inputs = self._settled(in_slots, device)
+            self._settle(ctx, in_slots, device)
             attrs["ctx"] = ctx
         outs = tuple(self.define(o, device) if o else -1 for o in node.output)
         reads = [s for s in in_slots if s >= 0]
@@ -385,6 +385,12 @@ class _Builder:
                          outputs_wanted=tuple(bool(o) for o in node.output),
                          device=device, extra=dict(self.opt.op_extra), input_types=self._elem_types(node.input),
                          const_inputs=tuple(bool(n) and n in self.constants for n in node.input))
+
+    def _settle(self, ctx: OpContext, in_slots: Sequence[int], device: torch.device) -> None:
+        """``ctx.settled_inputs`` (``_settled``) and ``ctx.settled_by``, the previous step's op type where it settles
+        any input."""
+        ctx.settled_inputs = self._settled(in_slots, device)
+        ctx.settled_by = self.steps[-1].op_type if ctx.settled_inputs else ""
 
     def _settled(self, in_slots: Sequence[int], device: torch.device) -> tuple[bool, ...]:
         """``OpContext.settled_inputs`` of a node reading ``in_slots`` on ``device``: per input, whether the plan's

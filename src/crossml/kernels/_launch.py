@@ -265,6 +265,53 @@ def pdl_wait(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+@functools.cache
+def _cluster_capable(index: int) -> bool:
+    if torch.version.hip or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(index)[0] in (9, 10)
+
+
+def cluster_capable(t: torch.Tensor, size: int) -> bool:
+    """Whether ``launch_clustered`` runs clusters of ``size`` (<= 16) programs on ``t``'s device: NVIDIA GPUs of
+    compute capability 9.x (Hopper) and 10.x (datacenter Blackwell), which take the non-portable 16 as well as the
+    portable 8, outside the interpreter."""
+    if INTERPRET or t.device.type != "cuda" or not 1 <= size <= 16:
+        return False
+    return _cluster_capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def launch_clustered(fn: Any, grid: tuple[int, ...], size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Launch ``fn[grid](*args, **kwargs)`` with each ``size`` consecutive programs along grid dimension 0 (a
+    multiple of ``size``) one thread-block cluster, for kernels that meet at ``cluster_barrier``
+    (``cluster_capable`` devices only).
+
+    The kernel is compiled as usual, one CTA a program, so ``tl.program_id`` counts CTAs; Triton's NVIDIA launcher
+    launches ``grid[0] / size * num_ctas`` CTAs in clusters of ``num_ctas`` (its metadata), which is set to ``size``
+    on the compiled kernel before its first launch. (Compiling with ``num_ctas`` instead would spread each
+    program's tensors over the cluster.) The kernel's constexprs must tell the cluster size apart, as they key the
+    compiled kernel. Under CUDA graph capture the launch is captured as any other; inside
+    ``CompileAhead.collect`` the kernel is handed over to compile and nothing runs, as for other launches."""
+    if grid[0] % size:
+        raise ValueError(f"launch_clustered: grid {grid} is not a whole number of clusters of {size}")
+    kernel = fn.warmup(*args, grid=grid, **kwargs)
+    if kernel is None or hasattr(kernel, "result"):
+        return  # compiling in the background (crossml.kernels.CompileAhead), where launches run nothing
+    meta = kernel.packed_metadata
+    if meta[1] != size:
+        kernel.packed_metadata = (meta[0], size, *meta[2:])
+    fn[(grid[0] // size, *grid[1:])](*args, **kwargs)
+
+
+@triton.jit
+def cluster_barrier():
+    """Every program of the thread-block cluster arrives here before any goes on; the writes of each before its
+    arrival are visible to all after (release / acquire at cluster scope). Programs of a ``launch_clustered``
+    kernel only (outside a cluster launch it is a barrier of the one CTA)."""
+    tl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+                              "\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit
 def dot_acc(a, b, acc, F32_DOT: tl.constexpr):
     """acc + a @ b on the matrix units in b's dtype; F32_DOT: the same products (exact in float32) in IEEE float32,

@@ -21,12 +21,27 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     0.517 ms (back-to-back replays, one machine; the fp16 steps moved by less than their noise).
     When ``B * Nk`` programs cannot fill the GPU the key range is split (flash-decoding): each
     split writes a partial result and its log-sum-exp, and a second kernel combines them, so the
-    call is one launch or two. (Combining in the last split to arrive, counted with an atomic, was
+    call is one launch or two (one with clusters, below). (Combining in the last split to arrive, counted with an atomic, was
     measured slower on an H200: the arrival's fence and round trip cost more than a launch. So were fewer
     splits, in the GenAI benchmark's captured decode steps: half, a quarter, or one split and no combine
     launch took Qwen2.5-0.5B fp16 from 0.575-0.592 to 0.604-0.616, 0.629-0.645 and 0.781 ms; twice as many
     changed nothing. On an H100, 1 or 4 programs per SM instead of 2 (``SPLIT_PROGRAMS_PER_UNIT``) left every fp16 and
     int4 decode step of both benchmark models within the rounds' drift: results/decode_tiles.md, run 17.)
+
+    On NVIDIA GPUs with thread-block clusters (compute capability 9.x and 10.x), when the launch follows a 4-bit QKV
+    product (``CLUSTER_AFTER``) and there are 2 to 16 splits, the splits of one KV head run as one cluster of up to
+    16 programs instead (``launch_clustered``; the splits padded to a power of two): each stores its partial result,
+    all meet at the cluster barrier, and each combines 1 / 16 of the head dimension (``_cluster_combine``), so the
+    combine launch goes. In the GenAI benchmark's captured decode steps on an H100 (``decode_replay.py --variants
+    cols,set:crossml.kernels.decode_attention.CLUSTER_COMBINE=True``, three alternated rounds, three runs;
+    results/cluster_combine.md) that took Qwen2.5-0.5B int4 from 0.469-0.474 to 0.462-0.466 ms and Llama-3.2-1B int4
+    from 0.542-0.546 to 0.531-0.533 ms; Llama-3.2-1B fp16 moved within the drift (1.054-1.061 -> 1.050-1.056) and
+    Qwen2.5-0.5B fp16 got slower (0.597-0.604 -> 0.606-0.627), so the fp16 steps keep the combine kernel. A cluster
+    starts only when one GPU processing cluster has room for all of its programs at once: after the fp16 GEMV the
+    attention launched later (0.9 against 2.1 us before the product's end) and its early key loads overlapped less
+    (results/cluster_combine.md, the timelines). Clusters of 8 or 4 (fewer splits) were slower on every step, and so
+    was handing the partial results over in the programs' shared memory (``mapa`` / ``st.shared::cluster``) instead
+    of L2: its 5 KB more shared memory a program delayed the start further (Llama-3.2-1B int4 0.562-0.564 ms).
 ``rotary_decode_attention``
     The op's decode step: the two above with one launch less. The attention programs rotate their
     own query heads, take the new key and value from registers for the new row, and one program per
@@ -49,7 +64,18 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, processors, use_interpreter
+from crossml.kernels._launch import (
+    GRID_YZ_MAX,
+    cdiv,
+    cluster_barrier,
+    cluster_capable,
+    launch_clustered,
+    next_power_of_2,
+    pdl,
+    pdl_wait,
+    processors,
+    use_interpreter,
+)
 
 __all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
            "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
@@ -64,6 +90,15 @@ _MAX_BLOCK_G = 64
 _MAX_SPLITS = 64
 #: programs per compute unit the key range is split to reach (``_num_splits``)
 SPLIT_PROGRAMS_PER_UNIT = 2
+#: combine the key-range splits inside the attention launch, its programs grouped in thread-block clusters
+#: (``_cluster_size``): None after the products of CLUSTER_AFTER, True always, False never (the second kernel)
+CLUSTER_COMBINE: bool | None = None
+#: op types of the products (the QKV projection) after which the splits are combined in clusters
+CLUSTER_AFTER = frozenset({"MatMulNBits", "NormMatMulNBits"})
+#: most splits combined in one cluster (16: a non-portable cluster size, which H100, H200 and B200 run)
+_MAX_CLUSTER = 16
+#: programs of one cluster at most: fewer splits, each over more of the key range
+CLUSTER_SPLITS = 16
 
 
 def supported_head_size(h: int) -> bool:
@@ -249,7 +284,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
                         NEW: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
                         SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr = False,
-                        PDL: tl.constexpr = False):
+                        CLUSTER: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
     split ``program_id(1)`` of batch entry b's key range.
 
@@ -263,12 +298,22 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
 
     EARLY (with NEW; ignored without): the lengths, positions, cos/sin rows and the first key/value chunk are read
     before the PDL wait, which then guards only the new token's q, k and v (``rotary_decode_attention``'s
-    ``early``)."""
+    ``early``).
+
+    CLUSTER (with SPLIT; a launch by ``launch_clustered``): the grid is one-dimensional, CLUSTER consecutive
+    programs the CLUSTER splits of one (entry, KV head, head block), launched as one thread-block cluster. The
+    programs store their partial results, meet at the cluster's barrier, and each combines a 1 / CLUSTER share of
+    the head dimension for the block's heads (``_cluster_combine``): no second launch."""
     if not (EARLY and NEW):
         pdl_wait(PDL)
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    num_splits = tl.num_programs(1)
+    if CLUSTER > 0:
+        pid = tl.program_id(0) // CLUSTER
+        split = tl.program_id(0) % CLUSTER
+        num_splits = CLUSTER
+    else:
+        pid = tl.program_id(0)
+        split = tl.program_id(1)
+        num_splits = tl.num_programs(1)
     hb = pid % HB
     kvh = (pid // HB) % NK
     b = (pid // (HB * NK)).to(tl.int64)
@@ -356,14 +401,40 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     has = den > 0.0
     out = acc / tl.where(has, den, 1.0)[:, None]
     if SPLIT:
-        hh = heads[:, None]
-        tl.store(mo_ptr + b * s_mb + hh * s_mh + split * s_ms + d[None, :], out,
+        tl.store(mo_ptr + b * s_mb + heads[:, None] * s_mh + split * s_ms + d[None, :], out,
                  mask=g_ok[:, None] & d_ok[None, :])
         lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
         tl.store(ml_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_ok)
+        if CLUSTER > 0:
+            cluster_barrier()
+            _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, split, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh,
+                             s_ob, s_oh, s_od, CLUSTER, BLOCK_G, BLOCK_D)
     else:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
                  mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, rank, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh, s_ob, s_oh,
+                     s_od, CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``_combine_kernel``'s log-sum-exp weighted mean of the CLUSTER splits' partial outputs, for channels
+    ``rank * BLOCK_D / CLUSTER ..`` of the heads ``heads``, past the cluster barrier that made the partials visible
+    (read from L2, ``.cg``)."""
+    s = tl.arange(0, CLUSTER)
+    d = rank * (BLOCK_D // CLUSTER) + tl.arange(0, BLOCK_D // CLUSTER)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(ml_ptr + b * s_lb + heads[None, :] * s_lh + s[:, None], mask=g_ok[None, :], other=float("-inf"),
+                  cache_modifier=".cg")  # [CLUSTER, BLOCK_G]
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx[None, :])
+    ok = g_ok[None, :, None] & d_ok[None, None, :]
+    part = tl.load(mo_ptr + b * s_mb + heads[None, :, None] * s_mh + s[:, None, None] * s_ms + d[None, None, :],
+                   mask=ok, other=0.0, cache_modifier=".cg")  # [CLUSTER, BLOCK_G, BLOCK_D / CLUSTER]
+    total = tl.sum(w, 0)
+    out = tl.sum(part * w[:, :, None], 0) / tl.where(total > 0.0, total, 1.0)[:, None]
+    tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
+             mask=g_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
@@ -400,6 +471,18 @@ def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bo
     return max(1, min(cdiv(SPLIT_PROGRAMS_PER_UNIT * units, programs), cdiv(L, block_l), _MAX_SPLITS))
 
 
+def _cluster_size(t: torch.Tensor, splits: int, block_d: int, after: str = "") -> int:
+    """Programs per cluster for ``splits`` key-range splits combined in the attention launch: where CLUSTER_COMBINE
+    (None: the launch follows a product of CLUSTER_AFTER, ``after``) and the device launches clusters
+    (``cluster_capable``), for 1 < splits <= _MAX_CLUSTER, the next power of two (at most CLUSTER_SPLITS) if the
+    head dimension's tile spreads over it; else 0 (the combine kernel)."""
+    wanted = after in CLUSTER_AFTER if CLUSTER_COMBINE is None else CLUSTER_COMBINE
+    if not wanted or not 1 < splits <= _MAX_CLUSTER or not cluster_capable(t, _MAX_CLUSTER):
+        return 0
+    size = min(next_power_of_2(splits), CLUSTER_SPLITS)
+    return size if 1 < size <= block_d else 0
+
+
 def _on_device(t: torch.Tensor, interp: bool):
     return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
 
@@ -418,7 +501,8 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new,
-            softcap: float = 0.0, sink: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
+            softcap: float = 0.0, sink: torch.Tensor | None = None, early: bool = False,
+            after: str = "") -> torch.Tensor:
     """Launch the attention kernel (``softcap > 0``: capped scores; ``sink [N]``: one more logit per head in the
     softmax denominator); ``new`` None (the caches hold every key) or
     (k, v, cos, sin, pos, half, max_pos, rotary, interleaved) of the step's own token (see
@@ -438,6 +522,9 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
     programs = B * Nk * hb
     splits = num_splits if num_splits is not None else _num_splits(q, programs, L, block_l, interp)
     splits = max(1, min(int(splits), L, GRID_YZ_MAX))
+    cluster = _cluster_size(q, splits, block_d, after)
+    if cluster:  # the splits past the key range's blocks find no key: a zero weight in the combine
+        splits = cluster
     dot_fp32 = q.dtype == torch.float32 or (interp and q.dtype == torch.bfloat16)  # numpy has no bf16 matmul
     meta = {"DOT_FP32": dot_fp32, "PRECISION": "ieee", "BLOCK_G": block_g, "BLOCK_L": block_l, "BLOCK_D": block_d}
     if new is None:
@@ -465,13 +552,15 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
             float(softcap) if softcap > 0.0 else 1.0,
             *q.stride(), *s_k, *s_v, *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *out.stride(), *s_mid)
     warps = 4 if block_d * block_l >= 64 * 64 else 2
+    kwargs = {"NEW": new is not None, "ROTARY": bool(rotary), "INTERLEAVED": bool(interleaved), "SPLIT": splits > 1,
+              "SOFTCAP": softcap > 0.0, "SINK": sink is not None, "EARLY": early and not interp, **meta,
+              # no FMA contraction with a new token: its rotation rounds each product as the torch code does
+              "num_warps": warps, "enable_fp_fusion": new is None, **pdl(q)}
     with _on_device(q, interp):
-        # no FMA contraction with a new token: its rotation rounds each product as the torch code does
-        _decode_attn_kernel[(programs, splits)](*args, NEW=new is not None, ROTARY=bool(rotary),
-                                                INTERLEAVED=bool(interleaved), SPLIT=splits > 1,
-                                                SOFTCAP=softcap > 0.0, SINK=sink is not None,
-                                                EARLY=early and not interp, **meta,
-                                                num_warps=warps, enable_fp_fusion=new is None, **pdl(q))
+        if cluster:
+            launch_clustered(_decode_attn_kernel, (programs * cluster,), cluster, args, {**kwargs, "CLUSTER": cluster})
+            return out
+        _decode_attn_kernel[(programs, splits)](*args, **kwargs)
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
                                       BLOCK_S=next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
@@ -499,7 +588,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                             v_cache: torch.Tensor, seqlens: torch.Tensor, scale: float, local_window: int = -1, *,
                             interleaved: bool = False, do_rotary: bool = True,
                             num_splits: int | None = None, softcap: float = 0.0,
-                            sink: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
+                            sink: torch.Tensor | None = None, early: bool = False, after: str = "") -> torch.Tensor:
     """A whole GroupQueryAttention decode step in one launch: ``rotary_cache_write(q, k, v, cos_cache,
     sin_cache, pos, k_cache, v_cache, seqlens, interleaved, do_rotary)`` followed by ``decode_attention(
     rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1, softcap=softcap, sink=sink)``, with the same
@@ -512,7 +601,11 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     the previous step is a product that wrote q, k or v), so under programmatic dependent launch the programs read
     them, and their first key/value chunk, before waiting for that kernel. On an H200 the GenAI benchmark's int4
     decode steps went from 0.489-0.490 to 0.471-0.472 ms (Qwen2.5-0.5B) and from 0.508-0.509 to 0.496 ms
-    (Llama-3.2-1B) (``benchmarks/decode_replay.py``, the trees before and after alternated three times)."""
+    (Llama-3.2-1B) (``benchmarks/decode_replay.py``, the trees before and after alternated three times).
+
+    ``after``: the op type of the product whose kernel precedes this launch (``OpContext.settled_by``; "" unknown).
+    After a 4-bit product (CLUSTER_AFTER) the key-range splits are combined in this launch, its programs in
+    thread-block clusters, where the device has them (the module docstring says why only there)."""
     _check_attention(q, k_cache, v_cache, "rotary_decode_attention")
     B, N, H = q.shape
     Nk = k_cache.shape[1]
@@ -524,7 +617,7 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
-    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap, sink, early)
+    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap, sink, early, after)
 
 
 @triton.jit

@@ -81,6 +81,9 @@ class OpContext:
     #: this node has work), and this input is not its output. Under programmatic dependent launch a kernel waits
     #: only for the kernel before it, so it may read such inputs before that wait. Empty when the plan did not say.
     settled_inputs: tuple[bool, ...] = ()
+    #: the op type of that previous step where ``settled_inputs`` says anything ("" otherwise): which kernel this
+    #: node's first launch follows
+    settled_by: str = ""
 
     def constant(self, *indices: int) -> bool:
         """Whether every one of these inputs is a model constant (False when the plan did not say)."""

@@ -184,7 +184,7 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
                  head_sink, smooth_softmax, do_rotary, rotary_interleaved, local_window, inplace,
-                 windowed: bool = False, early: bool = False) -> tuple:
+                 windowed: bool = False, early: bool = False, after: str = "") -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
     rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended, their
@@ -198,7 +198,8 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
 
     ``early``: all inputs but q, k and v are settled (``OpContext.settled``), so the attention kernel reads them
     before its PDL wait (``rotary_decode_attention``); never with ``windowed``, whose eviction kernel writes the
-    caches just before."""
+    caches just before. ``after``: the op type of the product whose kernel this step follows
+    (``OpContext.settled_by``), which says where the key-range splits are combined (``rotary_decode_attention``)."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
     kc, vc = _shared_caches(past_key, past_value, inplace)
@@ -211,7 +212,7 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
                                           do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink,
-                                          early=early and not windowed)
+                                          early=early and not windowed, after="" if windowed else after)
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
@@ -364,7 +365,7 @@ def group_query_attention(
                                 scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
                                 do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                 local_window=local_window_size if causal else -1, inplace=inplace,
-                                early=ctx.settled(*_READ_EARLY))
+                                early=ctx.settled(*_READ_EARLY), after=ctx.settled_by)
         if subsequent:
             return _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                                   total, scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
