@@ -281,8 +281,8 @@ def test_gpu_cluster_combine(dtype: torch.dtype, heads: tuple[int, int], H: int,
 
 @pytest.mark.gpu
 def test_gpu_cluster_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the clusters combine the splits: after a 4-bit product (CLUSTER_COMBINE None), or always (True), never
-    (False); 2 to 16 splits, padded to a power of two (at most CLUSTER_SPLITS) no wider than the head dimension's
+    """Where the clusters combine the splits: after a 4-bit product or with 4 clusters or more (CLUSTER_COMBINE
+    None), or always (True), never (False); 2 to 16 splits, padded to a power of two (at most CLUSTER_SPLITS) no wider than the head dimension's
     tile; one split or more than 16 keep the combine kernel."""
     _cluster_combine_on(monkeypatch)
     t = torch.empty(0, device="cuda")
@@ -294,7 +294,8 @@ def test_gpu_cluster_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(decode_attention_module, "CLUSTER_SPLITS", 16)
     monkeypatch.setattr(decode_attention_module, "CLUSTER_COMBINE", None)
     assert size(t, 12, 64, "MatMulNBits") == 16 and size(t, 12, 64, "NormMatMulNBits") == 16
-    assert size(t, 12, 64, "MatMul") == 0 and size(t, 12, 64) == 0
+    assert size(t, 12, 64, "MatMul") == 0 and size(t, 12, 64) == 0 and size(t, 12, 64, "MatMul", 3) == 0
+    assert size(t, 12, 64, "MatMul", 4) == 16 and size(t, 12, 64, "", 8) == 16  # 4 clusters or more: any product
     monkeypatch.setattr(decode_attention_module, "CLUSTER_COMBINE", False)
     assert size(t, 12, 64, "MatMulNBits") == 0
 

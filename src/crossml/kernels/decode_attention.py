@@ -28,20 +28,24 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     changed nothing. On an H100, 1 or 4 programs per SM instead of 2 (``SPLIT_PROGRAMS_PER_UNIT``) left every fp16 and
     int4 decode step of both benchmark models within the rounds' drift: results/decode_tiles.md, run 17.)
 
-    On NVIDIA GPUs with thread-block clusters (compute capability 9.x and 10.x), when the launch follows a 4-bit QKV
-    product (``CLUSTER_AFTER``) and there are 2 to 16 splits, the splits of one KV head run as one cluster of up to
-    16 programs instead (``launch_clustered``; the splits padded to a power of two): each stores its partial result,
-    all meet at the cluster barrier, and each combines 1 / 16 of the head dimension (``_cluster_combine``), so the
-    combine launch goes. In the GenAI benchmark's captured decode steps on an H100 (``decode_replay.py --variants
-    cols,set:crossml.kernels.decode_attention.CLUSTER_COMBINE=True``, three alternated rounds, three runs;
-    results/cluster_combine.md) that took Qwen2.5-0.5B int4 from 0.469-0.474 to 0.462-0.466 ms and Llama-3.2-1B int4
-    from 0.542-0.546 to 0.531-0.533 ms; Llama-3.2-1B fp16 moved within the drift (1.054-1.061 -> 1.050-1.056) and
-    Qwen2.5-0.5B fp16 got slower (0.597-0.604 -> 0.606-0.627), so the fp16 steps keep the combine kernel. A cluster
-    starts only when one GPU processing cluster has room for all of its programs at once: after the fp16 GEMV the
-    attention launched later (0.9 against 2.1 us before the product's end) and its early key loads overlapped less
-    (results/cluster_combine.md, the timelines). Clusters of 8 or 4 (fewer splits) were slower on every step, and so
-    was handing the partial results over in the programs' shared memory (``mapa`` / ``st.shared::cluster``) instead
-    of L2: its 5 KB more shared memory a program delayed the start further (Llama-3.2-1B int4 0.562-0.564 ms).
+    On NVIDIA GPUs with thread-block clusters (compute capability 9.x and 10.x), with 2 to 16 splits, the splits of
+    one KV head run as one cluster of up to 16 programs instead (``launch_clustered``; the splits padded to a power of
+    two): each stores its partial result, all meet at the cluster barrier, and each combines its share of the head
+    dimension (``_cluster_combine``), so the combine launch goes. A cluster starts only when one GPU processing
+    cluster has room for all of its programs at once, so the attention starts later beside the product before it
+    and its early key loads overlap less (after Qwen2.5-0.5B's fp16 GEMV 0.9 instead of 2.1 us before the product's
+    end). The rule (``_cluster_size``) therefore takes clusters after a 4-bit QKV product (``CLUSTER_AFTER``) or
+    with 4 clusters or more (``CLUSTER_MIN``: batch entries x KV heads), which leaves the one-row Qwen2.5-0.5B fp16
+    step, 2 clusters after the fp16 GEMV, to the combine kernel: with clusters it took 0.606-0.627 ms against
+    0.597-0.604. In the GenAI benchmark's captured decode steps on an H100 (``decode_replay.py --variants
+    cols,set:crossml.kernels.decode_attention.CLUSTER_COMBINE=False``, alternated rounds; results/cluster_combine.md)
+    the rule took Qwen2.5-0.5B int4 from 0.469 to 0.461-0.464 ms, Llama-3.2-1B int4 from 0.542-0.543 to 0.532-0.534
+    and Llama-3.2-1B fp16 from 1.051-1.052 to 1.048-1.051; batched (``genai_batch.py``, prompt 128) Qwen2.5-0.5B
+    fp16 went from 5,651 / 10,284 to 5,680 / 10,554 tokens/s at 4 / 8 rows and int4 from 6,537 / 12,087 to 6,636 /
+    12,346, Llama-3.2-1B int4 from 1,850 / 10,643 to 1,870 / 10,804 at 1 / 8 rows. (No H200 was measured.)
+    Clusters of 8 or 4 programs (fewer splits, each over more keys) were slower on every step, and so was handing
+    the partial results over in the programs' shared memory (``mapa`` / ``st.shared::cluster``) instead of L2: its
+    5 KB more shared memory a program delayed the start further (Llama-3.2-1B int4 0.562-0.564 ms).
 ``rotary_decode_attention``
     The op's decode step: the two above with one launch less. The attention programs rotate their
     own query heads, take the new key and value from registers for the new row, and one program per
@@ -91,10 +95,13 @@ _MAX_SPLITS = 64
 #: programs per compute unit the key range is split to reach (``_num_splits``)
 SPLIT_PROGRAMS_PER_UNIT = 2
 #: combine the key-range splits inside the attention launch, its programs grouped in thread-block clusters
-#: (``_cluster_size``): None after the products of CLUSTER_AFTER, True always, False never (the second kernel)
+#: (``_cluster_size``): None by the rule (after the products of CLUSTER_AFTER, or with CLUSTER_MIN clusters or
+#: more), True always, False never (the second kernel)
 CLUSTER_COMBINE: bool | None = None
 #: op types of the products (the QKV projection) after which the splits are combined in clusters
 CLUSTER_AFTER = frozenset({"MatMulNBits", "NormMatMulNBits"})
+#: clusters (batch entries x KV heads x head blocks) from which they combine the splits after any product
+CLUSTER_MIN = 4
 #: most splits combined in one cluster (16: a non-portable cluster size, which H100, H200 and B200 run)
 _MAX_CLUSTER = 16
 #: programs of one cluster at most: fewer splits, each over more of the key range
@@ -471,12 +478,13 @@ def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bo
     return max(1, min(cdiv(SPLIT_PROGRAMS_PER_UNIT * units, programs), cdiv(L, block_l), _MAX_SPLITS))
 
 
-def _cluster_size(t: torch.Tensor, splits: int, block_d: int, after: str = "") -> int:
-    """Programs per cluster for ``splits`` key-range splits combined in the attention launch: where CLUSTER_COMBINE
-    (None: the launch follows a product of CLUSTER_AFTER, ``after``) and the device launches clusters
-    (``cluster_capable``), for 1 < splits <= _MAX_CLUSTER, the next power of two (at most CLUSTER_SPLITS) if the
-    head dimension's tile spreads over it; else 0 (the combine kernel)."""
-    wanted = after in CLUSTER_AFTER if CLUSTER_COMBINE is None else CLUSTER_COMBINE
+def _cluster_size(t: torch.Tensor, splits: int, block_d: int, after: str = "", groups: int = 1) -> int:
+    """Programs per cluster for ``splits`` key-range splits of each of ``groups`` (entry, KV head, head block)
+    combined in the attention launch: where CLUSTER_COMBINE (None: the launch follows a product of CLUSTER_AFTER,
+    ``after``, or groups >= CLUSTER_MIN) and the device launches clusters (``cluster_capable``), for
+    1 < splits <= _MAX_CLUSTER, the next power of two (at most CLUSTER_SPLITS) if the head dimension's tile spreads
+    over it; else 0 (the combine kernel)."""
+    wanted = (after in CLUSTER_AFTER or groups >= CLUSTER_MIN) if CLUSTER_COMBINE is None else CLUSTER_COMBINE
     if not wanted or not 1 < splits <= _MAX_CLUSTER or not cluster_capable(t, _MAX_CLUSTER):
         return 0
     size = min(next_power_of_2(splits), CLUSTER_SPLITS)
@@ -522,7 +530,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
     programs = B * Nk * hb
     splits = num_splits if num_splits is not None else _num_splits(q, programs, L, block_l, interp)
     splits = max(1, min(int(splits), L, GRID_YZ_MAX))
-    cluster = _cluster_size(q, splits, block_d, after)
+    cluster = _cluster_size(q, splits, block_d, after, programs)
     if cluster:  # the splits past the key range's blocks find no key: a zero weight in the combine
         splits = cluster
     dot_fp32 = q.dtype == torch.float32 or (interp and q.dtype == torch.bfloat16)  # numpy has no bf16 matmul
@@ -603,9 +611,10 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     decode steps went from 0.489-0.490 to 0.471-0.472 ms (Qwen2.5-0.5B) and from 0.508-0.509 to 0.496 ms
     (Llama-3.2-1B) (``benchmarks/decode_replay.py``, the trees before and after alternated three times).
 
-    ``after``: the op type of the product whose kernel precedes this launch (``OpContext.settled_by``; "" unknown).
-    After a 4-bit product (CLUSTER_AFTER) the key-range splits are combined in this launch, its programs in
-    thread-block clusters, where the device has them (the module docstring says why only there)."""
+    ``after``: the op type of the product whose kernel precedes this launch (``OpContext.settled_by``; "" unknown),
+    which with the number of KV heads decides whether the key-range splits are combined in this launch, its
+    programs in thread-block clusters, where the device has them (``_cluster_size``; the module docstring says
+    why)."""
     _check_attention(q, k_cache, v_cache, "rotary_decode_attention")
     B, N, H = q.shape
     Nk = k_cache.shape[1]
