@@ -238,16 +238,13 @@ def _cluster_combine_on(monkeypatch: pytest.MonkeyPatch) -> None:
     (torch.float16, (24, 2), 64, 1, 520, 3, -1, 1.5, False),  # 12 query heads a KV head: one 16-row block
 ], ids=_ids)
 @pytest.mark.parametrize("early", [False, True], ids=lambda e: "early" if e else "wait_first")
-@pytest.mark.parametrize("shared", [False, True], ids=lambda s: "shared" if s else "l2")
 def test_gpu_cluster_combine(dtype: torch.dtype, heads: tuple[int, int], H: int, B: int, L: int, splits: int,
-                             window: int, softcap: float, sink: bool, early: bool, shared: bool,
+                             window: int, softcap: float, sink: bool, early: bool,
                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The splits combined in the attention launch (thread-block clusters; the partials handed over through L2 or
-    in the programs' shared memory) against the references: the decode step with its new token (cache rows bit for
-    bit) and the plain decode attention, at lengths from one row to the whole buffer, and replayed in a CUDA graph,
-    where it gives the eager result bit for bit."""
+    """The splits combined in the attention launch (thread-block clusters) against the references: the decode step
+    with its new token (cache rows bit for bit) and the plain decode attention, at lengths from one row to the
+    whole buffer, and replayed in a CUDA graph, where it gives the eager result bit for bit."""
     _cluster_combine_on(monkeypatch)
-    monkeypatch.setattr(decode_attention_module, "CLUSTER_SHARED", shared)
     N, Nk = heads
     assert decode_attention_module._cluster_size(torch.empty(0, device="cuda"), splits, max(16, H)) >= splits
     dev = "cuda"

@@ -281,13 +281,10 @@ def cluster_capable(t: torch.Tensor, size: int) -> bool:
     return _cluster_capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
-def launch_clustered(fn: Any, grid: tuple[int, ...], size: int, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     min_shared: int = 0) -> bool:
+def launch_clustered(fn: Any, grid: tuple[int, ...], size: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Launch ``fn[grid](*args, **kwargs)`` with each ``size`` consecutive programs along grid dimension 0 (a
     multiple of ``size``) one thread-block cluster, for kernels that meet at ``cluster_barrier``
-    (``cluster_capable`` devices only). ``min_shared``: the bytes of shared memory the kernel's ``cluster_store`` /
-    ``shared_load`` reuse (of Triton's own for the kernel); where Triton compiled it with fewer, nothing is launched
-    and the result is False.
+    (``cluster_capable`` devices only).
 
     The kernel is compiled as usual, one CTA a program, so ``tl.program_id`` counts CTAs; Triton's NVIDIA launcher
     launches ``grid[0] / size * num_ctas`` CTAs in clusters of ``num_ctas`` (its metadata), which is set to ``size``
@@ -299,14 +296,11 @@ def launch_clustered(fn: Any, grid: tuple[int, ...], size: int, args: tuple[Any,
         raise ValueError(f"launch_clustered: grid {grid} is not a whole number of clusters of {size}")
     kernel = fn.warmup(*args, grid=grid, **kwargs)
     if kernel is None or hasattr(kernel, "result"):
-        return True  # compiling in the background (crossml.kernels.CompileAhead), where launches run nothing
-    if kernel.metadata.shared < min_shared:
-        return False
+        return  # compiling in the background (crossml.kernels.CompileAhead), where launches run nothing
     meta = kernel.packed_metadata
     if meta[1] != size:
         kernel.packed_metadata = (meta[0], size, *meta[2:])
     fn[(grid[0] // size, *grid[1:])](*args, **kwargs)
-    return True
 
 
 @triton.jit
@@ -316,27 +310,6 @@ def cluster_barrier():
     kernel only (outside a cluster launch it is a barrier of the one CTA)."""
     tl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
                               "\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def cluster_store(at, rank, x):
-    """Store float32 ``x`` at byte ``at`` (int32) of the shared memory of program ``rank`` of this cluster
-    (elementwise). The bytes are the kernel's own, which Triton allocates for its reductions and layout changes
-    (its ``global_smem``): write only between ``cluster_barrier`` calls that every program passes after its last
-    use of them, and check ``launch_clustered``'s ``min_shared``."""
-    tl.inline_asm_elementwise("{ .reg .u32 a, b; mov.u32 a, global_smem; add.u32 a, a, $1; "
-                              "mapa.shared::cluster.u32 b, a, $2; st.shared::cluster.f32 [b], $3; mov.u32 $0, 0; }",
-                              "=r,r,r,f", [at, rank, x], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def shared_load(at):
-    """The float32 values at bytes ``at`` of this program's shared memory, as ``cluster_store`` addresses them
-    (ordered after the barriers and stores before it). Triton does not see these reads: a ``tl.debug_barrier()``
-    after them keeps its next use of the bytes from overwriting them under a slower warp."""
-    return tl.inline_asm_elementwise("{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $1; "
-                                     "ld.shared.f32 $0, [a]; }", "=f,r", [at], dtype=tl.float32, is_pure=False,
-                                     pack=1)
 
 
 @triton.jit

@@ -40,12 +40,15 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     0.597-0.604. In the GenAI benchmark's captured decode steps on an H100 (``decode_replay.py --variants
     cols,set:crossml.kernels.decode_attention.CLUSTER_COMBINE=False``, alternated rounds; results/cluster_combine.md)
     the rule took Qwen2.5-0.5B int4 from 0.469 to 0.461-0.464 ms, Llama-3.2-1B int4 from 0.542-0.543 to 0.532-0.534
-    and Llama-3.2-1B fp16 from 1.051-1.052 to 1.048-1.051; batched (``genai_batch.py``, prompt 128) Qwen2.5-0.5B
-    fp16 went from 5,651 / 10,284 to 5,680 / 10,554 tokens/s at 4 / 8 rows and int4 from 6,537 / 12,087 to 6,636 /
-    12,346, Llama-3.2-1B int4 from 1,850 / 10,643 to 1,870 / 10,804 at 1 / 8 rows. (No H200 was measured.)
-    Clusters of 8 or 4 programs (fewer splits, each over more keys) were slower on every step, and so was handing
-    the partial results over in the programs' shared memory (``mapa`` / ``st.shared::cluster``) instead of L2: its
-    5 KB more shared memory a program delayed the start further (Llama-3.2-1B int4 0.562-0.564 ms).
+    and Llama-3.2-1B fp16 from 1.051-1.052 to 1.048-1.051; on an H200 Qwen2.5-0.5B int4 from 0.456-0.458 to
+    0.445-0.447 and Llama-3.2-1B int4 from 0.500-0.502 to 0.491-0.492, Llama-3.2-1B fp16 0.827-0.829 -> 0.830-0.831.
+    Batched (``genai_batch.py``, prompt 128, clusters always against never) Qwen2.5-0.5B fp16 gained 1-3 % from 2
+    rows on the H200 and from 4 on the H100, int4 1-2.5 % at most rows of both models on both GPUs; Llama-3.2-1B fp16
+    moved by -0.9 to +0.8 %. Clusters of 8 or 4 programs (fewer splits, each over more keys) were slower on every
+    step, and so was handing the partial results over in the programs' shared memory (``mapa`` /
+    ``st.shared::cluster``) instead of L2, both with 5 KB more shared memory a program, which delayed the start
+    further (H100, Llama-3.2-1B int4 0.562-0.564 ms), and reusing Triton's scratch bytes between two cluster
+    barriers (H200: Qwen2.5-0.5B int4 0.458-0.461, Llama-3.2-1B fp16 0.850-0.856 ms; commit ccab888 holds it).
 ``rotary_decode_attention``
     The op's decode step: the two above with one launch less. The attention programs rotate their
     own query heads, take the new key and value from registers for the new row, and one program per
@@ -73,13 +76,11 @@ from crossml.kernels._launch import (
     cdiv,
     cluster_barrier,
     cluster_capable,
-    cluster_store,
     launch_clustered,
     next_power_of_2,
     pdl,
     pdl_wait,
     processors,
-    shared_load,
     use_interpreter,
 )
 
@@ -108,8 +109,6 @@ CLUSTER_MIN = 4
 _MAX_CLUSTER = 16
 #: programs of one cluster at most: fewer splits, each over more of the key range
 CLUSTER_SPLITS = 16
-#: hand the partial results over in the cluster's shared memory (else through L2)
-CLUSTER_SHARED = False
 
 
 def supported_head_size(h: int) -> bool:
@@ -295,7 +294,7 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
                         NEW: tl.constexpr, ROTARY: tl.constexpr, INTERLEAVED: tl.constexpr, SPLIT: tl.constexpr,
                         SOFTCAP: tl.constexpr, SINK: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, BLOCK_G: tl.constexpr,
                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, EARLY: tl.constexpr = False,
-                        CLUSTER: tl.constexpr = 0, CLUSTER_SHARED: tl.constexpr = False, PDL: tl.constexpr = False):
+                        CLUSTER: tl.constexpr = 0, PDL: tl.constexpr = False):
     """Program (b * NK * HB + kv_head * HB + head block, split): BLOCK_G query heads of one KV head over
     split ``program_id(1)`` of batch entry b's key range.
 
@@ -412,70 +411,40 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
     has = den > 0.0
     out = acc / tl.where(has, den, 1.0)[:, None]
     if SPLIT:
+        tl.store(mo_ptr + b * s_mb + heads[:, None] * s_mh + split * s_ms + d[None, :], out,
+                 mask=g_ok[:, None] & d_ok[None, :])
         lse = tl.where(has, m + tl.log2(tl.where(has, den, 1.0)), float("-inf"))
+        tl.store(ml_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_ok)
         if CLUSTER > 0:
-            _cluster_combine(out, lse, mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, split, HEAD_DIM, s_mb, s_mh, s_ms, s_lb,
-                             s_lh, s_ob, s_oh, s_od, CLUSTER_SHARED, CLUSTER, BLOCK_G, BLOCK_D)
-        else:
-            tl.store(mo_ptr + b * s_mb + heads[:, None] * s_mh + split * s_ms + d[None, :], out,
-                     mask=g_ok[:, None] & d_ok[None, :])
-            tl.store(ml_ptr + b * s_lb + heads * s_lh + split, lse, mask=g_ok)
+            cluster_barrier()
+            _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, split, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh,
+                             s_ob, s_oh, s_od, CLUSTER, BLOCK_G, BLOCK_D)
     else:
         tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
                  mask=g_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit
-def _cluster_combine(out, lse, mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, rank, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh,
-                     s_ob, s_oh, s_od, SHARED: tl.constexpr, CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr,
-                     BLOCK_D: tl.constexpr):
-    """``_combine_kernel``'s log-sum-exp weighted mean of the CLUSTER splits' partial outputs ``out`` [BLOCK_G,
-    BLOCK_D] / ``lse`` [BLOCK_G], for channels ``rank * CD ..`` (CD = BLOCK_D / CLUSTER) of the heads ``heads``.
-
-    SHARED: the programs hand the partials over in their shared memory (``cluster_store``; past a first cluster
-    barrier, as the bytes are Triton's scratch): program r receives every split's lse and channels ``r * CD ..``,
-    the lse table [CLUSTER, BLOCK_G] then the partials [CLUSTER, BLOCK_G, CD], float32 (``_cluster_bytes``).
-    Otherwise they store them to the ``mo`` / ``ml`` workspace and read them back from L2 (``.cg``) past the
-    barrier."""
-    CD: tl.constexpr = BLOCK_D // CLUSTER
+def _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, rank, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh, s_ob, s_oh,
+                     s_od, CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``_combine_kernel``'s log-sum-exp weighted mean of the CLUSTER splits' partial outputs, for channels
+    ``rank * BLOCK_D / CLUSTER ..`` of the heads ``heads``, past the cluster barrier that made the partials visible
+    (read from L2, ``.cg``)."""
     s = tl.arange(0, CLUSTER)
-    c = tl.arange(0, CD)
-    dd = rank * CD + c
-    d_ok = dd < HEAD_DIM
-    if SHARED:
-        LSE_BYTES: tl.constexpr = CLUSTER * BLOCK_G * 4
-        g = tl.arange(0, BLOCK_G)
-        d = tl.arange(0, BLOCK_D)
-        cluster_barrier()  # every program is past its last use of its scratch bytes
-        to = (d // CD)[None, :] + tl.zeros((BLOCK_G, BLOCK_D), tl.int32)
-        cluster_store(LSE_BYTES + ((rank * BLOCK_G + g[:, None]) * CD + (d % CD)[None, :]) * 4, to, out)
-        wide = tl.zeros((CLUSTER, BLOCK_G), tl.int32)
-        cluster_store((rank * BLOCK_G + g[None, :]) * 4 + wide, s[:, None] + wide, lse[None, :] + wide.to(tl.float32))
-        cluster_barrier()
-        lse_all = shared_load((s[:, None] * BLOCK_G + g[None, :]) * 4)  # [CLUSTER, BLOCK_G]
-        part = shared_load(LSE_BYTES + ((s[:, None, None] * BLOCK_G + g[None, :, None]) * CD + c[None, None, :]) * 4)
-        tl.debug_barrier()  # read by every warp before the reductions below reuse the bytes
-    else:
-        tl.store(mo_ptr + b * s_mb + heads[:, None] * s_mh + rank * s_ms + tl.arange(0, BLOCK_D)[None, :], out,
-                 mask=g_ok[:, None] & (tl.arange(0, BLOCK_D) < HEAD_DIM)[None, :])
-        tl.store(ml_ptr + b * s_lb + heads * s_lh + rank, lse, mask=g_ok)
-        cluster_barrier()
-        lse_all = tl.load(ml_ptr + b * s_lb + heads[None, :] * s_lh + s[:, None], mask=g_ok[None, :],
-                          other=float("-inf"), cache_modifier=".cg")  # [CLUSTER, BLOCK_G]
-        part = tl.load(mo_ptr + b * s_mb + heads[None, :, None] * s_mh + s[:, None, None] * s_ms + dd[None, None, :],
-                       mask=g_ok[None, :, None] & d_ok[None, None, :], other=0.0, cache_modifier=".cg")
-    mx = tl.max(lse_all, 0)
+    d = rank * (BLOCK_D // CLUSTER) + tl.arange(0, BLOCK_D // CLUSTER)
+    d_ok = d < HEAD_DIM
+    lse = tl.load(ml_ptr + b * s_lb + heads[None, :] * s_lh + s[:, None], mask=g_ok[None, :], other=float("-inf"),
+                  cache_modifier=".cg")  # [CLUSTER, BLOCK_G]
+    mx = tl.max(lse, 0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse_all - mx[None, :])
+    w = tl.exp2(lse - mx[None, :])
+    ok = g_ok[None, :, None] & d_ok[None, None, :]
+    part = tl.load(mo_ptr + b * s_mb + heads[None, :, None] * s_mh + s[:, None, None] * s_ms + d[None, None, :],
+                   mask=ok, other=0.0, cache_modifier=".cg")  # [CLUSTER, BLOCK_G, BLOCK_D / CLUSTER]
     total = tl.sum(w, 0)
-    res = tl.sum(part * w[:, :, None], 0) / tl.where(total > 0.0, total, 1.0)[:, None]  # [BLOCK_G, CD]
-    tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + dd[None, :] * s_od, res.to(o_ptr.dtype.element_ty),
+    out = tl.sum(part * w[:, :, None], 0) / tl.where(total > 0.0, total, 1.0)[:, None]
+    tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
              mask=g_ok[:, None] & d_ok[None, :])
-
-
-def _cluster_bytes(cluster: int, block_g: int, block_d: int) -> int:
-    """Shared memory ``_cluster_combine`` reuses in each program: the lse table and the partials it receives."""
-    return cluster * block_g * 4 + block_g * block_d * 4
 
 
 @triton.jit
@@ -599,9 +568,8 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
               # no FMA contraction with a new token: its rotation rounds each product as the torch code does
               "num_warps": warps, "enable_fp_fusion": new is None, **pdl(q)}
     with _on_device(q, interp):
-        if cluster and launch_clustered(_decode_attn_kernel, (programs * cluster,), cluster, args,
-                                        {**kwargs, "CLUSTER": cluster, "CLUSTER_SHARED": CLUSTER_SHARED},
-                                        _cluster_bytes(cluster, block_g, block_d) if CLUSTER_SHARED else 0):
+        if cluster:
+            launch_clustered(_decode_attn_kernel, (programs * cluster,), cluster, args, {**kwargs, "CLUSTER": cluster})
             return out
         _decode_attn_kernel[(programs, splits)](*args, **kwargs)
         if splits > 1:
