@@ -300,6 +300,48 @@ def test_gpu_cluster_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert size(t, 12, 64, "MatMulNBits") == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "heads", "H", "hp", "bn"), [
+    (torch.float32, (6, 2), 16, 1, 16),
+    (torch.float32, (6, 2), 16, 4, 32),  # a program's heads past the last: masked
+    (torch.float16, (8, 4), 32, 2, 64),
+    (torch.bfloat16, (3, 1), 24, 2, 16),  # head size 24 in a 32-channel tile
+], ids=_ids)
+def test_combine_product(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, hp: int, bn: int) -> None:
+    """The split attention's partial results combined and multiplied with the output projection, summed over the
+    programs' head groups, against the combine kernel's output times w (float64), and the skip-norm of those partial
+    sums against ``gemv_skip_norm`` of the combined output; ``combine_partials`` equals the one-launch step's output."""
+    from crossml.kernels.decode_attention import combine_partials, combine_product
+    from crossml.kernels.gemv import partials_skip_norm
+
+    N, Nk = heads
+    B, L, n_out = 2, 48, 40
+    qkv = rand(B, (N + 2 * Nk) * H, dtype=dtype, device=device, seed=51)
+    q, k, v = (t.reshape(B, -1, H) for t in qkv.split([N * H, Nk * H, Nk * H], dim=-1))
+    kc, vc = (rand(B, Nk, L, H, dtype=dtype, device=device, seed=s) for s in (52, 53))
+    seqlens = torch.tensor([40, 11], dtype=torch.int32, device=device)
+    whole = rotary_decode_attention(q, k, v, None, None, None, kc.clone(), vc.clone(), seqlens, 0.3, do_rotary=False,
+                                    num_splits=3)
+    parts = rotary_decode_attention(q, k, v, None, None, None, kc.clone(), vc.clone(), seqlens, 0.3,
+                                    do_rotary=False, num_splits=3, partials=True)
+    assert isinstance(parts, tuple) and parts[0].shape == (B, N, 3, H)
+    assert torch.equal(combine_partials(parts, dtype), whole)
+    w = rand(N * H, n_out, dtype=dtype, device=device, seed=54) * 0.2
+    ws = combine_product(parts, w.t().contiguous().t(), heads_per_program=hp, block_n=bn)  # column-major w
+    assert ws.shape == (-(-N // hp), B, n_out) and ws.dtype == torch.float32
+    ref = whole.reshape(B, N * H).double().cpu() @ w.double().cpu()
+    rtol, atol = TOL[torch.float32]
+    torch.testing.assert_close(ws.sum(0).double().cpu(), ref, rtol=rtol, atol=atol)
+    res, gamma = rand(B, n_out, dtype=dtype, device=device, seed=55), rand(n_out, dtype=dtype, device=device, seed=56)
+    normed, total = partials_skip_norm(ws, None, res, gamma, 1e-6)
+    from crossml.kernels.gemv import gemv_skip_norm
+
+    normed0, total0 = gemv_skip_norm(whole.reshape(B, N * H), w, None, res, gamma, 1e-6)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(normed.double().cpu(), normed0.double().cpu(), rtol=rtol, atol=atol)
+    torch.testing.assert_close(total.double().cpu(), total0.double().cpu(), rtol=rtol, atol=atol)
+
+
 # ---------------------------------------------------------------------------------------------- the op's fast path
 
 

@@ -39,7 +39,8 @@ FOLD_MAX_ELEMENTS = 1 << 24
 #: (domain, op type) of the ops that launch at least one GPU kernel whenever their output holds values (the products
 #: ``OpContext.settled_inputs`` relies on)
 KERNEL_OPS = {("", "MatMul"), ("", "Gemm"), ("com.microsoft", "MatMulNBits"), ("com.crossml", "Linear"),
-              ("com.crossml", "NormMatMulNBits"), ("com.crossml", "MatMulSkipNorm"), ("com.crossml", "MatMulSiluMul")}
+              ("com.crossml", "NormMatMulNBits"), ("com.crossml", "MatMulSkipNorm"), ("com.crossml", "MatMulSiluMul"),
+              ("com.crossml", "AttentionSkipNorm")}
 
 
 @dataclass(slots=True)

@@ -65,6 +65,7 @@ TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +85,7 @@ from crossml.kernels._launch import (
     use_interpreter,
 )
 
-__all__ = ["SUPPORTED_DTYPES", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
+__all__ = ["SUPPORTED_DTYPES", "combine_partials", "combine_product", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
            "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
            "supported_head_size"]
 
@@ -470,6 +471,85 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, 
     tl.store(o_ptr + b * s_ob + h * s_oh + d * s_od, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def _combine_product_kernel(mo_ptr, ml_ptr, w_ptr, ws_ptr, N, NUM_SPLITS, HEAD_DIM, NOUT, MN,
+                            s_mb, s_mh, s_ms, s_lb, s_lh, s_wk, s_wn,
+                            HP: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    """Program (b * cdiv(N, HP) + p, n block): combine the splits of query heads ``p * HP ..`` of entry b as
+    ``_combine_kernel`` does (rounded to the weight's dtype, the attention output's), and multiply them with their
+    rows of the output projection ``w [N * HEAD_DIM, NOUT]`` (K = head * HEAD_DIM + channel, any strides): float32
+    partial sums over those K rows for columns ``n block * BLOCK_N ..``, stored to ``ws [cdiv(N, HP), B, NOUT]`` (the
+    split-K workspace of ``crossml.kernels.gemv``'s skip-norm kernel). The weight rows, a constant, are loaded before
+    the PDL wait. Row r of the program's [HP * BLOCK_D] activations is channel r % BLOCK_D of head r // BLOCK_D."""
+    pid = tl.program_id(0)
+    groups = tl.cdiv(N, HP)
+    p = pid % groups
+    b = (pid // groups).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < NOUT
+    r = tl.arange(0, HP * BLOCK_D)
+    h = p * HP + r // BLOCK_D
+    d = r % BLOCK_D
+    r_ok = (h < N) & (d < HEAD_DIM)
+    k = (h * HEAD_DIM + d).to(tl.int64)
+    w = tl.load(w_ptr + k[:, None] * s_wk + n[None, :] * s_wn, mask=r_ok[:, None] & n_ok[None, :], other=0.0)
+    pdl_wait(PDL)
+    sp = tl.arange(0, BLOCK_S)
+    ok = (sp < NUM_SPLITS)[:, None] & r_ok[None, :]
+    hh = tl.minimum(h, N - 1).to(tl.int64)
+    lse = tl.load(ml_ptr + b * s_lb + hh[None, :] * s_lh + sp[:, None], mask=ok, other=float("-inf"))
+    part = tl.load(mo_ptr + b * s_mb + hh[None, :] * s_mh + sp[:, None] * s_ms + d[None, :], mask=ok, other=0.0)
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    wt = tl.exp2(lse - mx[None, :])
+    total = tl.sum(wt, 0)
+    o = tl.sum(part * wt, 0) / tl.where(total > 0.0, total, 1.0)
+    o = tl.where(r_ok, o.to(w_ptr.dtype.element_ty).to(tl.float32), 0.0)
+    acc = tl.sum(o[:, None] * w.to(tl.float32), 0)
+    tl.store(ws_ptr + p.to(tl.int64) * MN + b * NOUT + n, acc, mask=n_ok)
+
+
+def combine_product(parts: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, heads_per_program: int = 4,
+                    block_n: int = 32) -> torch.Tensor:
+    """The split decode attention's partial results ``parts`` (``rotary_decode_attention(..., partials=True)``:
+    ``mid_o [B, N, S, H]`` float32 and ``mid_l [B, N, S]``) combined and multiplied with the output projection
+    ``w [N * H, NOUT]`` (any strides): float32 partial sums ``[cdiv(N, heads_per_program), B, NOUT]`` over
+    ``heads_per_program`` heads' rows of w each, for ``crossml.kernels.gemv.partials_skip_norm``. One launch
+    replaces the combine kernel and the projection's GEMV."""
+    mid_o, mid_l = parts
+    B, N, S, H = mid_o.shape
+    K, NOUT = w.shape
+    if K != N * H:
+        raise ValueError(f"combine_product: w {tuple(w.shape)} needs {N} heads x {H} = {N * H} rows")
+    groups = cdiv(N, heads_per_program)
+    ws = torch.empty((groups, B, NOUT), dtype=torch.float32, device=mid_o.device)
+    interp = use_interpreter(mid_o, "combine_product")
+    with _on_device(mid_o, interp):
+        _combine_product_kernel[(B * groups, cdiv(NOUT, block_n))](
+            mid_o, mid_l, w, ws, N, S, H, NOUT, B * NOUT, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+            mid_l.stride(0), mid_l.stride(1), w.stride(0), w.stride(1), HP=heads_per_program,
+            BLOCK_S=next_power_of_2(S), BLOCK_D=max(16, next_power_of_2(H)), BLOCK_N=block_n,
+            num_warps=4, **pdl(mid_o))
+    return ws
+
+
+def combine_partials(parts: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The attention output ``[B, N, H]`` in ``dtype`` of ``rotary_decode_attention(..., partials=True)``'s partial
+    results (what its combine kernel launch would have made)."""
+    mid_o, mid_l = parts
+    B, N, S, H = mid_o.shape
+    out = torch.empty((B, N, H), dtype=dtype, device=mid_o.device)
+    if out.numel() == 0:
+        return out
+    interp = use_interpreter(mid_o, "combine_partials")
+    with _on_device(mid_o, interp):
+        _combine_kernel[(B * N,)](mid_o, mid_l, out, N, S, H, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                                  mid_l.stride(0), mid_l.stride(1), *out.stride(), BLOCK_S=next_power_of_2(S),
+                                  BLOCK_D=max(16, next_power_of_2(H)), num_warps=4, **pdl(mid_o))
+    return out
+
+
 def _num_splits(t: torch.Tensor, programs: int, L: int, block_l: int, interp: bool) -> int:
     """Key-range splits so that about SPLIT_PROGRAMS_PER_UNIT programs run per compute unit (1 when the batch fills
     the device)."""
@@ -513,7 +593,7 @@ def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num_splits, new,
             softcap: float = 0.0, sink: torch.Tensor | None = None, early: bool = False,
-            after: str = "") -> torch.Tensor:
+            after: str = "", partials: bool = False) -> Any:
     """Launch the attention kernel (``softcap > 0``: capped scores; ``sink [N]``: one more logit per head in the
     softmax denominator); ``new`` None (the caches hold every key) or
     (k, v, cos, sin, pos, half, max_pos, rotary, interleaved) of the step's own token (see
@@ -533,7 +613,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
     programs = B * Nk * hb
     splits = num_splits if num_splits is not None else _num_splits(q, programs, L, block_l, interp)
     splits = max(1, min(int(splits), L, GRID_YZ_MAX))
-    cluster = _cluster_size(q, splits, block_d, after, programs)
+    cluster = 0 if partials else _cluster_size(q, splits, block_d, after, programs)
     if cluster:  # the splits past the key range's blocks find no key: a zero weight in the combine
         splits = cluster
     dot_fp32 = q.dtype == torch.float32 or (interp and q.dtype == torch.bfloat16)  # numpy has no bf16 matmul
@@ -572,6 +652,8 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
             launch_clustered(_decode_attn_kernel, (programs * cluster,), cluster, args, {**kwargs, "CLUSTER": cluster})
             return out
         _decode_attn_kernel[(programs, splits)](*args, **kwargs)
+        if partials:
+            return (mid_o, mid_l) if splits > 1 else out
         if splits > 1:
             _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
                                       BLOCK_S=next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
@@ -599,7 +681,8 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
                             v_cache: torch.Tensor, seqlens: torch.Tensor, scale: float, local_window: int = -1, *,
                             interleaved: bool = False, do_rotary: bool = True,
                             num_splits: int | None = None, softcap: float = 0.0,
-                            sink: torch.Tensor | None = None, early: bool = False, after: str = "") -> torch.Tensor:
+                            sink: torch.Tensor | None = None, early: bool = False, after: str = "",
+                            partials: bool = False) -> Any:
     """A whole GroupQueryAttention decode step in one launch: ``rotary_cache_write(q, k, v, cos_cache,
     sin_cache, pos, k_cache, v_cache, seqlens, interleaved, do_rotary)`` followed by ``decode_attention(
     rotated q, k_cache, v_cache, seqlens, scale, local_window, len_offset=1, softcap=softcap, sink=sink)``, with the same
@@ -629,7 +712,8 @@ def rotary_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         new = (k, v, cos_cache, sin_cache, pos, half, cos_cache.shape[0], True, interleaved)
     else:
         new = (k, v, k_cache, k_cache, seqlens, 0, 1, False, False)
-    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap, sink, early, after)
+    return _attend(q, k_cache, v_cache, seqlens, scale, local_window, 1, num_splits, new, softcap, sink, early, after,
+                   partials)
 
 
 @triton.jit

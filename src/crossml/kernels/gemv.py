@@ -888,6 +888,40 @@ def _norm_dot_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
     return block_m, block_n, block_k, cdiv(K, _k_per_split(K, cap, block_k)), warps
 
 
+def norm_tile_fits(split: int, N: int) -> bool:
+    """Whether the skip-norm kernel holds ``split`` partial sums of a row of N values in one tile (its fast path,
+    ``_split_k_norm_kernel``'s SINGLE)."""
+    return next_power_of_2(split) * next_power_of_2(N) <= _NORM_TILE
+
+
+def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, gamma: torch.Tensor,
+                       eps: float, *, want_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``gemv_skip_norm``'s second launch on float32 partial sums ``ws [S, M, N]`` made elsewhere (the decode
+    attention's ``combine_product``): ``SkipSimplifiedLayerNormalization(residual, sum_s ws[s] (+ bias), gamma)``
+    with the product rounded to the residual's dtype; returns ``(normed, sum)``."""
+    S, M, N = ws.shape
+    shape = residual.shape
+    normed = torch.empty(shape, dtype=residual.dtype, device=residual.device)
+    total = torch.empty(shape, dtype=residual.dtype, device=residual.device) if want_sum else None
+    if M == 0 or N == 0:
+        return normed, total
+    interpret = use_interpreter(ws, "GEMV skip-norm")
+    block_s, block, warps = _reduce_tiles(S)
+    single = norm_tile_fits(S, N)
+    if single:
+        block = next_power_of_2(N)
+        warps = max(warps, min(16, block_s * block // 1024))
+    rtne = interpret and residual.dtype == torch.bfloat16
+    meta = {} if interpret else {"num_warps": warps, **pdl(ws)}
+    launch = contextlib.nullcontext() if interpret or ws.device.type != "cuda" else torch.cuda.device(ws.device)
+    with launch:
+        _split_k_norm_kernel[(M,)](ws, bias if bias is not None else ws, residual.reshape(M, N).contiguous(),
+                                   gamma.reshape(N).contiguous(), normed, normed if total is None else total, M, N,
+                                   S, 1.0 / N, float(eps), HAS_BIAS=bias is not None, STORE_SUM=want_sum,
+                                   BLOCK_S=block_s, BLOCK=block, SINGLE=single, RTNE=rtne, **meta)
+    return normed, total
+
+
 def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
                    gamma: torch.Tensor, eps: float, *, want_sum: bool = True, const_w: bool = False,
                    silu_mul: bool = False, tiles: tuple[int, int, int, int, int] | None = None,

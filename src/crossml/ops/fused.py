@@ -298,3 +298,62 @@ def matmul_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
                     (True, False, False, want_sum), ctx.device)
     normed, _, _, s = skip_simplified_layer_normalization(residual, y, gamma, epsilon=epsilon, ctx=sub)
     return normed, s
+
+
+#: most query heads whose rows of the output projection one program of ``combine_product`` multiplies
+_MAX_HEADS_PER_PROGRAM = 8
+#: output columns of one ``combine_product`` program (the fastest in benchmarks/results/attention_product.md)
+_PRODUCT_COLUMNS = 128
+
+
+def _heads_per_program(num_heads: int, n_out: int) -> int | None:
+    """Heads a ``combine_product`` program takes: the fewest (a power of two) whose partial sums, one row of them per
+    group of heads, the skip-norm kernel adds in one tile (``crossml.kernels.gemv.norm_tile_fits``); None past
+    _MAX_HEADS_PER_PROGRAM."""
+    fits = load("gemv").norm_tile_fits
+    hp = 1
+    while hp <= _MAX_HEADS_PER_PROGRAM:
+        if fits(-(-num_heads // hp), n_out):
+            return hp
+        hp *= 2
+    return None
+
+
+@op("AttentionSkipNorm", since=1, domain=DOMAIN, host_inputs=(6,), ctx=True)
+def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: float = 1e-12, ctx: OpContext,
+                        **attrs: object) -> tuple:
+    """GroupQueryAttention (its inputs first, ``gqa_inputs`` of them, and its attributes) whose output feeds the
+    output projection's MatMulSkipNorm (the next four inputs: w, bias, residual, gamma; ``epsilon``) → (normed,
+    sum, present_key, present_value) (graph rule AttentionSkipNorm). Where the decode step runs on the Triton
+    kernels with its key range split, the splits' partial results go to ``combine_product``, which combines them
+    and multiplies them with w in one launch, and the skip-norm kernel adds its partial sums (one launch fewer than
+    the combine kernel and the projection's GEMV); elsewhere the GroupQueryAttention and MatMulSkipNorm ops, with
+    their results."""
+    from crossml.ops.contrib.attention import PARTIALS, group_query_attention
+
+    gqa = inputs[:gqa_inputs]
+    w, bias, residual, gamma = (list(inputs[gqa_inputs:]) + [None] * 4)[:4]
+    wanted = tuple(ctx.outputs_wanted) + (False,) * 4
+    sub = OpContext(ctx.node_name, "GroupQueryAttention", ctx.opset, 3, (None,) * 3, (True, wanted[2], wanted[3]),
+                    ctx.device, extra={**ctx.extra, PARTIALS: True}, settled_inputs=ctx.settled_inputs,
+                    settled_by=ctx.settled_by, const_inputs=ctx.const_inputs[:gqa_inputs],
+                    input_types=ctx.input_types[:gqa_inputs])
+    out, present_key, present_value, *_ = group_query_attention(*gqa, **attrs, ctx=sub)
+    if isinstance(out, tuple):  # the decode step's partial results [B, N, S, H], [B, N, S]
+        B, N, _, H = out[0].shape
+        n_out = w.shape[-1] if w.dim() == 2 else -1
+        hp = _heads_per_program(N, n_out) if w.dim() == 2 and w.shape[0] == N * H else None
+        if hp is not None and w.dtype == residual.dtype and residual.shape == (B, 1, n_out) \
+                and gamma.numel() == n_out and (bias is None or bias.shape == (n_out,)) and w.device == residual.device:
+            kernels = load("decode_attention")
+            ws = kernels.combine_product(out, w, heads_per_program=hp, block_n=_PRODUCT_COLUMNS)
+            bias1 = bias.to(residual.dtype) if bias is not None else None
+            normed, s = load("gemv").partials_skip_norm(ws, bias1, residual.reshape(B, n_out), gamma, epsilon,
+                                                        want_sum=wanted[1])
+            return normed.reshape(residual.shape), (s.reshape(residual.shape) if s is not None else None), \
+                present_key, present_value
+        out = load("decode_attention").combine_partials(out, residual.dtype).reshape(B, 1, N * H)
+    msn = OpContext(ctx.node_name, "MatMulSkipNorm", 1, 2, (None,) * 2, (True, wanted[1]), ctx.device,
+                    const_inputs=(False, *ctx.const_inputs[gqa_inputs:]))
+    normed, s = matmul_skip_norm(out, w, bias, residual, gamma, epsilon=epsilon, ctx=msn)
+    return normed, s, present_key, present_value

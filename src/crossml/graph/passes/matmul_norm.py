@@ -143,3 +143,44 @@ def rewrite_gate_product(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 #: SILU_MUL_NORM, which it leaves nothing to fold.
 MATMUL_SILU_MUL = Rule("MatMulSiluMul", match_gate_product, check_gate_product, rewrite_gate_product,
                        domains=((DOMAIN, 1),))
+
+
+def match_attention(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN or node_attrs(node).get("silu_mul", 0):
+        return None
+    attention = view.producer.get(node.input[0])
+    if attention is None or attention.op_type != "GroupQueryAttention" or attention.domain != MS_DOMAIN:
+        return None
+    return Match([attention, node], {})
+
+
+def check_attention(view: GraphView, m: Match) -> str | None:
+    attention, fused = m.nodes
+    out = attention.output[0]
+    if not view.read_once(out):
+        return f"the attention output ('{out}') of '{attention.name}' is used elsewhere"
+    if len(attention.output) > 3 and attention.output[3] and (view.consumers.get(attention.output[3])
+                                                               or attention.output[3] in view.outputs):
+        return f"'{attention.name}' output '{attention.output[3]}' (the attention scores) is used"
+    if {"gqa_inputs", "epsilon"} & set(node_attrs(attention)):
+        return f"'{attention.name}' has an attribute named like one of MatMulSkipNorm's"
+    return None
+
+
+def rewrite_attention(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    attention, fused = m.nodes
+    extra = list(fused.input[1:]) + [""] * (5 - len(fused.input))
+    outputs = [*list(fused.output) + [""] * (2 - len(fused.output)), *(list(attention.output[1:3]) + ["", ""])[:2]]
+    while outputs and not outputs[-1]:
+        outputs.pop()
+    return [helper.make_node("AttentionSkipNorm", [*attention.input, *extra], outputs,
+                             name=f"{attention.name}_{fused.name}", domain=DOMAIN, gqa_inputs=len(attention.input),
+                             **node_attrs(attention), **node_attrs(fused))]
+
+
+#: com.microsoft GroupQueryAttention → o, com.crossml MatMulSkipNorm(o, W, ...)  =>  com.crossml
+#: AttentionSkipNorm(attention inputs..., W, ...): the decode step's split attention combined and multiplied with the
+#: output projection in one launch (``crossml.kernels.decode_attention.combine_product``), its partial sums added by
+#: the skip-norm kernel, one launch fewer per layer. Runs after MATMUL_NORM and SILU_MUL_NORM.
+ATTENTION_NORM = Rule("AttentionSkipNorm", match_attention, check_attention, rewrite_attention,
+                      domains=((DOMAIN, 1),))

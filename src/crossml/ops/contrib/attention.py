@@ -184,7 +184,7 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
                  head_sink, smooth_softmax, do_rotary, rotary_interleaved, local_window, inplace,
-                 windowed: bool = False, early: bool = False, after: str = "") -> tuple:
+                 windowed: bool = False, early: bool = False, after: str = "", partials: bool = False) -> tuple:
     """The decode step on the Triton kernels: what the torch code below computes for S == 1 and a shared
     buffer. q [B, 1, N, H], k/v [B, 1, Nk, H]. The new row goes to ``seqlens_k[b]`` (clamped to the buffer),
     rotary positions are ``position_ids`` or else ``seqlens_k``; keys ``j <= seqlens_k[b]`` are attended, their
@@ -199,7 +199,9 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     ``early``: all inputs but q, k and v are settled (``OpContext.settled``), so the attention kernel reads them
     before its PDL wait (``rotary_decode_attention``); never with ``windowed``, whose eviction kernel writes the
     caches just before. ``after``: the op type of the product whose kernel this step follows
-    (``OpContext.settled_by``), which says where the key-range splits are combined (``rotary_decode_attention``)."""
+    (``OpContext.settled_by``), which says where the key-range splits are combined (``rotary_decode_attention``).
+    ``partials``: where the key range is split, the first result is the splits' partial results (``mid_o``,
+    ``mid_l``) instead of the output, for the fused AttentionSkipNorm op (``crossml.ops.fused``) to combine."""
     kernels = load("decode_attention")
     B, _, N, H = q.shape
     kc, vc = _shared_caches(past_key, past_value, inplace)
@@ -212,7 +214,10 @@ def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache,
     out = kernels.rotary_decode_attention(q[:, 0], k[:, 0], v[:, 0], cos_cache, sin_cache, pos, kc, vc,
                                           rows, sc, local_window, interleaved=bool(rotary_interleaved),
                                           do_rotary=bool(do_rotary), softcap=float(softcap), sink=sink,
-                                          early=early and not windowed, after="" if windowed else after)
+                                          early=early and not windowed, after="" if windowed else after,
+                                          partials=partials)
+    if isinstance(out, tuple):
+        return out, kc, vc, None
     return out.reshape(B, 1, N * H), kc, vc, None
 
 
@@ -280,6 +285,9 @@ def _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cach
     return out.transpose(1, 2).reshape(1, S, N * H), kc, vc, None
 
 
+#: ``OpContext.extra`` key: True asks the decode step (on the Triton kernels, key range split) for the splits' partial
+#: results in place of output 0 (the fused AttentionSkipNorm op, which combines them with the output projection)
+PARTIALS = "attention_partials"
 #: GroupQueryAttention inputs the decode kernel reads before its PDL wait when settled: past key and value,
 #: seqlens_k, cos and sin caches, position_ids, head_sink
 _READ_EARLY = (3, 4, 5, 7, 8, 9, 11)
@@ -365,7 +373,8 @@ def group_query_attention(
                                 scale=scale, softcap=softcap, head_sink=head_sink, smooth_softmax=smooth_softmax,
                                 do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                                 local_window=local_window_size if causal else -1, inplace=inplace,
-                                early=ctx.settled(*_READ_EARLY), after=ctx.settled_by)
+                                early=ctx.settled(*_READ_EARLY), after=ctx.settled_by,
+                                partials=bool(ctx.extra.get(PARTIALS)))
         if subsequent:
             return _fast_continue(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                                   total, scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
