@@ -23,7 +23,7 @@ from crossml.graph.attributes import parse_attribute, sparse_to_dense, tensor_va
 from crossml.graph.expand import expand_function_node
 from crossml.graph.order import topological
 from crossml.ops import OpContext, OpSpec, load_all, lookup
-from crossml.ops.layout import pack_weight, weight_layout
+from crossml.ops.layout import pack_weight, weight_input, weight_layout
 from crossml.ops.registry import canonical_domain, known_versions
 from crossml.runtime.errors import Fail, InvalidGraph, OrtError
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
@@ -277,12 +277,13 @@ class _Builder:
         if device.type != "cpu" or self.opt.device.type != "cpu":
             self._note_blockers(node, spec, device, bool(graphs))
         in_slots = []
+        w_at = weight_input(node.op_type, attrs)
         for i, name in enumerate(node.input):
             if not name:
                 in_slots.append(-1)
             elif spec.host_output:
                 in_slots.append(self.slot_of(name, self.value_device.get(name, device)))
-            elif i == 1 and (layout := self._weight_layout(node, domain, attrs, name, device)) is not None:
+            elif i == w_at and (layout := self._weight_layout(node, domain, attrs, name, device)) is not None:
                 in_slots.append(self._packed_slot(name, device, layout))
             else:
                 in_slots.append(self.slot_of(name, device, host=i in spec.host_inputs))
@@ -317,7 +318,8 @@ class _Builder:
 
     def _weight_layout(self, node: onnx.NodeProto, domain: str, attrs: dict[str, Any], name: str,
                        device: torch.device) -> str | None:
-        """How a constant weight (input 1) is pre-packed on this plan's device (``ops.layout.weight_layout``)."""
+        """How a constant weight (input ``weight_input``) is pre-packed on this plan's device
+        (``ops.layout.weight_layout``)."""
         return weight_layout(domain, node.op_type, self.constants.get(name), device, attrs,
                              channels_last=self.opt.channels_last, tf32=self.opt.tf32,
                              own_kernels=self.opt.disable_metacommands)

@@ -16,6 +16,12 @@ from crossml.ops.conv import CHANNELS_LAST_OPS
 from crossml.ops.matmul import column_major_weight
 
 
+def weight_input(op_type: str, attrs: dict[str, Any]) -> int:
+    """Which input of a node is the weight ``weight_layout`` packs: 1, or for com.crossml AttentionSkipNorm the one
+    after its attention inputs (``gqa_inputs``)."""
+    return int(attrs.get("gqa_inputs", 1)) if op_type == "AttentionSkipNorm" else 1
+
+
 def weight_layout(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any], *,
                   channels_last: bool = True, tf32: bool = True, own_kernels: bool = False) -> str | None:
     """The layout of constant input 1 (the weight) of a ``domain:op_type`` node on ``device``: "nhwc",

@@ -106,9 +106,10 @@ GEMV_MMA_TALL = True
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
 COLUMN_MAJOR_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("", "Gemm")}
-#: ops whose input 1 a GPU plan stores column-major when it is a half-precision decode weight (column_major_weight)
+#: ops whose weight (input 1; AttentionSkipNorm's ``ops.layout.weight_input``) a GPU plan stores column-major when it is
+#: a half-precision decode weight (column_major_weight)
 GEMV_WEIGHT_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("com.crossml", "MatMulSkipNorm"),
-                   ("com.crossml", "MatMulSiluMul")}
+                   ("com.crossml", "MatMulSiluMul"), ("com.crossml", "AttentionSkipNorm")}
 
 
 def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any],
