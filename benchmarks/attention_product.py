@@ -10,7 +10,7 @@ split), and the output projection with the residual stream's RMSNorm. Two varian
   partial sums over groups of heads), then the same skip-norm kernel (``partials_skip_norm``): one launch fewer.
 
 Weights are distinct per layer and stored column-major as GPU plans store them; the graphs of both variants are
-replayed back to back in alternated rounds in one process. Prints and writes OUT/attention_product.{json,md}.
+replayed back to back in alternated rounds in one process. Prints and writes OUT/attention_product_chain.{json,md}.
 
     PYTHONPATH=src python benchmarks/attention_product.py --out benchmarks/results
 """
@@ -121,14 +121,14 @@ def main() -> None:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         gpu = torch.cuda.get_device_name()
-        with open(os.path.join(args.out, "attention_product.json"), "w") as f:
+        with open(os.path.join(args.out, "attention_product_chain.json"), "w") as f:
             json.dump({"gpu": gpu, "torch": torch.__version__, "length": args.length, "rows": rows}, f, indent=1)
         lines = ["# The decode attention's combine fused with the output projection (chain of layers, CUDA graphs)", "",
                  f"GPU: {gpu}; torch {torch.__version__}; {args.length} cached rows; {args.replays} replays a round.",
                  "", "| model | variant | round | us a layer |", "| --- | --- | ---: | ---: |"]
         lines += [f"| {r['model']} | {r['variant']} | {r['round']} | {r['us_per_layer']:.2f} |" for r in rows]
         lines += ["", "Produced by benchmarks/attention_product.py."]
-        with open(os.path.join(args.out, "attention_product.md"), "w") as f:
+        with open(os.path.join(args.out, "attention_product_chain.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
 
 

@@ -49,6 +49,18 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     ``st.shared::cluster``) instead of L2, both with 5 KB more shared memory a program, which delayed the start
     further (H100, Llama-3.2-1B int4 0.562-0.564 ms), and reusing Triton's scratch bytes between two cluster
     barriers (H200: Qwen2.5-0.5B int4 0.458-0.461, Llama-3.2-1B fp16 0.850-0.856 ms; commit ccab888 holds it).
+``combine_product``
+    With ``rotary_decode_attention(..., partials=True)`` the split step hands back its partial results instead
+    of launching the combine kernel; this one launch combines them and multiplies them with the output
+    projection's rows (each program some heads' rows, 128 output columns, its weight tile loaded before the PDL
+    wait), writing split-K partial sums over groups of heads that ``crossml.kernels.gemv.partials_skip_norm`` (the
+    skip-norm kernel of ``gemv_skip_norm``) adds: the combine kernel and the projection's GEMV become one launch
+    (graph rule AttentionSkipNorm, ``crossml.ops.fused.attention_skip_norm``). In the GenAI benchmark's captured
+    fp16 decode steps, alternated with the rule off (results/attention_product.md): Qwen2.5-0.5B 0.597-0.603 ->
+    0.582 ms on an H100 and 0.512-0.537 -> 0.501-0.513 on an H200, Llama-3.2-1B 1.049-1.052 -> 1.044-1.045 and
+    0.828-0.833 -> 0.818-0.821 ms. With the weight row-major (its rows' 256-byte runs) Llama-3.2-1B's step was
+    slower instead (0.826-0.832 -> 0.858-0.862 ms, H200), so plans store it column-major as for the GEMV; 64 or 256
+    columns a program were slower too.
 ``rotary_decode_attention``
     The op's decode step: the two above with one launch less. The attention programs rotate their
     own query heads, take the new key and value from registers for the new row, and one program per

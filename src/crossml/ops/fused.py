@@ -11,7 +11,9 @@ feeding a 4-bit MatMulNBits) is one Triton launch at decode sizes on GPUs and th
 MatMulSkipNorm (a product feeding the residual stream's SkipSimplifiedLayerNormalization) is the GEMV and
 one add-and-normalize kernel at decode sizes on GPUs, and the two ops elsewhere; MatMulSiluMul (an MLP's merged
 gate/up product feeding its SiluMul) is the GEMV storing the gated activations at decode sizes on GPUs, and the two
-ops elsewhere. SumCast (an integer row sum,
+ops elsewhere. AttentionSkipNorm (GroupQueryAttention feeding its output projection's MatMulSkipNorm) hands the
+split decode step's partial results to one launch that combines them and multiplies them with the projection's rows,
+then the skip-norm kernel, on GPUs, and runs the two ops elsewhere. SumCast (an integer row sum,
 offset and cast: the GenAI builder's attention-mask lengths) is one Triton launch on GPUs. GatherNorm (an
 embedding lookup feeding the first layer's RMSNorm) is one Triton launch on GPUs and the two ops elsewhere.
 """
