@@ -145,8 +145,13 @@ MATMUL_SILU_MUL = Rule("MatMulSiluMul", match_gate_product, check_gate_product, 
                        domains=((DOMAIN, 1),))
 
 
+#: ATTENTION_NORM applies (False keeps the attention and its output projection apart; benchmarks)
+ATTENTION_IN_PRODUCT = True
+
+
 def match_attention(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN or node_attrs(node).get("silu_mul", 0):
+    if not ATTENTION_IN_PRODUCT or node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN \
+            or node_attrs(node).get("silu_mul", 0):
         return None
     attention = view.producer.get(node.input[0])
     if attention is None or attention.op_type != "GroupQueryAttention" or attention.domain != MS_DOMAIN:
