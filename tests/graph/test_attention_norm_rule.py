@@ -19,6 +19,7 @@ import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.matmul_norm import ATTENTION_NORM, MATMUL_NORM, SILU_MUL_NORM
+from crossml.ops import fused as fused_ops
 from crossml.ops.contrib.attention import group_query_attention
 from crossml.ops.fused import attention_skip_norm, matmul_skip_norm
 from crossml.ops.registry import OpContext
@@ -155,18 +156,26 @@ def test_op_on_the_cpu_equals_the_two_ops() -> None:
     (2, 6, 2, 128, 300, 320, 250, torch.bfloat16, True),
     (3, 12, 4, 64, 256, 192, 200, torch.float16, True),
 ])
+@pytest.mark.parametrize("rows_rule", ["one_row", "all_rows"])
 def test_gpu_op_matches_the_two_ops(B: int, N: int, Nk: int, H: int, L: int, n: int, past: int, dtype: torch.dtype,
-                                    bias: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+                                    bias: bool, rows_rule: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fused decode step (the split attention's partials to ``combine_product``, then the skip-norm kernel)
     against the GroupQueryAttention and MatMulSkipNorm ops on the GPU and the fp32 CPU ops: normalized values and
-    sums within the dtype's rounding (the projection adds its products in another order), caches equal."""
+    sums within the dtype's rounding (the projection adds its products in another order), caches equal. Past
+    ATTENTION_PRODUCT_ROWS batch rows (``one_row``: the rule's 1) the op runs the two ops' kernels, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: torch sees none on this machine")
     from crossml.kernels import decode_attention
     from tests.kernels._common import record_calls
 
+    monkeypatch.setattr(fused_ops, "ATTENTION_PRODUCT_ROWS", max(B, 1) if rows_rule == "all_rows" else 1)
     calls = record_calls(monkeypatch, decode_attention, "combine_product")
     fused, plain = _both("cuda", B, N, Nk, H, L, n, past, dtype, bias)
+    if B > 1 and rows_rule == "one_row":  # the combine kernel and the GEMV, as the two ops run them
+        assert calls == []
+        for a, b in zip(fused, plain, strict=True):
+            assert torch.equal(a, b)
+        return
     assert calls == ["combine_product"], "the fused path did not run"
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     for a, b in zip(fused[:2], plain[:2], strict=True):

@@ -55,7 +55,8 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     projection's rows (each program some heads' rows, 128 output columns, its weight tile loaded before the PDL
     wait), writing split-K partial sums over groups of heads that ``crossml.kernels.gemv.partials_skip_norm`` (the
     skip-norm kernel of ``gemv_skip_norm``) adds: the combine kernel and the projection's GEMV become one launch
-    (graph rule AttentionSkipNorm, ``crossml.ops.fused.attention_skip_norm``). In the GenAI benchmark's captured
+    (graph rule AttentionSkipNorm, ``crossml.ops.fused.attention_skip_norm``, for one batch row: each program loads
+    its weight tile for each row, and batched steps from 4 rows were slower). In the GenAI benchmark's captured
     fp16 decode steps, alternated with the rule off (results/attention_product.md): Qwen2.5-0.5B 0.597-0.603 ->
     0.582 ms on an H100 and 0.512-0.537 -> 0.501-0.513 on an H200, Llama-3.2-1B 1.049-1.052 -> 1.044-1.045 and
     0.828-0.833 -> 0.818-0.821 ms. With the weight row-major (its rows' 256-byte runs) Llama-3.2-1B's step was

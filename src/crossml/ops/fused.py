@@ -306,6 +306,10 @@ def matmul_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 _MAX_HEADS_PER_PROGRAM = 8
 #: output columns of one ``combine_product`` program (the fastest in benchmarks/results/attention_product.md)
 _PRODUCT_COLUMNS = 128
+#: most batch rows AttentionSkipNorm takes to ``combine_product``, whose programs load their weight tile for each row:
+#: from 4 rows the batched decode steps were slower than the combine kernel and the GEMV (H100, Llama-3.2-1B fp16
+#: 3,515-3,529 -> 3,389-3,390 tokens/s at 4 rows, 11,583-12,089 -> 9,919-10,231 at 16), at 2 level
+ATTENTION_PRODUCT_ROWS = 1
 
 
 def _heads_per_program(num_heads: int, n_out: int) -> int | None:
@@ -336,8 +340,10 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
     gqa = inputs[:gqa_inputs]
     w, bias, residual, gamma = (list(inputs[gqa_inputs:]) + [None] * 4)[:4]
     wanted = tuple(ctx.outputs_wanted) + (False,) * 4
+    rows = gqa[0].shape[0] if gqa[0] is not None and gqa[0].dim() == 3 else 0
     sub = OpContext(ctx.node_name, "GroupQueryAttention", ctx.opset, 3, (None,) * 3, (True, wanted[2], wanted[3]),
-                    ctx.device, extra={**ctx.extra, PARTIALS: True}, settled_inputs=ctx.settled_inputs,
+                    ctx.device, extra={**ctx.extra, PARTIALS: 0 < rows <= ATTENTION_PRODUCT_ROWS},
+                    settled_inputs=ctx.settled_inputs,
                     settled_by=ctx.settled_by, const_inputs=ctx.const_inputs[:gqa_inputs],
                     input_types=ctx.input_types[:gqa_inputs])
     out, present_key, present_value, *_ = group_query_attention(*gqa, **attrs, ctx=sub)
