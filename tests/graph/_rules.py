@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import onnx
+from onnx import helper
 
+from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, Rule
+from tests.conftest import make_model
 
 
 def rule_reason(rule: Rule, m: onnx.ModelProto, op_type: str) -> str | None:
@@ -15,3 +18,10 @@ def rule_reason(rule: Rule, m: onnx.ModelProto, op_type: str) -> str | None:
     match = rule.match(view, node)
     assert match is not None
     return rule.check(view, match)
+
+
+def contrib_model(nodes: list, inputs: list, outputs: list, inits: list, *domains: str) -> onnx.ModelProto:
+    """A prepared model of these nodes importing com.microsoft (and ``domains``) at opset 1."""
+    m = make_model(nodes, inputs, outputs, inits)
+    m.opset_import.extend(helper.make_opsetid(d, 1) for d in ("com.microsoft", *domains))
+    return prepare(m)

@@ -16,7 +16,6 @@ from onnx import helper as h
 from onnx import numpy_helper
 
 import crossml
-from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.matmul_norm import ATTENTION_NORM, MATMUL_NORM, SILU_MUL_NORM
 from crossml.ops import fused as fused_ops
@@ -24,8 +23,7 @@ from crossml.ops.contrib.attention import group_query_attention
 from crossml.ops.fused import attention_skip_norm, matmul_skip_norm
 from crossml.ops.registry import OpContext
 from crossml.runtime.session import fusion_rules
-from tests.conftest import make_model
-from tests.graph._rules import rule_reason
+from tests.graph._rules import contrib_model, rule_reason
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(11)
@@ -60,9 +58,7 @@ def layer(*, N: int = 4, Nk: int = 2, H: int = 16, L: int = 32, n: int = 24, dty
     if o_twice:
         nodes.append(h.make_node("Relu", ["o"], ["ro"], name="other"))
         outputs.append(h.make_tensor_value_info("ro", et, None))
-    m = make_model(nodes, inputs, outputs, inits)
-    m.opset_import.append(h.make_opsetid(MS, 1))
-    return prepare(m)
+    return contrib_model(nodes, inputs, outputs, inits)
 
 
 def _feeds(B: int = 2, S: int = 1, past: int = 9, N: int = 4, Nk: int = 2, H: int = 16, L: int = 32, n: int = 24,

@@ -18,13 +18,11 @@ from onnx import numpy_helper
 
 import crossml
 import crossml.graph.passes.matmul_norm as matmul_norm_module
-from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.linear import RULE as LINEAR
 from crossml.graph.passes.matmul_norm import MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM
 from crossml.runtime.session import fusion_rules
-from tests.conftest import make_model
-from tests.graph._rules import rule_reason
+from tests.graph._rules import contrib_model, rule_reason
 
 MS = "com.microsoft"
 K, N = 64, 40
@@ -59,9 +57,7 @@ def layer(*, dtype: type = np.float32, bias: bool = False, y_twice: bool = False
     if y_twice:
         nodes.append(h.make_node("Relu", ["y"], ["ry"], name="other"))
         outputs.append(h.make_tensor_value_info("ry", et, None))
-    m = make_model(nodes, inputs, outputs, inits)
-    m.opset_import.append(h.make_opsetid(MS, 1))
-    return prepare(m)
+    return contrib_model(nodes, inputs, outputs, inits)
 
 
 def _feeds(m: onnx.ModelProto, rows: int = 3, dtype: type = np.float32, k: int = K,
@@ -166,9 +162,7 @@ def _gated_tail(dtype: type, k: int, n: int) -> tuple[list, list, list, list]:
 
 
 def _crossml_model(nodes: list, inputs: list, outputs: list, inits: list) -> onnx.ModelProto:
-    m = make_model(nodes, inputs, outputs, inits)
-    m.opset_import.extend([h.make_opsetid(MS, 1), h.make_opsetid("com.crossml", 1)])
-    return prepare(m)
+    return contrib_model(nodes, inputs, outputs, inits, "com.crossml")
 
 
 def gated_layer(*, dtype: type = np.float32, h_twice: bool = False, k: int = K, n: int = N) -> onnx.ModelProto:
