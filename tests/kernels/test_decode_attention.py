@@ -282,8 +282,8 @@ def test_gpu_cluster_combine(dtype: torch.dtype, heads: tuple[int, int], H: int,
 @pytest.mark.gpu
 def test_gpu_cluster_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the clusters combine the splits: after a 4-bit product or with 4 clusters or more (CLUSTER_COMBINE
-    None), or always (True), never (False); 2 to 16 splits, padded to a power of two (at most CLUSTER_SPLITS) no wider than the head dimension's
-    tile; one split or more than 16 keep the combine kernel."""
+    None), or always (True), never (False); 2 to 16 splits, padded to a power of two (at most CLUSTER_SPLITS) no
+    wider than the head dimension's tile; one split or more than 16 keep the combine kernel."""
     _cluster_combine_on(monkeypatch)
     t = torch.empty(0, device="cuda")
     size = decode_attention_module._cluster_size

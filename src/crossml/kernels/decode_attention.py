@@ -21,8 +21,8 @@ Three functions replace the ~40 torch kernels of ``group_query_attention``'s dec
     0.517 ms (back-to-back replays, one machine; the fp16 steps moved by less than their noise).
     When ``B * Nk`` programs cannot fill the GPU the key range is split (flash-decoding): each
     split writes a partial result and its log-sum-exp, and a second kernel combines them, so the
-    call is one launch or two (one with clusters, below). (Combining in the last split to arrive, counted with an atomic, was
-    measured slower on an H200: the arrival's fence and round trip cost more than a launch. So were fewer
+    call is one launch or two (one with clusters, below). (Combining in the last split to arrive, counted with an
+    atomic, was measured slower on an H200: the arrival's fence and round trip cost more than a launch. So were fewer
     splits, in the GenAI benchmark's captured decode steps: half, a quarter, or one split and no combine
     launch took Qwen2.5-0.5B fp16 from 0.575-0.592 to 0.604-0.616, 0.629-0.645 and 0.781 ms; twice as many
     changed nothing. On an H100, 1 or 4 programs per SM instead of 2 (``SPLIT_PROGRAMS_PER_UNIT``) left every fp16 and
@@ -98,9 +98,9 @@ from crossml.kernels._launch import (
     use_interpreter,
 )
 
-__all__ = ["SUPPORTED_DTYPES", "combine_partials", "combine_product", "decode_attention", "decode_attention_reference", "evict_rows", "rotary_cache_write",
-           "rotary_cache_write_reference", "rotary_decode_attention", "rotary_decode_attention_reference",
-           "supported_head_size"]
+__all__ = ["SUPPORTED_DTYPES", "combine_partials", "combine_product", "decode_attention",
+           "decode_attention_reference", "evict_rows", "rotary_cache_write", "rotary_cache_write_reference",
+           "rotary_decode_attention", "rotary_decode_attention_reference", "supported_head_size"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LOG2E = 1.4426950408889634
@@ -524,7 +524,7 @@ def _combine_product_kernel(mo_ptr, ml_ptr, w_ptr, ws_ptr, N, NUM_SPLITS, HEAD_D
 
 
 def combine_product(parts: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, heads_per_program: int = 4,
-                    block_n: int = 32) -> torch.Tensor:
+                    block_n: int = 128) -> torch.Tensor:
     """The split decode attention's partial results ``parts`` (``rotary_decode_attention(..., partials=True)``:
     ``mid_o [B, N, S, H]`` float32 and ``mid_l [B, N, S]``) combined and multiplied with the output projection
     ``w [N * H, NOUT]`` (any strides): float32 partial sums ``[cdiv(N, heads_per_program), B, NOUT]`` over
