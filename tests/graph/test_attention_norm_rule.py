@@ -30,7 +30,7 @@ RNG = np.random.default_rng(11)
 
 
 def layer(*, N: int = 4, Nk: int = 2, H: int = 16, L: int = 32, n: int = 24, dtype: type = np.float32,
-          o_twice: bool = False) -> onnx.ModelProto:
+          o_twice: bool = False, want_sum: bool = True) -> onnx.ModelProto:
     """Packed QKV -> GroupQueryAttention (rotary, past and present) -> o; MatMul(o, Wo) -> y;
     SkipSimplifiedLayerNormalization(r, y, gamma) -> (normed, sum)."""
     et = T.FLOAT if dtype == np.float32 else T.FLOAT16
@@ -48,13 +48,15 @@ def layer(*, N: int = 4, Nk: int = 2, H: int = 16, L: int = 32, n: int = 24, dty
               h.make_tensor_value_info("r", et, ["batch", "seq", n])]
     outputs = [h.make_tensor_value_info("normed", et, None), h.make_tensor_value_info("sum", et, None),
                h.make_tensor_value_info("present_key", et, None), h.make_tensor_value_info("present_value", et, None)]
+    if not want_sum:
+        del outputs[1]
     nodes = [h.make_node("GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k",
                                                  "total_sequence_length", "cos", "sin"],
                          ["o", "present_key", "present_value"], name="attn", domain=MS, num_heads=N,
                          kv_num_heads=Nk, do_rotary=1),
              h.make_node("MatMul", ["o", "Wo"], ["y"], name="o_proj"),
-             h.make_node("SkipSimplifiedLayerNormalization", ["r", "y", "gamma"], ["normed", "", "", "sum"],
-                         name="norm", domain=MS, epsilon=1e-6)]
+             h.make_node("SkipSimplifiedLayerNormalization", ["r", "y", "gamma"],
+                         ["normed", "", "", "sum" if want_sum else ""], name="norm", domain=MS, epsilon=1e-6)]
     if o_twice:
         nodes.append(h.make_node("Relu", ["o"], ["ro"], name="other"))
         outputs.append(h.make_tensor_value_info("ro", et, None))
@@ -71,9 +73,10 @@ def _feeds(B: int = 2, S: int = 1, past: int = 9, N: int = 4, Nk: int = 2, H: in
             "r": RNG.standard_normal((B, S, n)).astype(dtype)}
 
 
-@pytest.mark.parametrize(("B", "S"), [(2, 1), (1, 3)], ids=["decode", "prompt_chunk"])
-def test_fused_model_equals_unfused(B: int, S: int) -> None:
-    m = layer()
+@pytest.mark.parametrize(("B", "S", "want_sum"), [(2, 1, True), (1, 3, True), (2, 1, False)],
+                         ids=["decode", "prompt_chunk", "no_sum"])
+def test_fused_model_equals_unfused(B: int, S: int, want_sum: bool) -> None:
+    m = layer(want_sum=want_sum)
     f = _feeds(B=B, S=S)
     want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
     fused = onnx.ModelProto()
@@ -84,7 +87,7 @@ def test_fused_model_equals_unfused(B: int, S: int) -> None:
     attrs = {a.name: h.get_attribute_value(a) for a in node.attribute}
     assert attrs["gqa_inputs"] == 9 and attrs["num_heads"] == 4 and attrs["kv_num_heads"] == 2
     assert list(node.input[9:]) == ["Wo", "", "r", "gamma"]
-    assert list(node.output) == ["normed", "sum", "present_key", "present_value"]
+    assert list(node.output) == ["normed", "sum" if want_sum else "", "present_key", "present_value"]
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):

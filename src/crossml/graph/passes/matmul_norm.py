@@ -175,9 +175,8 @@ def check_attention(view: GraphView, m: Match) -> str | None:
 def rewrite_attention(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     attention, fused = m.nodes
     extra = list(fused.input[1:]) + [""] * (5 - len(fused.input))
+    # all four outputs named or "": the op returns four values
     outputs = [*list(fused.output) + [""] * (2 - len(fused.output)), *(list(attention.output[1:3]) + ["", ""])[:2]]
-    while outputs and not outputs[-1]:
-        outputs.pop()
     return [helper.make_node("AttentionSkipNorm", [*attention.input, *extra], outputs,
                              name=f"{attention.name}_{fused.name}", domain=DOMAIN, gqa_inputs=len(attention.input),
                              **node_attrs(attention), **node_attrs(fused))]
