@@ -360,7 +360,7 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
                                                         want_sum=wanted[1])
             return normed.reshape(residual.shape), (s.reshape(residual.shape) if s is not None else None), \
                 present_key, present_value
-        out = load("decode_attention").combine_partials(out, residual.dtype).reshape(B, 1, N * H)
+        out = load("decode_attention").combine_partials(out, gqa[0].dtype).reshape(B, 1, N * H)
     msn = OpContext(ctx.node_name, "MatMulSkipNorm", 1, 2, (None,) * 2, (True, wanted[1]), ctx.device,
                     const_inputs=(False, *ctx.const_inputs[gqa_inputs:]))
     normed, s = matmul_skip_norm(out, w, bias, residual, gamma, epsilon=epsilon, ctx=msn)
