@@ -582,3 +582,38 @@ def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -
 def test_import_does_not_load_triton() -> None:
     code = "import sys, crossml, crossml.ops.contrib.attention; assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("route", ["combine_product", "combine_partials"])
+def test_attention_skip_norm_routes(device: str, route: str, fast_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """com.crossml AttentionSkipNorm's decode step on the kernels (three key-range splits forced, as the interpreter
+    otherwise takes one): ``combine_product`` and the skip-norm kernel, or, where no head grouping fits the skip-norm
+    kernel's tile, the partials combined by ``combine_partials`` and the MatMulSkipNorm op. Against the
+    GroupQueryAttention and MatMulSkipNorm ops on the CPU; the present buffers bit for bit."""
+    from crossml.ops import fused as fused_ops
+    from tests.kernels._common import record_calls
+
+    B, N, Nk, H, L, n = 1, 4, 2, 16, 48, 24
+    cos, sin = _caches(L, H // 2, torch.float32, "cpu")
+    ins = [rand(B, 1, (N + 2 * Nk) * H, seed=61), None, None, rand(B, Nk, L, H, seed=62), rand(B, Nk, L, H, seed=63),
+           torch.tensor([30], dtype=torch.int32), torch.tensor(31, dtype=torch.int32), cos, sin]
+    w, r, gamma = rand(N * H, n, seed=64) * 0.2, rand(B, 1, n, seed=65), rand(n, seed=66).abs() + 0.5
+    attrs = {"num_heads": N, "kv_num_heads": Nk, "do_rotary": 1}
+    o, pk, pv, _ = _gqa([None if a is None else a.clone() for a in ins], attrs, False)  # the torch path: before
+    mctx = OpContext("m", "MatMulSkipNorm", 1, 2, (None,) * 2, (True,) * 2)
+    want = (*fused_ops.matmul_skip_norm(o, w, None, r, gamma, epsilon=1e-6, ctx=mctx), pk, pv)
+    calls = fast_path()
+    monkeypatch.setattr(decode_attention_module, "_num_splits", lambda *a: 3)
+    if route == "combine_partials":
+        monkeypatch.setattr(fused_ops, "_heads_per_program", lambda *a: None)
+    routed = record_calls(monkeypatch, decode_attention_module, "combine_product", "combine_partials")
+    ctx = OpContext("asn", "AttentionSkipNorm", 1, 4, (None,) * 4, (True,) * 4)
+    on_dev = [a if a is None or i == 6 else a.to(device) for i, a in enumerate(ins)]
+    got = fused_ops.attention_skip_norm(*on_dev, w.to(device), None, r.to(device), gamma.to(device),
+                                        gqa_inputs=len(ins), epsilon=1e-6, ctx=ctx, **attrs)
+    assert calls == ["_fast_decode"] and routed == [route]
+    for a, b in zip(got[:2], want[:2], strict=True):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(got[2:], want[2:], strict=True):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
