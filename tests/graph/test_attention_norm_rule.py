@@ -183,3 +183,16 @@ def test_gpu_op_matches_the_two_ops(B: int, N: int, Nk: int, H: int, L: int, n: 
         assert torch.equal(a, b)
     cpu = _both("cpu", B, N, Nk, H, L, n, past, torch.float32, bias)[1]
     torch.testing.assert_close(fused[0].float().cpu(), cpu[0], rtol=5 * tol, atol=5 * tol)
+
+
+def test_product_tiles() -> None:
+    """``combine_product``'s programs: the fewest heads whose partial-sum rows the skip-norm kernel adds in one tile
+    (Qwen2.5-0.5B 1, Llama-3.2-1B 4; more than 8: the two ops), 128 columns or fewer within a weight tile of 32K
+    values."""
+    from crossml.ops.fused import _product_tiles
+
+    assert _product_tiles(14, 64, 896) == (1, 128)  # 16 rows x 1024 columns in one tile
+    assert _product_tiles(32, 64, 2048) == (4, 128)
+    assert _product_tiles(32, 128, 4096) == (8, 32)  # a Llama-3-8B shape: 1024 weight rows a program
+    assert _product_tiles(32, 256, 4096) == (8, 16)  # 2048 weight rows a program: the fewest columns
+    assert _product_tiles(64, 128, 8192) is None  # 32 heads a program would be needed

@@ -606,7 +606,7 @@ def test_attention_skip_norm_routes(device: str, route: str, fast_path, monkeypa
     calls = fast_path()
     monkeypatch.setattr(decode_attention_module, "_num_splits", lambda *a: 3)
     if route == "combine_partials":
-        monkeypatch.setattr(fused_ops, "_heads_per_program", lambda *a: None)
+        monkeypatch.setattr(fused_ops, "_product_tiles", lambda *a: None)
     routed = record_calls(monkeypatch, decode_attention_module, "combine_product", "combine_partials")
     ctx = OpContext("asn", "AttentionSkipNorm", 1, 4, (None,) * 4, (True,) * 4)
     on_dev = [a if a is None or i == 6 else a.to(device) for i, a in enumerate(ins)]

@@ -306,23 +306,31 @@ def matmul_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
 _MAX_HEADS_PER_PROGRAM = 8
 #: output columns of one ``combine_product`` program (the fastest in benchmarks/results/attention_product.md)
 _PRODUCT_COLUMNS = 128
+#: most weight values one ``combine_product`` program holds (its [heads x head tile, columns] tile, loaded before the
+#: PDL wait): Llama-3.2-1B's 4 heads x 64 x 128 columns, the largest measured
+_PRODUCT_TILE = 32768
+#: fewest output columns of one program (a tile past _PRODUCT_TILE with fewer: the two ops instead)
+_MIN_PRODUCT_COLUMNS = 16
 #: most batch rows AttentionSkipNorm takes to ``combine_product``, whose programs load their weight tile for each row:
 #: from 4 rows the batched decode steps were slower than the combine kernel and the GEMV (H100, Llama-3.2-1B fp16
 #: 3,515-3,529 -> 3,389-3,390 tokens/s at 4 rows, 11,583-12,089 -> 9,919-10,231 at 16), at 2 level
 ATTENTION_PRODUCT_ROWS = 1
 
 
-def _heads_per_program(num_heads: int, n_out: int) -> int | None:
-    """Heads a ``combine_product`` program takes: the fewest (a power of two) whose partial sums, one row of them per
-    group of heads, the skip-norm kernel adds in one tile (``crossml.kernels.gemv.norm_tile_fits``); None past
-    _MAX_HEADS_PER_PROGRAM."""
+def _product_tiles(num_heads: int, head_size: int, n_out: int) -> tuple[int, int] | None:
+    """(heads, columns) of a ``combine_product`` program, or None (the two ops instead). Heads: the fewest (a power of
+    two, at most _MAX_HEADS_PER_PROGRAM) whose partial sums, one row per group of heads, the skip-norm kernel adds in
+    one tile (``crossml.kernels.gemv.norm_tile_fits``). Columns: _PRODUCT_COLUMNS, fewer where the weight tile would
+    pass _PRODUCT_TILE values (head sizes past 64), at least _MIN_PRODUCT_COLUMNS."""
     fits = load("gemv").norm_tile_fits
     hp = 1
-    while hp <= _MAX_HEADS_PER_PROGRAM:
-        if fits(-(-num_heads // hp), n_out):
-            return hp
+    while hp <= _MAX_HEADS_PER_PROGRAM and not fits(-(-num_heads // hp), n_out):
         hp *= 2
-    return None
+    if hp > _MAX_HEADS_PER_PROGRAM:
+        return None
+    rows = hp * max(16, 1 << (head_size - 1).bit_length())
+    columns = min(_PRODUCT_COLUMNS, _PRODUCT_TILE // rows)
+    return (hp, columns) if columns >= _MIN_PRODUCT_COLUMNS else None
 
 
 @op("AttentionSkipNorm", since=1, domain=DOMAIN, host_inputs=(6,), ctx=True)
@@ -350,11 +358,11 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
     if isinstance(out, tuple):  # the decode step's partial results [B, N, S, H], [B, N, S]
         B, N, _, H = out[0].shape
         n_out = w.shape[-1] if w.dim() == 2 else -1
-        hp = _heads_per_program(N, n_out) if w.dim() == 2 and w.shape[0] == N * H else None
-        if hp is not None and w.dtype == residual.dtype and residual.shape == (B, 1, n_out) \
+        tiles = _product_tiles(N, H, n_out) if w.dim() == 2 and w.shape[0] == N * H else None
+        if tiles is not None and w.dtype == residual.dtype and residual.shape == (B, 1, n_out) \
                 and gamma.numel() == n_out and (bias is None or bias.shape == (n_out,)) and w.device == residual.device:
             kernels = load("decode_attention")
-            ws = kernels.combine_product(out, w, heads_per_program=hp, block_n=_PRODUCT_COLUMNS)
+            ws = kernels.combine_product(out, w, heads_per_program=tiles[0], block_n=tiles[1])
             bias1 = bias.to(residual.dtype) if bias is not None else None
             normed, s = load("gemv").partials_skip_norm(ws, bias1, residual.reshape(B, n_out), gamma, epsilon,
                                                         want_sum=wanted[1])
