@@ -187,12 +187,14 @@ def test_gpu_op_matches_the_two_ops(B: int, N: int, Nk: int, H: int, L: int, n: 
 
 def test_product_tiles() -> None:
     """``combine_product``'s programs: the fewest heads whose partial-sum rows the skip-norm kernel adds in one tile
-    (Qwen2.5-0.5B 1, Llama-3.2-1B 4; more than 8: the two ops), 128 columns or fewer within a weight tile of 32K
-    values."""
+    (Qwen2.5-0.5B 1, Llama-3.2-1B 4; more than 8: the two ops) if their splits' partial results stay within 4096
+    values (else the two ops), 128 columns or fewer within a weight tile of 32K values."""
     from crossml.ops.fused import _product_tiles
 
-    assert _product_tiles(14, 64, 896) == (1, 128)  # 16 rows x 1024 columns in one tile
-    assert _product_tiles(32, 64, 2048) == (4, 128)
-    assert _product_tiles(32, 128, 4096) == (8, 32)  # a Llama-3-8B shape: 1024 weight rows a program
-    assert _product_tiles(32, 256, 4096) == (8, 16)  # 2048 weight rows a program: the fewest columns
-    assert _product_tiles(64, 128, 8192) is None  # 32 heads a program would be needed
+    assert _product_tiles(14, 64, 896, 12) == (1, 128)  # 16 rows x 1024 columns in one tile
+    assert _product_tiles(32, 64, 2048, 12) == (4, 128)  # 16 splits x 256 channels of partial results
+    assert _product_tiles(32, 64, 2048, 17) is None  # 32 x 256
+    assert _product_tiles(16, 128, 2048, 4) == (2, 128)
+    assert _product_tiles(32, 128, 4096, 4) == (8, 32)  # 1024 weight rows a program: fewer columns
+    assert _product_tiles(32, 128, 4096, 12) is None  # a Llama-3-8B shape, 16 x 1024 partial results
+    assert _product_tiles(64, 128, 8192, 2) is None  # 32 heads a program would be needed

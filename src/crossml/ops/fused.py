@@ -311,24 +311,28 @@ _PRODUCT_COLUMNS = 128
 _PRODUCT_TILE = 32768
 #: fewest output columns of one program (a tile past _PRODUCT_TILE with fewer: the two ops instead)
 _MIN_PRODUCT_COLUMNS = 16
+#: most partial results one program combines (splits, padded to a power of two, x its heads' channels): Llama-3.2-1B's
+#: 16 x 4 x 64, the largest measured; past it the two ops
+_PARTIALS_TILE = 4096
 #: most batch rows AttentionSkipNorm takes to ``combine_product``, whose programs load their weight tile for each row:
 #: from 4 rows the batched decode steps were slower than the combine kernel and the GEMV (H100, Llama-3.2-1B fp16
 #: 3,515-3,529 -> 3,389-3,390 tokens/s at 4 rows, 11,583-12,089 -> 9,919-10,231 at 16), at 2 level
 ATTENTION_PRODUCT_ROWS = 1
 
 
-def _product_tiles(num_heads: int, head_size: int, n_out: int) -> tuple[int, int] | None:
+def _product_tiles(num_heads: int, head_size: int, n_out: int, splits: int) -> tuple[int, int] | None:
     """(heads, columns) of a ``combine_product`` program, or None (the two ops instead). Heads: the fewest (a power of
     two, at most _MAX_HEADS_PER_PROGRAM) whose partial sums, one row per group of heads, the skip-norm kernel adds in
-    one tile (``crossml.kernels.gemv.norm_tile_fits``). Columns: _PRODUCT_COLUMNS, fewer where the weight tile would
-    pass _PRODUCT_TILE values (head sizes past 64), at least _MIN_PRODUCT_COLUMNS."""
+    one tile (``crossml.kernels.gemv.norm_tile_fits``), if their ``splits`` partial results stay within
+    _PARTIALS_TILE. Columns: _PRODUCT_COLUMNS, fewer where the weight tile would pass _PRODUCT_TILE values (head
+    sizes past 64), at least _MIN_PRODUCT_COLUMNS."""
     fits = load("gemv").norm_tile_fits
     hp = 1
     while hp <= _MAX_HEADS_PER_PROGRAM and not fits(-(-num_heads // hp), n_out):
         hp *= 2
-    if hp > _MAX_HEADS_PER_PROGRAM:
-        return None
     rows = hp * max(16, 1 << (head_size - 1).bit_length())
+    if hp > _MAX_HEADS_PER_PROGRAM or rows * (1 << (max(splits, 1) - 1).bit_length()) > _PARTIALS_TILE:
+        return None
     columns = min(_PRODUCT_COLUMNS, _PRODUCT_TILE // rows)
     return (hp, columns) if columns >= _MIN_PRODUCT_COLUMNS else None
 
@@ -356,9 +360,9 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
                     input_types=ctx.input_types[:gqa_inputs])
     out, present_key, present_value, *_ = group_query_attention(*gqa, **attrs, ctx=sub)
     if isinstance(out, tuple):  # the decode step's partial results [B, N, S, H], [B, N, S]
-        B, N, _, H = out[0].shape
+        B, N, S, H = out[0].shape
         n_out = w.shape[-1] if w.dim() == 2 else -1
-        tiles = _product_tiles(N, H, n_out) if w.dim() == 2 and w.shape[0] == N * H else None
+        tiles = _product_tiles(N, H, n_out, S) if w.dim() == 2 and w.shape[0] == N * H else None
         if tiles is not None and w.dtype == residual.dtype and residual.shape == (B, 1, n_out) \
                 and gamma.numel() == n_out and (bias is None or bias.shape == (n_out,)) and w.device == residual.device:
             kernels = load("decode_attention")
