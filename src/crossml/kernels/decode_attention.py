@@ -547,19 +547,25 @@ def combine_product(parts: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, h
     return ws
 
 
+def _combine_into(parts: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> None:
+    """Launch ``_combine_kernel``: the splits' partial results ``parts`` (``mid_o [B, N, S, H]``, ``mid_l [B, N, S]``)
+    combined into ``out [B, N, H]`` (the caller's device context)."""
+    mid_o, mid_l = parts
+    B, N, S, H = mid_o.shape
+    _combine_kernel[(B * N,)](mid_o, mid_l, out, N, S, H, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
+                              mid_l.stride(0), mid_l.stride(1), *out.stride(), BLOCK_S=next_power_of_2(S),
+                              BLOCK_D=max(16, next_power_of_2(H)), num_warps=4, **pdl(mid_o))
+
+
 def combine_partials(parts: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     """The attention output ``[B, N, H]`` in ``dtype`` of ``rotary_decode_attention(..., partials=True)``'s partial
     results (what its combine kernel launch would have made)."""
-    mid_o, mid_l = parts
-    B, N, S, H = mid_o.shape
-    out = torch.empty((B, N, H), dtype=dtype, device=mid_o.device)
+    B, N, _, H = parts[0].shape
+    out = torch.empty((B, N, H), dtype=dtype, device=parts[0].device)
     if out.numel() == 0:
         return out
-    interp = use_interpreter(mid_o, "combine_partials")
-    with _on_device(mid_o, interp):
-        _combine_kernel[(B * N,)](mid_o, mid_l, out, N, S, H, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
-                                  mid_l.stride(0), mid_l.stride(1), *out.stride(), BLOCK_S=next_power_of_2(S),
-                                  BLOCK_D=max(16, next_power_of_2(H)), num_warps=4, **pdl(mid_o))
+    with _on_device(parts[0], use_interpreter(parts[0], "combine_partials")):
+        _combine_into(parts, out)
     return out
 
 
@@ -668,9 +674,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
         if partials:
             return (mid_o, mid_l) if splits > 1 else out
         if splits > 1:
-            _combine_kernel[(B * N,)](mid_o, mid_l, out, N, splits, H, *s_mid, *out.stride(),
-                                      BLOCK_S=next_power_of_2(splits), BLOCK_D=block_d, num_warps=4,
-                                      **pdl(q))
+            _combine_into((mid_o, mid_l), out)
     return out
 
 

@@ -896,9 +896,9 @@ def norm_tile_fits(split: int, N: int) -> bool:
 
 def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, gamma: torch.Tensor,
                        eps: float, *, want_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``gemv_skip_norm``'s second launch on float32 partial sums ``ws [S, M, N]`` made elsewhere (the decode
-    attention's ``combine_product``): ``SkipSimplifiedLayerNormalization(residual, sum_s ws[s] (+ bias), gamma)``
-    with the product rounded to the residual's dtype; returns ``(normed, sum)``."""
+    """The skip-norm launch on float32 partial sums ``ws [S, M, N]`` (``gemv_skip_norm``'s GEMV's, or the decode
+    attention's ``combine_product``'s): ``SkipSimplifiedLayerNormalization(residual, sum_s ws[s] (+ bias), gamma)``
+    with the product rounded to the residual's dtype; returns ``(normed, sum)`` in the residual's shape."""
     S, M, N = ws.shape
     shape = residual.shape
     normed = torch.empty(shape, dtype=residual.dtype, device=residual.device)
@@ -911,14 +911,15 @@ def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: to
     if single:
         block = next_power_of_2(N)
         warps = max(warps, min(16, block_s * block // 1024))
-    rtne = interpret and residual.dtype == torch.bfloat16
+    rtne = interpret and residual.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
     meta = {} if interpret else {"num_warps": warps, **pdl(ws)}
+    bias1 = bias.reshape(N).contiguous() if bias is not None else residual  # a placeholder of the product's dtype
     launch = contextlib.nullcontext() if interpret or ws.device.type != "cuda" else torch.cuda.device(ws.device)
     with launch:
-        _split_k_norm_kernel[(M,)](ws, bias if bias is not None else ws, residual.reshape(M, N).contiguous(),
-                                   gamma.reshape(N).contiguous(), normed, normed if total is None else total, M, N,
-                                   S, 1.0 / N, float(eps), HAS_BIAS=bias is not None, STORE_SUM=want_sum,
-                                   BLOCK_S=block_s, BLOCK=block, SINGLE=single, RTNE=rtne, **meta)
+        _split_k_norm_kernel[(M,)](ws, bias1, residual.reshape(M, N).contiguous(), gamma.reshape(N).contiguous(),
+                                   normed, normed if total is None else total, M, N, S, 1.0 / N, float(eps),
+                                   HAS_BIAS=bias is not None, STORE_SUM=want_sum, BLOCK_S=block_s, BLOCK=block,
+                                   SINGLE=single, RTNE=rtne, **meta)
     return normed, total
 
 
@@ -946,31 +947,19 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
         raise ValueError(f"GEMV skip-norm: gamma must be N={N} float16/bfloat16/float32 values on {a.device}, got "
                          f"{gamma.dtype} of shape {tuple(gamma.shape)} on {gamma.device}")
     M = math.prod(shape[:-1])
-    normed = torch.empty(shape, dtype=a.dtype, device=a.device)
-    total = torch.empty(shape, dtype=a.dtype, device=a.device) if want_sum else None
     if M == 0 or N == 0:
-        return normed, total
+        return partials_skip_norm(torch.empty((1, M, N), dtype=torch.float32, device=a.device), bias, residual,
+                                  gamma, eps, want_sum=want_sum)
     interpret = use_interpreter(a, "GEMV skip-norm")
     a2 = a.reshape(M, a.shape[-1])
     bias1 = bias.reshape(N).contiguous() if bias is not None else w
     launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
     with launch:
-        if K == 0:  # the empty sum: a zero workspace of one split (bias added below)
+        if K == 0:  # the empty sum: a zero workspace of one split (bias added by the skip-norm kernel)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)
         else:
             mma = _takes_mma(a2, w, tiles, mma)
             if tiles is None and _dot_rows(M, a.dtype) and not mma:
                 tiles = _norm_dot_tiles(M, K, N, a.element_size(), rule_processors(a))
             ws = _products(a2, w, bias1, False, None, tiles, const_w, silu_mul, interpret, mma, norm=True)
-        block_s, block, warps = _reduce_tiles(ws.shape[0])
-        single = block_s * next_power_of_2(N) <= _NORM_TILE
-        if single:
-            block = next_power_of_2(N)
-            warps = max(warps, min(16, block_s * block // 1024))
-        rtne = interpret and a.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
-        meta = {} if interpret else {"num_warps": warps, **pdl(a)}
-        _split_k_norm_kernel[(M,)](ws, bias1, residual.reshape(M, N).contiguous(), gamma.reshape(N).contiguous(),
-                                   normed, normed if total is None else total, M, N, ws.shape[0], 1.0 / N, float(eps),
-                                   HAS_BIAS=bias is not None, STORE_SUM=want_sum, BLOCK_S=block_s, BLOCK=block,
-                                   SINGLE=single, RTNE=rtne, **meta)
-    return normed, total
+    return partials_skip_norm(ws, bias, residual, gamma, eps, want_sum=want_sum)
