@@ -24,7 +24,7 @@ def weight_input(op_type: str, attrs: dict[str, Any]) -> int:
 
 def weight_layout(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any], *,
                   channels_last: bool = True, tf32: bool = True, own_kernels: bool = False) -> str | None:
-    """The layout of constant input 1 (the weight) of a ``domain:op_type`` node on ``device``: "nhwc",
+    """The layout of the constant weight (input ``weight_input``) of a ``domain:op_type`` node on ``device``: "nhwc",
     "colmajor" or None (as given). ``channels_last``: the provider's prefer_nhwc; ``tf32``: its use_tf32;
     ``own_kernels``: disable_metacommands (crossml's Triton GEMM reads row-major weights faster)."""
     if device.type == "cpu" or not isinstance(w, torch.Tensor):

@@ -114,16 +114,16 @@ GEMV_WEIGHT_OPS = {("", "MatMul"), ("com.crossml", "Linear"), ("com.crossml", "M
 
 def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device, attrs: dict[str, Any],
                         tf32: bool) -> bool:
-    """Whether a plan stores constant input 1 of this node column-major on ``device`` (same values and shape,
-    transposed strides):
+    """Whether a plan stores the constant weight of this node (``ops.layout.weight_input``) column-major on
+    ``device`` (same values and shape, transposed strides):
 
     - float32 2-D weights of MatMul, Linear and Gemm (without transB) multiplied with TF32 (``tf32``: the
       provider's use_tf32; strict fp32 runs as fast or faster row-major) where the device layer says its BLAS
       prefers it (``device.vendor.column_major_fp32_weights``);
-    - float16 / bfloat16 weights of MatMul, Linear, MatMulSkipNorm and MatMulSiluMul that the Triton GEMV takes at
-      decode sizes (GEMV_DEVICES, GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT): it reads a column-major weight
-      faster, as
-      contiguous runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
+    - float16 / bfloat16 weights of GEMV_WEIGHT_OPS (MatMul, Linear, MatMulSkipNorm, MatMulSiluMul and
+      AttentionSkipNorm's output projection) that the Triton kernels take at decode sizes (GEMV_DEVICES,
+      GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT): the GEMV reads a column-major weight faster, as contiguous
+      runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
       Qwen2.5-0.5B fp16 0.577-0.590 against 0.647-0.648 ms, Llama-3.2-1B 0.862-0.870 against 0.892-0.903).
       Prompts' products run on the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS
       took 0-10% longer on it (benchmarks/results/gemv_colmajor.md).

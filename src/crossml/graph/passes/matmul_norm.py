@@ -30,11 +30,22 @@ MATMULS = {("", "MatMul"), ("ai.onnx", "MatMul")}
 PRODUCTS = MATMULS | {(DOMAIN, "Linear")}
 
 
+def _producer(view: GraphView, name: str, kinds: set[tuple[str, str]]) -> onnx.NodeProto | None:
+    """The node that writes ``name`` where its (domain, op type) is one of ``kinds``, else None."""
+    node = view.producer.get(name)
+    return node if node is not None and (node.domain, node.op_type) in kinds else None
+
+
+def _plain_skip_norm(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a MatMulSkipNorm whose product reads its input as it is (no SiLU gate folded in)."""
+    return node.op_type == "MatMulSkipNorm" and node.domain == DOMAIN and not node_attrs(node).get("silu_mul", 0)
+
+
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if node.op_type != "SkipSimplifiedLayerNormalization" or node.domain != MS_DOMAIN or len(node.input) < 3:
         return None
-    product = view.producer.get(node.input[1])
-    if product is None or (product.domain, product.op_type) not in PRODUCTS:
+    product = _producer(view, node.input[1], PRODUCTS)
+    if product is None:
         return None
     # the norm last: apply_rules puts the replacement where the last node was
     return Match([product, node], {})
@@ -77,10 +88,10 @@ MATMUL_NORM = Rule("MatMulSkipNorm", match, check, rewrite, domains=((DOMAIN, 1)
 
 
 def match_gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN or node_attrs(node).get("silu_mul", 0):
+    if not _plain_skip_norm(node):
         return None
-    gate = view.producer.get(node.input[0])
-    if gate is None or gate.op_type != "SiluMul" or gate.domain != DOMAIN or len(gate.input) != 1:
+    gate = _producer(view, node.input[0], {(DOMAIN, "SiluMul")})
+    if gate is None or len(gate.input) != 1:
         return None
     return Match([gate, node], {})
 
@@ -114,8 +125,8 @@ GATE_IN_PRODUCT = True
 def match_gate_product(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if not GATE_IN_PRODUCT or node.op_type != "SiluMul" or node.domain != DOMAIN or len(node.input) != 1:
         return None
-    product = view.producer.get(node.input[0])
-    if product is None or (product.domain, product.op_type) not in MATMULS:
+    product = _producer(view, node.input[0], MATMULS)
+    if product is None:
         return None
     return Match([product, node], {})
 
@@ -150,11 +161,10 @@ ATTENTION_IN_PRODUCT = True
 
 
 def match_attention(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if not ATTENTION_IN_PRODUCT or node.op_type != "MatMulSkipNorm" or node.domain != DOMAIN \
-            or node_attrs(node).get("silu_mul", 0):
+    if not ATTENTION_IN_PRODUCT or not _plain_skip_norm(node):
         return None
-    attention = view.producer.get(node.input[0])
-    if attention is None or attention.op_type != "GroupQueryAttention" or attention.domain != MS_DOMAIN:
+    attention = _producer(view, node.input[0], {(MS_DOMAIN, "GroupQueryAttention")})
+    if attention is None:
         return None
     return Match([attention, node], {})
 
