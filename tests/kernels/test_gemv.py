@@ -276,6 +276,82 @@ def test_batched_rows_leave_large_weights_to_the_vendor_gemm(monkeypatch: pytest
     assert len(calls) == 1
 
 
+def _stream_spy(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Record the streaming kernel's launches (grid, BLOCK_N, BLOCK_K, AHEAD), running it."""
+    launches = []
+    original = gemv_module._stream_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((grid, kwargs["BLOCK_N"], kwargs["BLOCK_K"], kwargs["AHEAD"]))
+                return original[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(gemv_module, "_stream_kernel", Spy())
+    return launches
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("K", "N", "bias", "ahead", "const_w"), [
+    (96, 1000, False, 2, True),  # K padded to 128, a partial last block
+    (200, 333, True, 3, False),  # three tiles ahead, the bias added, W read after the wait
+    (64, 4096, True, 2, True),  # whole blocks only
+])
+def test_stream_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, K: int, N: int, bias: bool,
+                                              ahead: int, const_w: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row times a column-major W with many column blocks takes the streaming kernel (every program walking
+    several blocks, the last ones past N masked) and matches the float64 product; row-major W and several rows
+    take the GEMV's tiles instead."""
+    monkeypatch.setattr(gemv_module, "STREAM_MIN_BLOCKS", 2)
+    monkeypatch.setattr(gemv_module, "STREAM_AHEAD", ahead)
+    monkeypatch.setattr(gemv_module, "STREAM_TILE", 2048)
+    launches = _stream_spy(monkeypatch)
+    w = rand(K, N, dtype=dtype, device=device, seed=2) * 0.1
+    b = rand(N, dtype=dtype, device=device, seed=3) if bias else None
+    a = rand(1, K, dtype=dtype, device=device, seed=1)
+    y = gemv(a, _stored(w, "cols"), b, const_w=const_w)
+    assert_close(y, _reference(a, w, b), dtype)
+    (grid, block_n, block_k, got_ahead), = launches
+    assert block_k == 1 << (K - 1).bit_length() and block_n * block_k == 2048 and got_ahead == ahead
+    assert -(-N // block_n) >= 2 * grid[0]  # every program walks two blocks or more
+    assert_close(gemv(a, w, b), _reference(a, w, b), dtype)  # row-major: the GEMV
+    two = rand(2, K, dtype=dtype, device=device, seed=4)
+    assert_close(gemv(two, _stored(w, "cols"), b), _reference(two, w, b), dtype)
+    monkeypatch.setattr(gemv_module, "STREAM", False)
+    assert_close(gemv(a, _stored(w, "cols"), b), _reference(a, w, b), dtype)
+    assert len(launches) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
+def test_vocabulary_products_take_the_stream_at_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past GEMV_MAX_WEIGHT (a vocabulary product), one row of a column-major weight with K <= GEMV_STREAM_MAX_K runs
+    the GEMV (its streaming kernel) and such weights are stored column-major; row-major weights, two rows, a longer
+    K and GEMV_STREAM off keep the vendor GEMM (bit for bit torch.matmul)."""
+    monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cpu",))
+    monkeypatch.setattr(gemv_module, "STREAM_MIN_BLOCKS", 2)
+    launches = _stream_spy(monkeypatch)
+    K, N = 256, 3000
+    monkeypatch.setattr(matmul_module, "GEMV_MAX_WEIGHT", K * N)
+    w = rand(K, N, dtype=torch.float16, seed=2) * 0.1
+    cols = _stored(w, "cols")
+    one, two = rand(1, K, dtype=torch.float16, seed=1), rand(2, K, dtype=torch.float16, seed=1)
+    cpu = torch.device("cpu")
+    assert matmul_module.column_major_weight("", "MatMul", w, cpu, {}, False)
+    assert gemv_eligible(one, cols) and not gemv_eligible(one, w) and not gemv_eligible(two, cols)
+    assert_close(matmul_op(one, cols), _reference(one, w), torch.float16)
+    assert len(launches) == 1
+    assert torch.equal(matmul_op(two, cols), torch.matmul(two, cols))
+    monkeypatch.setattr(matmul_module, "GEMV_STREAM_MAX_K", K - 1)
+    assert not gemv_eligible(one, cols) and not matmul_module.column_major_weight("", "MatMul", w, cpu, {}, False)
+    monkeypatch.setattr(matmul_module, "GEMV_STREAM_MAX_K", K)
+    monkeypatch.setattr(matmul_module, "GEMV_STREAM", False)
+    assert not gemv_eligible(one, cols) and not matmul_module.column_major_weight("", "MatMul", w, cpu, {}, False)
+    assert torch.equal(matmul_op(one, cols), torch.matmul(one, cols))
+    assert len(launches) == 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter-only: routes CPU tensors to the kernel")
 def test_session_marks_constant_weights(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a session, a MatMul whose weight is an initializer launches with const_w (its tiles may be read

@@ -160,9 +160,9 @@ def test_column_major_weight_rule(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_decode_weights_go_column_major(dtype: torch.dtype) -> None:
     """Half-precision weights that the Triton GEMV takes at decode sizes are stored column-major on GEMV devices
-    (MatMul, Linear, MatMulSkipNorm; TF32 or not), nothing else: the CPU, tiny or vocabulary-sized weights,
-    Gemm, weights of other ops."""
-    from crossml.ops.matmul import GEMV_MAX_WEIGHT, GEMV_MIN_KN, column_major_weight
+    (MatMul, Linear, MatMulSkipNorm; TF32 or not), and so are vocabulary-sized ones whose K the GEMV streams; nothing
+    else: the CPU, tiny weights, past the size cap with a longer K, Gemm, weights of other ops."""
+    from crossml.ops.matmul import GEMV_MAX_WEIGHT, GEMV_MIN_KN, GEMV_STREAM_MAX_K, column_major_weight
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     w = torch.zeros(896, 1152, dtype=dtype)
@@ -173,6 +173,8 @@ def test_half_decode_weights_go_column_major(dtype: torch.dtype) -> None:
     assert not column_major_weight("", "Gemm", w, cuda, {}, True)
     assert not column_major_weight("com.microsoft", "MatMulNBits", w, cuda, {}, True)
     assert not column_major_weight("", "MatMul", torch.zeros(GEMV_MIN_KN - 1, 1152, dtype=dtype), cuda, {}, True)
-    vocab = torch.empty(896, GEMV_MAX_WEIGHT // 896 + 1, dtype=dtype, device="meta")  # an lm_head: the vendor GEMM
-    assert not column_major_weight("", "MatMul", vocab, cuda, {}, True)
+    vocab = torch.empty(896, GEMV_MAX_WEIGHT // 896 + 1, dtype=dtype, device="meta")  # an lm_head: the GEMV streams
+    assert column_major_weight("", "MatMul", vocab, cuda, {}, True)
+    long_k = torch.empty(GEMV_STREAM_MAX_K * 2, GEMV_MAX_WEIGHT // GEMV_STREAM_MAX_K, dtype=dtype, device="meta")
+    assert not column_major_weight("", "MatMul", long_k, cuda, {}, True)  # past the cap, K too long: the vendor GEMM
     assert not column_major_weight("", "MatMul", torch.zeros(2, 896, 1152, dtype=dtype), cuda, {}, True)

@@ -439,6 +439,18 @@ def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, kc_ptr, 
 
 
 @triton.jit
+def _split_weights(lse):
+    """The weights of the key-range splits' partial outputs in their log-sum-exp weighted mean, ``lse`` their
+    base-2 log-sum-exps along axis 0 (the split): ``exp2(lse - max)`` (the max taken as 0 where every split is
+    empty, -inf), and their sum over the splits (1 where it is 0), which the weighted sum is divided by."""
+    mx = tl.max(lse, 0, keep_dims=True)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    total = tl.sum(w, 0)
+    return w, tl.where(total > 0.0, total, 1.0)
+
+
+@triton.jit
 def _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, rank, HEAD_DIM, s_mb, s_mh, s_ms, s_lb, s_lh, s_ob, s_oh,
                      s_od, CLUSTER: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
     """``_combine_kernel``'s log-sum-exp weighted mean of the CLUSTER splits' partial outputs, for channels
@@ -449,14 +461,11 @@ def _cluster_combine(mo_ptr, ml_ptr, o_ptr, b, heads, g_ok, rank, HEAD_DIM, s_mb
     d_ok = d < HEAD_DIM
     lse = tl.load(ml_ptr + b * s_lb + heads[None, :] * s_lh + s[:, None], mask=g_ok[None, :], other=float("-inf"),
                   cache_modifier=".cg")  # [CLUSTER, BLOCK_G]
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse - mx[None, :])
+    w, total = _split_weights(lse)
     ok = g_ok[None, :, None] & d_ok[None, None, :]
     part = tl.load(mo_ptr + b * s_mb + heads[None, :, None] * s_mh + s[:, None, None] * s_ms + d[None, None, :],
                    mask=ok, other=0.0, cache_modifier=".cg")  # [CLUSTER, BLOCK_G, BLOCK_D / CLUSTER]
-    total = tl.sum(w, 0)
-    out = tl.sum(part * w[:, :, None], 0) / tl.where(total > 0.0, total, 1.0)[:, None]
+    out = tl.sum(part * w[:, :, None], 0) / total[:, None]
     tl.store(o_ptr + b * s_ob + heads[:, None] * s_oh + d[None, :] * s_od, out.to(o_ptr.dtype.element_ty),
              mask=g_ok[:, None] & d_ok[None, :])
 
@@ -474,13 +483,10 @@ def _combine_kernel(mo_ptr, ml_ptr, o_ptr, N, NUM_SPLITS, HEAD_DIM, s_mb, s_mh, 
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     lse = tl.load(ml_ptr + b * s_lb + h * s_lh + sp, mask=sp_ok, other=float("-inf"))
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp2(lse - mx)
+    w, total = _split_weights(lse)
     part = tl.load(mo_ptr + b * s_mb + h * s_mh + sp[:, None] * s_ms + d[None, :],
                    mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+    out = tl.sum(part * w[:, None], 0) / total
     tl.store(o_ptr + b * s_ob + h * s_oh + d * s_od, out.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
@@ -513,11 +519,8 @@ def _combine_product_kernel(mo_ptr, ml_ptr, w_ptr, ws_ptr, N, NUM_SPLITS, HEAD_D
     hh = tl.minimum(h, N - 1).to(tl.int64)
     lse = tl.load(ml_ptr + b * s_lb + hh[None, :] * s_lh + sp[:, None], mask=ok, other=float("-inf"))
     part = tl.load(mo_ptr + b * s_mb + hh[None, :] * s_mh + sp[:, None] * s_ms + d[None, :], mask=ok, other=0.0)
-    mx = tl.max(lse, 0)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
-    wt = tl.exp2(lse - mx[None, :])
-    total = tl.sum(wt, 0)
-    o = tl.sum(part * wt, 0) / tl.where(total > 0.0, total, 1.0)
+    wt, total = _split_weights(lse)
+    o = tl.sum(part * wt, 0) / total
     o = tl.where(r_ok, o.to(w_ptr.dtype.element_ty).to(tl.float32), 0.0)
     acc = tl.sum(o[:, None] * w.to(tl.float32), 0)
     tl.store(ws_ptr + p.to(tl.int64) * MN + b * NOUT + n, acc, mask=n_ok)

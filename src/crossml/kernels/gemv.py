@@ -385,6 +385,49 @@ def _gemv_dot_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, K_PER_SPLIT, s_am, 
 
 
 @triton.jit
+def _stream_kernel(a_ptr, w_ptr, bias_ptr, y_ptr, N, K, s_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, AHEAD: tl.constexpr, CONST_W: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
+    """One row of a times a column-major W [K, N] (``s_wn`` between its columns), the whole of K in one tile:
+    program p of P computes the column blocks p, p + P, p + 2P, ... (BLOCK_N columns each), requesting each block's
+    [BLOCK_N, BLOCK_K] tile AHEAD (2 or 3) blocks before its use, so its loads stream without the gaps of programs
+    ending and starting. With CONST_W the first AHEAD tiles are requested before the PDL wait."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_N
+    rn = tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    k_ok = rk[None, :] < K
+    c0 = pid * BLOCK_N
+    ptrs = w_ptr + (c0 + rn)[:, None].to(tl.int64) * s_wn + rk[None, :]
+    jump = step.to(tl.int64) * s_wn
+    if not CONST_W:
+        pdl_wait(PDL)
+    w0 = tl.load(ptrs, mask=(c0 + rn < N)[:, None] & k_ok, other=0.0)
+    w1 = tl.load(ptrs + jump, mask=(c0 + step + rn < N)[:, None] & k_ok, other=0.0)
+    w2 = w1
+    if AHEAD > 2:
+        w2 = tl.load(ptrs + 2 * jump, mask=(c0 + 2 * step + rn < N)[:, None] & k_ok, other=0.0)
+    if CONST_W:
+        pdl_wait(PDL)
+    a = tl.load(a_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+    out_ty = y_ptr.dtype.element_ty
+    for c in range(c0, N, step):
+        w = w0.to(tl.float32)
+        w0 = w1
+        ptrs += jump
+        if AHEAD > 2:
+            w1 = w2
+            w2 = tl.load(ptrs + 2 * jump, mask=(c + 3 * step + rn < N)[:, None] & k_ok, other=0.0)
+        else:
+            w1 = tl.load(ptrs + jump, mask=(c + 2 * step + rn < N)[:, None] & k_ok, other=0.0)
+        cols = c + rn
+        y = tl.sum(w * a[None, :], 1)
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(out_ty).to(tl.float32)
+        tl.store(y_ptr + cols, y.to(out_ty), mask=cols < N)
+
+
+@triton.jit
 def _sum_splits(p, stride, ok, n, BLOCK_S: tl.constexpr):
     """The float32 partial sums ``p[s * stride]`` of splits s < n (at most BLOCK_S; ``ok`` masks the values) added
     in split order: all loads issued at once, then one add per split, so every kernel that adds a workspace's
@@ -807,6 +850,30 @@ def _mma_product(a2: torch.Tensor, w: torch.Tensor, bias1: torch.Tensor, has_bia
     return out if partial else None
 
 
+#: the streaming kernel (``_stream_kernel``) for one-row products of column-major weights with at least
+#: STREAM_MIN_BLOCKS column blocks per program (vocabulary products; ``crossml.ops.matmul.GEMV_STREAM`` routes them
+#: here); False: the GEMV's tiles
+STREAM = True
+#: weight values of one streaming tile (BLOCK_N columns x the whole of K, padded to a power of two)
+STREAM_TILE = 8192
+#: streaming programs per SM, tiles requested ahead, warps a program
+STREAM_PROGRAMS, STREAM_AHEAD, STREAM_WARPS = 4, 2, 4
+STREAM_MIN_BLOCKS = 8
+
+
+def stream_tiles(M: int, K: int, N: int, processors: int) -> tuple[int, int, int] | None:
+    """(BLOCK_N, BLOCK_K, programs) of the streaming kernel for one row times a column-major [K, N] weight, or None
+    where it does not apply (STREAM off, several rows, K past STREAM_TILE / 2, or too few column blocks)."""
+    block_k = next_power_of_2(max(K, 16))
+    if not STREAM or M != 1 or 2 * block_k > STREAM_TILE:
+        return None
+    block_n = STREAM_TILE // block_k
+    programs = STREAM_PROGRAMS * processors
+    if cdiv(N, block_n) < STREAM_MIN_BLOCKS * programs:
+        return None
+    return block_n, block_k, programs
+
+
 def _reduce_tiles(split: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK, num_warps) of the kernels that add ``split`` partial sums: one [BLOCK_S, BLOCK] tile
     of float32 partial sums per step."""
@@ -854,7 +921,17 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
 
     interpret = use_interpreter(a, "GEMV")
     launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
+    stream = None
+    if tiles is None and not (silu_mul or silu_out or mma) and column_major(w) and a.stride(-1) == 1:
+        stream = stream_tiles(M, K, N, rule_processors(a))
     with launch:
+        if stream is not None:
+            block_n, block_k, programs = stream
+            compiled = {} if interpret else {"num_warps": STREAM_WARPS, **pdl(a)}
+            _stream_kernel[(programs,)](a2, w, bias1, y2, N, K, w.stride(1), HAS_BIAS=bias is not None,
+                                        BLOCK_N=block_n, BLOCK_K=block_k, AHEAD=STREAM_AHEAD, CONST_W=const_w,
+                                        **compiled)
+            return y
         ws = _products(a2, w, bias1, bias is not None, y2, tiles, const_w, silu_mul, interpret, mma,
                        gate_out=silu_out)
         if ws is None:

@@ -65,12 +65,12 @@ def int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 #: / 7.0 us at the Qwen2.5-0.5B decode shapes (K x N 896x1152, 896x896, 896x9728, 4864x896) and 6.2 / 5.1 / 19.1
 #: / 12.3 us against 6.3 / 5.9 / 18.3 / 13.0 us at Llama-3.2-1B's (2048x3072, 2048x2048, 2048x16384, 8192x2048);
 #: whole decode steps: Qwen 0.78 against 0.83-0.93 ms, Llama 0.99 against 1.05 ms. The vocabulary
-#: products (K x N >= 2**26: 896x151936, 2048x128256) stay on the vendor GEMM. On row-major weights cuBLAS read
-#: them 8-23% faster than the GEMV (benchmarks/results/gemv_tiles.md); on column-major ones the GEMV (no launch
-#: gap or memset before it, its first tiles read under the previous kernel) made the captured fp16 decode steps
-#: faster on an H100 (Qwen2.5-0.5B 0.610 / 0.634 / 0.634 -> 0.604 / 0.629 / 0.629 ms, Llama-3.2-1B 1.051-1.059 ->
-#: 1.043-1.047) but slower on an H200 (0.522 / 0.545 -> 0.530 / 0.554, 0.828-0.837 -> 0.836-0.840; no other tiles
-#: did better there), so the cap stays (benchmarks/results/decode_tiles.md).
+#: products (K x N >= 2**26: 896x151936, 2048x128256) take the GEMV's streaming kernel (GEMV_STREAM, below). On
+#: row-major weights cuBLAS read them 8-23% faster than the GEMV (benchmarks/results/gemv_tiles.md); on column-major
+#: ones the GEMV's tiles (no launch gap or memset before it, its first tiles read under the previous kernel) made the
+#: captured fp16 decode steps faster on an H100 (Qwen2.5-0.5B 0.610 / 0.634 / 0.634 -> 0.604 / 0.629 / 0.629 ms,
+#: Llama-3.2-1B 1.051-1.059 -> 1.043-1.047) but slower on an H200 (0.522 / 0.545 -> 0.530 / 0.554, 0.828-0.837 ->
+#: 0.836-0.840; no other tiles did better there) (benchmarks/results/decode_tiles.md).
 #: XPU is not listed: not measured.
 #:
 #: Batched decode (2 to GEMV_MAX_M rows) runs the GEMV's matrix-unit kernel (``crossml.kernels.gemv``,
@@ -102,6 +102,16 @@ GEMV_BATCHED_MAX_WEIGHT = 10_000_000
 GEMV_MIN_KN = 256
 GEMV_MAX_WEIGHT = 1 << 26
 GEMV_MMA_TALL = True
+#: One-row products past GEMV_MAX_WEIGHT (vocabulary products: an LLM's lm_head) with K <= GEMV_STREAM_MAX_K run the
+#: GEMV too, on its weight stored column-major, which streams them (``crossml.kernels.gemv``'s ``_stream_kernel``:
+#: persistent programs, each walking its column blocks with the next block's tile in flight): in CUDA graphs after
+#: the RMSNorm kernel (benchmarks/vocab_gemv.py, results/vocab_gemv*.md) Qwen2.5-0.5B's lm_head (896 x 151936) took
+#: 90.5 us on an H100 and 66.4 on an H200 against cuBLAS's 93.4 and 65.8, Llama-3.2-1B's (2048 x 128256) 170.2 and
+#: 121.1 against 182.9 and 124.7 (3.1 and 4.3 TB/s). The GEMV's own tiles had been faster than cuBLAS on the H100
+#: only (88.9 / 170.9 us there, 73.9 / 134.1 on the H200). Several rows, and prompts, stay on the vendor GEMM, on the
+#: transposed weight. False keeps every product past the cap on the vendor GEMM.
+GEMV_STREAM = True
+GEMV_STREAM_MAX_K = 4096
 
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
@@ -130,7 +140,7 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
     """
     if (domain, op_type) in GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor) and w.dtype in GEMV_DTYPES:
         return (device.type in GEMV_DEVICES and w.dim() == 2 and min(w.shape) >= GEMV_MIN_KN
-                and w.numel() < GEMV_MAX_WEIGHT)
+                and (w.numel() < GEMV_MAX_WEIGHT or _streamed(*w.shape)))
     if not tf32 or (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
         return False
     if w.dtype != torch.float32 or w.dim() != 2 or min(w.shape) < 2 or attrs.get("transB"):
@@ -144,7 +154,8 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     """Whether ``a @ w (+ bias)`` runs the Triton GEMV: ``a`` on a device of GEMV_DEVICES, fp16 or bf16,
     ``w`` a 2-D [K, N] matrix of the same dtype and device stored contiguous or column-major (its transpose
     contiguous, ``column_major_weight``), at most GEMV_MAX_M rows of ``a``
-    (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT (and at most
+    (the product of its leading dims), K and N >= GEMV_MIN_KN, K * N < GEMV_MAX_WEIGHT (or past it one row of a
+    column-major weight with K <= GEMV_STREAM_MAX_K, while GEMV_STREAM holds: a vocabulary product) (and at most
     GEMV_BATCHED_MAX_WEIGHT for 2 rows or more, unless N <= K and the Gluon kernel takes it), a bias (if any) of
     N values of the same dtype and device, and triton importable. Anything else (CPU tensors included)
     keeps torch."""
@@ -154,7 +165,9 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         return False
     K, N = w.shape
     M = math.prod(a.shape[:-1])
-    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or K * N >= GEMV_MAX_WEIGHT or not 1 <= M <= GEMV_MAX_M:
+    if a.shape[-1] != K or K < GEMV_MIN_KN or N < GEMV_MIN_KN or not 1 <= M <= GEMV_MAX_M:
+        return False
+    if K * N >= GEMV_MAX_WEIGHT and not (M == 1 and _streamed(K, N) and not w.is_contiguous()):
         return False
     if M > 1 and K * N > GEMV_BATCHED_MAX_WEIGHT and not (GEMV_MMA_TALL and N <= K and _mma_takes(a, w, M)):
         return False
@@ -162,6 +175,11 @@ def gemv_eligible(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
                              or bias.device != a.device):
         return False
     return load("gemv") is not None  # imported on the first eligible call only
+
+
+def _streamed(K: int, N: int) -> bool:
+    """Whether a [K, N] weight past GEMV_MAX_WEIGHT runs the GEMV at one row (GEMV_STREAM, K <= GEMV_STREAM_MAX_K)."""
+    return GEMV_STREAM and K * N >= GEMV_MAX_WEIGHT and K <= GEMV_STREAM_MAX_K
 
 
 def _mma_takes(a: torch.Tensor, w: torch.Tensor, M: int) -> bool:
