@@ -305,6 +305,7 @@ def test_stream_kernel_matches_fp64_reference(device: str, dtype: torch.dtype, K
     several blocks, the last ones past N masked) and matches the float64 product; row-major W and several rows
     take the GEMV's tiles instead."""
     monkeypatch.setattr(gemv_module, "STREAM_MIN_BLOCKS", 2)
+    monkeypatch.setattr(gemv_module, "rule_processors", lambda t: 2)  # 8 programs: the small N has enough blocks
     monkeypatch.setattr(gemv_module, "STREAM_AHEAD", ahead)
     monkeypatch.setattr(gemv_module, "STREAM_TILE", 2048)
     launches = _stream_spy(monkeypatch)
@@ -331,6 +332,7 @@ def test_vocabulary_products_take_the_stream_at_one_row(monkeypatch: pytest.Monk
     K and GEMV_STREAM off keep the vendor GEMM (bit for bit torch.matmul)."""
     monkeypatch.setattr(matmul_module, "GEMV_DEVICES", ("cpu",))
     monkeypatch.setattr(gemv_module, "STREAM_MIN_BLOCKS", 2)
+    monkeypatch.setattr(gemv_module, "rule_processors", lambda t: 2)
     launches = _stream_spy(monkeypatch)
     K, N = 256, 3000
     monkeypatch.setattr(matmul_module, "GEMV_MAX_WEIGHT", K * N)
