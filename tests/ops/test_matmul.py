@@ -177,4 +177,5 @@ def test_half_decode_weights_go_column_major(dtype: torch.dtype) -> None:
     assert column_major_weight("", "MatMul", vocab, cuda, {}, True)
     long_k = torch.empty(GEMV_STREAM_MAX_K * 2, GEMV_MAX_WEIGHT // GEMV_STREAM_MAX_K, dtype=dtype, device="meta")
     assert not column_major_weight("", "MatMul", long_k, cuda, {}, True)  # past the cap, K too long: the vendor GEMM
+    assert not column_major_weight("com.crossml", "MatMulSiluMul", vocab, cuda, {}, True)  # fused past the cap
     assert not column_major_weight("", "MatMul", torch.zeros(2, 896, 1152, dtype=dtype), cuda, {}, True)

@@ -112,6 +112,9 @@ GEMV_MMA_TALL = True
 #: transposed weight. False keeps every product past the cap on the vendor GEMM.
 GEMV_STREAM = True
 GEMV_STREAM_MAX_K = 4096
+#: the ops whose weights past GEMV_MAX_WEIGHT are stored column-major for it: the plain products (the fused ones,
+#: an MLP's gated or normed products past the cap, keep their row-major weights and the vendor GEMM: unmeasured)
+STREAM_OPS = {("", "MatMul"), ("com.crossml", "Linear")}
 
 
 #: ops whose input 1 is a constant [K, N] weight that a GPU plan may store column-major (see column_major_weight)
@@ -132,7 +135,8 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
       prefers it (``device.vendor.column_major_fp32_weights``);
     - float16 / bfloat16 weights of GEMV_WEIGHT_OPS (MatMul, Linear, MatMulSkipNorm, MatMulSiluMul and
       AttentionSkipNorm's output projection) that the Triton kernels take at decode sizes (GEMV_DEVICES,
-      GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT): the GEMV reads a column-major weight faster, as contiguous
+      GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT, or past it MatMul's and Linear's with K <= GEMV_STREAM_MAX_K
+      while GEMV_STREAM holds: a vocabulary product, streamed): the GEMV reads a column-major weight faster, as contiguous
       runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
       Qwen2.5-0.5B fp16 0.577-0.590 against 0.647-0.648 ms, Llama-3.2-1B 0.862-0.870 against 0.892-0.903).
       Prompts' products run on the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS
@@ -140,7 +144,7 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
     """
     if (domain, op_type) in GEMV_WEIGHT_OPS and isinstance(w, torch.Tensor) and w.dtype in GEMV_DTYPES:
         return (device.type in GEMV_DEVICES and w.dim() == 2 and min(w.shape) >= GEMV_MIN_KN
-                and (w.numel() < GEMV_MAX_WEIGHT or _streamed(*w.shape)))
+                and (w.numel() < GEMV_MAX_WEIGHT or (domain, op_type) in STREAM_OPS and _streamed(*w.shape)))
     if not tf32 or (domain, op_type) not in COLUMN_MAJOR_OPS or not isinstance(w, torch.Tensor):
         return False
     if w.dtype != torch.float32 or w.dim() != 2 or min(w.shape) < 2 or attrs.get("transB"):
