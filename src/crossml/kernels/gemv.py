@@ -687,9 +687,9 @@ def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
       runs. (Llama-3.2-1B's gate+up, 2048 slices of 8 columns: 512-byte runs instead of 256 took its fp16 decode
       step from 1.042 / 1.060 / 1.060 and 1.059 / 1.063 / 1.058 ms to 1.036 / 1.052 / 1.050 and 1.054 / 1.051 /
       1.050 on an H100, in two runs; at Qwen2.5-0.5B's, 1216 slices, 8- or 16-column slices of 512-byte runs were
-      slower, 0.605-0.632 -> 0.649-0.687 ms.) Past 64 programs per SM (a vocabulary product, which sessions leave to
-      the vendor GEMM: ``crossml.ops.matmul.GEMV_MAX_WEIGHT``), 16-column slices of 1 KB runs at 8 warps: with the
-      cap lifted, Llama-3.2-1B's fp16 decode step 1.047-1.049 -> 1.043-1.047 ms and Qwen2.5-0.5B's 0.612 / 0.636 /
+      slower, 0.605-0.632 -> 0.649-0.687 ms.) Past 64 programs per SM (a vocabulary product, which one row streams
+      instead, ``_stream_kernel``; these tiles serve it with STREAM off or several rows), 16-column slices of 1 KB
+      runs at 8 warps: with ``crossml.ops.matmul.GEMV_MAX_WEIGHT`` lifted, Llama-3.2-1B's fp16 decode step 1.047-1.049 -> 1.043-1.047 ms and Qwen2.5-0.5B's 0.612 / 0.636 /
       0.635 -> 0.604 / 0.629 / 0.629 on an H100, against 8-column 512-byte runs at 4 warps 1.045-1.046 and 0.606 /
       0.632 / 0.630, and 32-column 512-byte runs 1.049-1.052 and 0.618 / 0.644 / 0.643; on an H200 32- or 64-column
       slices and 2 KB runs were slower still.
