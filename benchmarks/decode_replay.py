@@ -75,7 +75,8 @@ def variant(layout: str):
     "+") launch the one-row half-precision GEMVs of those K x N weights with those tiles instead of ``pick_tiles``'
     ("q4:KxN=BM:BN:BK:WARPS": the one-row 4-bit MatMulNBits products, in the kernel their rule picks), or
     ("vocab", alone or joined by "+") lift the GEMV's weight-size cap, so the vocabulary products run on it too
-    ("cap=BITS": set it to 2**BITS; ``cap=26`` keeps them on the vendor GEMM, as before), or ("normwarps=W") launch
+    ("cap=BITS": set it to 2**BITS; past it one-row vocabulary products stream unless
+    ``set:crossml.ops.matmul.GEMV_STREAM=False``, which keeps them on the vendor GEMM), or ("normwarps=W") launch
     the skip-norm kernel after the fp16 products with W warps, or ("rmswarps=W") the RMSNorm kernel (in an fp16 decode
     step, the GatherNorm's) with W warps."""
     kept, kept_rules = matmul_ops.GEMV_WEIGHT_OPS, session_module.fusion_rules
