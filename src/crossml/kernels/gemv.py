@@ -84,8 +84,9 @@ programs per SM, each walking the column blocks p, p + P, ... with the whole of 
 and the next block's tile in flight, so the loads stream without the gaps of programs ending and starting. After
 the RMSNorm kernel, in CUDA graphs (``benchmarks/vocab_gemv.py``): Qwen2.5-0.5B's lm_head (896 x 151936) 90.5 us on
 an H100 and 66.4 on an H200, against 88.9 / 73.9 for this GEMV's tiles and 93.4 / 65.8 for cuBLAS; Llama-3.2-1B's
-(2048 x 128256) 170.2 / 121.1 against 170.9 / 134.1 and 182.9 / 124.7 (4 programs an SM and one tile ahead; 2 or 8
-programs, two tiles ahead, 16K-value tiles or 8 warps were as fast or slower, two ahead up to 20 % slower).
+(2048 x 128256) 170.2 / 121.1 against 170.9 / 134.1 and 182.9 / 124.7 (4 programs an SM, each block's tile requested
+two blocks before its use; 2 or 8 programs, 16K-value tiles or 8 warps were as fast or slower, three blocks ahead up to
+20 % slower).
 
 From 2 rows of fp16 / bf16 activations (a batched decode step, beam search) the products run on the matrix units
 instead (``_gemv_dot_kernel``, ``pick_dot_tiles``): one ``tl.dot`` of a 16-row tile of a with a 64- or 128-column
@@ -689,10 +690,10 @@ def _colmajor_tiles(M: int, K: int, N: int, elem_size: int, processors: int) -> 
       1.050 on an H100, in two runs; at Qwen2.5-0.5B's, 1216 slices, 8- or 16-column slices of 512-byte runs were
       slower, 0.605-0.632 -> 0.649-0.687 ms.) Past 64 programs per SM (a vocabulary product, which one row streams
       instead, ``_stream_kernel``; these tiles serve it with STREAM off or several rows), 16-column slices of 1 KB
-      runs at 8 warps: with ``crossml.ops.matmul.GEMV_MAX_WEIGHT`` lifted, Llama-3.2-1B's fp16 decode step 1.047-1.049 -> 1.043-1.047 ms and Qwen2.5-0.5B's 0.612 / 0.636 /
-      0.635 -> 0.604 / 0.629 / 0.629 on an H100, against 8-column 512-byte runs at 4 warps 1.045-1.046 and 0.606 /
-      0.632 / 0.630, and 32-column 512-byte runs 1.049-1.052 and 0.618 / 0.644 / 0.643; on an H200 32- or 64-column
-      slices and 2 KB runs were slower still.
+      runs at 8 warps: with ``crossml.ops.matmul.GEMV_MAX_WEIGHT`` lifted, Llama-3.2-1B's fp16 decode step
+      1.047-1.049 -> 1.043-1.047 ms and Qwen2.5-0.5B's 0.612 / 0.636 / 0.635 -> 0.604 / 0.629 / 0.629 on an H100,
+      against 8-column 512-byte runs at 4 warps 1.045-1.046 and 0.606 / 0.632 / 0.630, and 32-column 512-byte runs
+      1.049-1.052 and 0.618 / 0.644 / 0.643; on an H200 32- or 64-column slices and 2 KB runs were slower still.
     - Where 8-column slices are fewer than 2 per SM and one would walk more than 4 of its 1 KB tiles (a down
       projection), 512-byte runs with K split in 4 ranges; but where they are fewer than the SMs (Qwen2.5-0.5B's
       down projection, N = 896), with 1-2 rows, 8-column slices of 2 KB runs, 8 warps and K split in 2 ranges: as

@@ -136,8 +136,8 @@ def column_major_weight(domain: str, op_type: str, w: Any, device: torch.device,
     - float16 / bfloat16 weights of GEMV_WEIGHT_OPS (MatMul, Linear, MatMulSkipNorm, MatMulSiluMul and
       AttentionSkipNorm's output projection) that the Triton kernels take at decode sizes (GEMV_DEVICES,
       GEMV_MIN_KN <= K, N and K * N < GEMV_MAX_WEIGHT, or past it MatMul's and Linear's with K <= GEMV_STREAM_MAX_K
-      while GEMV_STREAM holds: a vocabulary product, streamed): the GEMV reads a column-major weight faster, as contiguous
-      runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
+      while GEMV_STREAM holds: a vocabulary product, streamed): the GEMV reads a column-major weight faster, as
+      contiguous runs along K (``crossml.kernels.gemv``; the GenAI benchmark's captured decode step on an H200:
       Qwen2.5-0.5B fp16 0.577-0.590 against 0.647-0.648 ms, Llama-3.2-1B 0.862-0.870 against 0.892-0.903).
       Prompts' products run on the vendor GEMM, which takes the transposed operand as it is: at 512 rows cuBLAS
       took 0-10% longer on it (benchmarks/results/gemv_colmajor.md).
