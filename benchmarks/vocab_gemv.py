@@ -63,11 +63,11 @@ def measure(K: int, N: int, quick: bool) -> dict:
     out = {"mb": round(mb, 1), "norm_us": round(base, 2)}
     out["cublas_rows"] = timed(lambda a, i: a @ rows[i])
     out["cublas_cols"] = timed(lambda a, i: F.linear(a, cols[i].t()))
+    saved = (g.STREAM, g.STREAM_TILE, g.STREAM_PROGRAMS, g.STREAM_AHEAD, g.STREAM_WARPS)
     g.STREAM = False
     out["gemv"] = timed(lambda a, i: g.gemv(a, cols[i], const_w=True))
     out["gemv"]["diff"] = check(g.gemv(norm(), cols[0], const_w=True))
     sweep = []
-    saved = (g.STREAM_TILE, g.STREAM_PROGRAMS, g.STREAM_AHEAD, g.STREAM_WARPS)
     g.STREAM = True
     grid = itertools.product([8192, 16384] if not quick else [8192], [2, 4, 8] if not quick else [4], [2, 3],
                              [4, 8] if not quick else [4])
@@ -80,8 +80,7 @@ def measure(K: int, N: int, quick: bool) -> dict:
                  diff=check(g.gemv(norm(), cols[0], const_w=True)))
         sweep.append(r)
         print(K, N, r, flush=True)
-    g.STREAM_TILE, g.STREAM_PROGRAMS, g.STREAM_AHEAD, g.STREAM_WARPS = saved
-    g.STREAM = True
+    g.STREAM, g.STREAM_TILE, g.STREAM_PROGRAMS, g.STREAM_AHEAD, g.STREAM_WARPS = saved
     sweep.sort(key=lambda r: r["us"])
     out["stream"] = sweep
     return out
