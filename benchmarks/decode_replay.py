@@ -24,7 +24,8 @@ OUT/decode_layout.{json,md}. ``--variants`` does the same with any of ``cols`` (
 ``pick_tiles``'), ``q4:KxN=BM:BN:BK:WARPS`` (the same for 4-bit MatMulNBits products, in the kernel their rule
 picks), ``vocab`` / ``cap=BITS`` (the GEMV's weight-size cap lifted / set to 2**BITS), ``normwarps=W`` (the
 skip-norm kernel at W warps) and ``rmswarps=W`` (the RMSNorm kernel, GatherNorm's in an fp16 step, at W warps),
-``set:MODULE.ATTRIBUTE=VALUE`` (a module constant, as ``genai_batch.py --set``; several joined by ``+set:``),
+``set:MODULE.ATTRIBUTE=VALUE`` (a module constant, as ``genai_batch.py --set``; joined by ``+`` to another variant
+or to more of them),
 several joined by ``+``; written to OUT/decode_variants.{json,md}.
 
 Writes OUT/decode_replay.{json,md}. This is the measurement the kernel docstrings quote as "decode replay".
@@ -86,13 +87,15 @@ def variant(layout: str):
     kept_layout = layout_module.column_major_weight
     kept_blas = torch.backends.cuda.preferred_blas_library()
     kept_settings: dict = {}
-    if layout.startswith("set:"):  # module constants, as genai_batch.py --set: set:MODULE.ATTR=VALUE[+set:...]
-        settings = parse_settings([part.removeprefix("set:") for part in layout.split("+")])
-        for name in settings:
-            module, _, attr = name.rpartition(".")
-            kept_settings[name] = getattr(importlib.import_module(module), attr)
-        apply_settings(settings)
-    elif layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
+    # module constants, as genai_batch.py --set: set:MODULE.ATTR=VALUE parts, alone or beside any other variant
+    parts = layout.split("+")
+    settings = parse_settings([part.removeprefix("set:") for part in parts if part.startswith("set:")])
+    for name in settings:
+        module, _, attr = name.rpartition(".")
+        kept_settings[name] = getattr(importlib.import_module(module), attr)
+    apply_settings(settings)
+    layout = "+".join(part for part in parts if not part.startswith("set:")) or "cols"
+    if layout == "blaslt":  # torch's vendor GEMMs through cuBLASLt instead of cuBLAS (the lm_head's)
         torch.backends.cuda.preferred_blas_library("cublaslt")
     elif layout == "lmcols":  # the vocabulary products' weights column-major too, still on the vendor GEMM
         def column_major(domain, op_type, w, device, attrs, tf32):
@@ -127,8 +130,8 @@ def variant(layout: str):
         def pick4(M, N, K, block_size, processors):
             return chosen4[(K, N)] if M == 1 and (K, N) in chosen4 else kept_tiles[1](M, N, K, block_size, processors)
 
-        def pick4_pairs(M, N, K, block_size, processors):
-            rule = kept_tiles[2](M, N, K, block_size, processors)
+        def pick4_pairs(M, N, K, block_size, processors, *early):
+            rule = kept_tiles[2](M, N, K, block_size, processors, *early)
             return chosen4[(K, N)] if M == 1 and (K, N) in chosen4 and rule is not None else rule
         gemv_module.pick_tiles = pick
         nbits_module.pick_tiles, nbits_module.pick_pair_tiles = pick4, pick4_pairs

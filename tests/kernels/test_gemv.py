@@ -980,3 +980,44 @@ def test_gpu_silu_out_at_decode_shapes_and_in_graphs(K: int, N: int, M: int) -> 
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, y)
+
+
+def _norm_chain(x: torch.Tensor, res: torch.Tensor, weights: list, gamma: torch.Tensor) -> tuple:
+    """A decode layer stack of one-row products: each layer's first product feeds the residual's skip-norm, whose
+    normed row feeds the second product (const weights, so each GEMV requests its weights before its PDL wait)."""
+    for w_norm, w_next in weights:
+        normed, res = gemv_skip_norm(x, w_norm, None, res, gamma, 1e-5, const_w=True)
+        x = gemv(normed, w_next, const_w=True)
+    return x, res
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the early launch is a compiled launch")
+def test_gpu_skip_norm_early_launch_keeps_the_chain_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The skip-norm kernel lets the next product launch before its own PDL wait (NORM_EARLY, PDL 2 on sm90+): a
+    chain of 24 layers, eager and replayed in a CUDA graph, equals the chain launched in the usual order bit for
+    bit, so no kernel reads a row before the kernel that writes it has finished."""
+    from crossml.kernels._launch import pdl
+
+    t = torch.empty(1, device="cuda")
+    if torch.cuda.get_device_capability()[0] >= 9 and pdl(t):
+        assert pdl(t, early=True)["PDL"] == 2 and pdl(t)["PDL"] is True
+    K, N = 896, 896
+    weights = [(_stored(rand(K, N, dtype=torch.float16, device="cuda", seed=2 * i) * 0.05, "cols"),
+                _stored(rand(N, K, dtype=torch.float16, device="cuda", seed=2 * i + 1) * 0.05, "cols"))
+               for i in range(24)]
+    gamma = rand(N, dtype=torch.float16, device="cuda", seed=99)
+    x0, r0 = rand(1, K, dtype=torch.float16, device="cuda", seed=7), rand(1, N, dtype=torch.float16, device="cuda")
+    monkeypatch.setattr(gemv_module, "NORM_EARLY", False)
+    want = _norm_chain(x0, r0, weights, gamma)
+    monkeypatch.setattr(gemv_module, "NORM_EARLY", True)
+    got = _norm_chain(x0, r0, weights, gamma)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    x_in, r_in = x0.clone(), r0.clone()
+    _norm_chain(x_in, r_in, weights, gamma)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _norm_chain(x_in, r_in, weights, gamma)
+    for _ in range(20):
+        graph.replay()
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])

@@ -718,6 +718,9 @@ def test_pair_tiles_rule() -> None:
     assert pick_pair_tiles(1, 16384, 2048, 32, 132) == (1, 8, 512, 1)
     assert pick_pair_tiles(1, 9728, 896, 32, 132) == (1, 8, 1024, 2)
     assert pick_pair_tiles(1, 2048, 8192, 32, 132) == (1, 8, 2048, 2)
+    # after an early-launching SiluMul (SiluMulMatMulNBits) a long K takes 4096-value steps at four warps
+    assert pick_pair_tiles(1, 2048, 8192, 32, 132, early_input=True) == (1, 8, 4096, 4)
+    assert pick_pair_tiles(1, 3072, 2048, 32, 132, early_input=True) == pick_pair_tiles(1, 3072, 2048, 32, 132)
     for N, K, bs, M in [(3072, 2048, 16, 1), (16384, 2048, 128, 3), (151936, 64, 256, 17), (2048, 100, 32, 1)]:
         bm, bn, bk, warps = pick_pair_tiles(M, N, K, bs, 132)
         assert bm == min(16, triton_next_pow2(M)) and bn >= 4 and bk % bs == 0 and bk & (bk - 1) == 0 and bk >= 16

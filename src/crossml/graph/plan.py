@@ -40,7 +40,7 @@ FOLD_MAX_ELEMENTS = 1 << 24
 #: ``OpContext.settled_inputs`` relies on)
 KERNEL_OPS = {("", "MatMul"), ("", "Gemm"), ("com.microsoft", "MatMulNBits"), ("com.crossml", "Linear"),
               ("com.crossml", "NormMatMulNBits"), ("com.crossml", "MatMulSkipNorm"), ("com.crossml", "MatMulSiluMul"),
-              ("com.crossml", "AttentionSkipNorm")}
+              ("com.crossml", "AttentionSkipNorm"), ("com.crossml", "SiluMulMatMulNBits")}
 
 
 @dataclass(slots=True)

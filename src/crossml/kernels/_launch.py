@@ -244,25 +244,42 @@ def _pdl_capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl(t: torch.Tensor) -> dict[str, bool]:
+def pdl(t: torch.Tensor, early: bool = False) -> dict[str, Any]:
     """Launch options of a kernel that starts with ``pdl_wait(PDL)``, for a launch on ``t``'s device:
     ``{"PDL": True, "launch_pdl": True}`` on NVIDIA GPUs of compute capability 9.0 and later (programmatic
     dependent launch: the launch overlaps the previous kernel's tail, in streams and in CUDA graphs alike),
-    else ``{}`` (the interpreter, other devices)."""
+    else ``{}`` (the interpreter, other devices).
+
+    Such a kernel lets the next one start launching once its programs have passed their wait, so when a kernel
+    starts, every kernel two or more before it has finished: the kernels that read more than constants before their
+    wait (the skip-norm kernel's residual, the decode attention's lengths and cache rows) rely on that. With
+    ``early`` (PDL 2) the kernel lets the next one launch before its own wait instead: the next kernel's programs
+    become resident, and request what they read before their wait (their weights), while the kernel before this one
+    still runs. That is safe where the kernel before this one is this kernel's own product, launched just before it
+    by the same call, whose output (partial sums) only this kernel reads, after its wait: a kernel that starts while
+    that product still runs finds every kernel before the product finished, as it would without ``early``.
+    ``crossml.kernels.gemv``'s skip-norm kernel is such a kernel (``NORM_EARLY``)."""
     if INTERPRET or t.device.type != "cuda":
         return {}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    return {"PDL": True, "launch_pdl": True} if _pdl_capable(index) else {}
+    if not _pdl_capable(index):
+        return {}
+    return {"PDL": 2 if early else True, "launch_pdl": True}
 
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
     """The first statement of a kernel launched with ``pdl``: wait until the previous kernel in the stream has
-    finished and its writes are visible (nothing before this may touch memory), then let the next kernel
-    start launching (it waits for this one in turn)."""
+    finished and its writes are visible (what a kernel reads before this: ``pdl``), then let the next
+    kernel start launching (it waits for this one in turn); with PDL 2 (``pdl``'s ``early``) let it start launching
+    first, then wait."""
     if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+        if PDL == 2:
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()
+            gdc_launch_dependents()
 
 
 @functools.cache

@@ -542,6 +542,12 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
             tl.store(y_ptr + row + c0 + cols, _cast(s * inv * g, y_ptr, RTNE), mask=ok)
 
 
+#: the skip-norm kernel lets the next kernel launch before its own PDL wait (``crossml.kernels._launch.pdl``'s
+#: ``early``): the next product's programs then request their first weight tiles while the GEMV before the norm still
+#: runs. On an H200 (``benchmarks/decode_replay.py --variants cols,set:crossml.kernels.gemv.NORM_EARLY=False``,
+#: results/norm_early.md) the GenAI benchmark's Llama-3.2-1B fp16 decode step went from 0.812-0.813 to 0.783 ms;
+#: Qwen2.5-0.5B's stayed within the rounds' drift
+NORM_EARLY = True
 #: most float32 partial sums the skip-norm kernel holds at once (a whole row's when they fit: 32 per thread at 16
 #: warps)
 _NORM_TILE = 16384
@@ -985,7 +991,9 @@ def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: to
                        eps: float, *, want_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The skip-norm launch on float32 partial sums ``ws [S, M, N]`` (``gemv_skip_norm``'s GEMV's, or the decode
     attention's ``combine_product``'s): ``SkipSimplifiedLayerNormalization(residual, sum_s ws[s] (+ bias), gamma)``
-    with the product rounded to the residual's dtype; returns ``(normed, sum)`` in the residual's shape."""
+    with the product rounded to the residual's dtype; returns ``(normed, sum)`` in the residual's shape. Launch it
+    just after the kernel that writes ``ws``, which nothing else reads: with NORM_EARLY the next kernel may start
+    while that kernel still runs (``crossml.kernels._launch.pdl``)."""
     S, M, N = ws.shape
     shape = residual.shape
     normed = torch.empty(shape, dtype=residual.dtype, device=residual.device)
@@ -999,7 +1007,7 @@ def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: to
         block = next_power_of_2(N)
         warps = max(warps, min(16, block_s * block // 1024))
     rtne = interpret and residual.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
-    meta = {} if interpret else {"num_warps": warps, **pdl(ws)}
+    meta = {} if interpret else {"num_warps": warps, **pdl(ws, early=NORM_EARLY)}
     bias1 = bias.reshape(N).contiguous() if bias is not None else residual  # a placeholder of the product's dtype
     launch = contextlib.nullcontext() if interpret or ws.device.type != "cuda" else torch.cuda.device(ws.device)
     with launch:

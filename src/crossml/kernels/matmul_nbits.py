@@ -620,7 +620,8 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     return block_m, block_n, max(block_size, block_k), warps
 
 
-def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tuple[int, int, int, int] | None:
+def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
+                    early_input: bool = False) -> tuple[int, int, int, int] | None:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the fp16-pair kernel for a problem on a GPU of ``processors`` SMs,
     or None where the float32 kernel is faster.
 
@@ -644,6 +645,13 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
     3.34 us (Qwen2.5-0.5B, 896 x 4864) and from 7.14 to 5.85 us (Llama-3.2-1B, 2048 x 8192), but the captured int4
     decode steps slower (rules alternated in one process, three rounds): Qwen2.5-0.5B 0.486-0.495 -> 0.497-0.498 ms,
     Llama-3.2-1B 0.541-0.543 -> 0.549-0.550 ms.
+
+    ``early_input``: the activations come from a kernel that let this one launch before its own wait (the SiluMul of
+    ``crossml.ops.fused``'s SiluMulMatMulNBits), so the programs are resident, and their first K step requested,
+    while the product before that kernel still runs. Then a long K (past 2048, N <= 64 per SM) takes steps of 4096 at
+    four warps: half of Llama-3.2-1B's down projection is read before the wait. Its int4 decode step on an H200 went
+    from 0.489-0.490 to 0.466-0.467 ms with both, against 0.492-0.496 with the early launch alone and 0.484 with
+    steps of 8192 (``benchmarks/decode_replay.py``, three alternated rounds; results/norm_early.md).
     """
     if N < 12 * processors:
         return None
@@ -653,6 +661,8 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int) ->
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
         block_n, block_k, warps = (8, k2, 2) if K <= 1024 else (8, 512, 1)
+    elif early_input and K > 2048:
+        block_n, block_k, warps = 8, min(4096, k2), 4
     else:
         block_n, block_k, warps = 8, min(2048, k2), 2
     return block_m, block_n, max(block_size, block_k), warps
@@ -785,7 +795,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
                  tiles: tuple[int, int, int, int] | None = None,
                  norm: tuple[torch.Tensor | None, torch.Tensor, float] | None = None,
                  sum_out: torch.Tensor | None = None, const_w: bool = False,
-                 pairs: bool | None = None, dot: bool | None = None, mma: bool | None = None) -> torch.Tensor:
+                 pairs: bool | None = None, dot: bool | None = None, mma: bool | None = None,
+                 early_input: bool = False) -> torch.Tensor:
     """MatMulNBits (bits=4, no g_idx) of ``a`` [..., K] -> [..., N] in ``a``'s dtype, one Triton launch (two when
     the matrix-unit kernel splits K).
 
@@ -810,6 +821,8 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     mma kernel
     (``crossml.kernels.nbits_mma``); ``mma`` (tests, benchmarks) forces it on or off, and ``tiles`` then are
     (BLOCK_N, WARPS, DEPTH, SPLIT_K) (``nbits_mma.pick_tiles``).
+
+    ``early_input``: ``a`` comes from a kernel launched with ``pdl``'s ``early`` just before (``pick_pair_tiles``).
     """
     if bits != 4:
         raise ValueError(f"MatMulNBits Triton kernel: bits must be 4, got {bits}")
@@ -870,7 +883,7 @@ def matmul_nbits(a: torch.Tensor, b: torch.Tensor, scales: torch.Tensor, zero_po
     skip2 = skip.reshape(M, K).contiguous() if skip is not None else a2
     gamma1 = gamma.reshape(K).contiguous() if gamma is not None else a2
     sum2 = sum_out.view(M, K) if sum_out is not None else a2
-    pair_tiles = pick_pair_tiles(M, N, K, block_size, sms)
+    pair_tiles = pick_pair_tiles(M, N, K, block_size, sms, early_input)
     fp16_pairs_ = not interpret and (fp16_pairs(a) and pair_tiles is not None if pairs is None else pairs)
     if tiles is None:
         if fp16_pairs_:  # (a pair kernel asked for where it does not pay: the rule's tiles for narrow products)

@@ -84,10 +84,14 @@ def silu_mul(g: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
+def silu_mul_packed(gu: torch.Tensor, *, early: bool = False) -> torch.Tensor:
     """``(g · σ(g)) · up`` with ``g = gu[..., :n]``, ``up = gu[..., n:]``, ``n = gu.shape[-1] // 2``: one
     launch reading both halves of each row in place. Returns a new contiguous tensor of shape
-    ``gu.shape[:-1] + (n,)``."""
+    ``gu.shape[:-1] + (n,)``.
+
+    ``early``: the kernel lets the next kernel launch before its own PDL wait (``crossml.kernels._launch.pdl``).
+    Only for a caller that launches, just after it, a kernel that reads nothing but constants before its wait (the
+    down projection of ``crossml.ops.fused``'s SiluMulMatMulNBits)."""
     if gu.dtype not in DTYPES:
         raise TypeError(f"SiluMul Triton kernel takes a float16/bfloat16/float32 tensor, got {gu.dtype}; "
                         "use the registered op for other types")
@@ -103,5 +107,5 @@ def silu_mul_packed(gu: torch.Tensor) -> torch.Tensor:
     on_cuda = gu.device.type == "cuda" and not interpret
     with torch.cuda.device(gu.device) if on_cuda else contextlib.nullcontext():
         _silu_mul_packed_kernel[(rows.shape[0], cdiv(n, _BLOCK))](rows, y, n, rows.stride(0), rows.stride(1),
-                                                                  BLOCK=_BLOCK, num_warps=_WARPS, **pdl(gu))
+                                                                  BLOCK=_BLOCK, num_warps=_WARPS, **pdl(gu, early=early))
     return y

@@ -262,6 +262,33 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     return y, s
 
 
+@op("SiluMulMatMulNBits", since=1, domain=DOMAIN, ctx=True)
+def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tensor,
+                          zero_points: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
+                          bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
+                          accuracy_level: int = 0, ctx: OpContext) -> torch.Tensor:
+    """MatMulNBits(SiluMul(gu), B, scales, ...) for ``gu = [g | up]`` (the merged gate/up product) of an LLM MLP: its
+    4-bit down projection (graph rule SiluMulMatMulNBits; MatMulNBits' inputs and attributes, gu in A's place).
+
+    For one row on a GPU (a decode step at batch 1) it is the SiluMul kernel, then the product's GEMV, as the two ops
+    launch them, but the SiluMul kernel lets the product launch before its own PDL wait (``crossml.kernels._launch.
+    pdl``'s ``early``: the product reads nothing but its constant weight before its wait), so the product's programs
+    request their first K step while the gate/up product still runs, and a long K takes longer steps
+    (``crossml.kernels.matmul_nbits.pick_pair_tiles``' ``early_input``). Elsewhere the SiluMul and MatMulNBits ops."""
+    rows = math.prod(gu.shape[:-1]) if gu.dim() else 0
+    int8 = accuracy_level == 4 and (zero_points is None or zero_points.dtype == torch.uint8)  # MatMulNBits' int8 path
+    if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None and not int8 \
+            and gu.dtype in _SILU_MUL_DTYPES and _nbits_kernel(gu, B, scales, zero_points, None, bias, bits) \
+            and not _dot_rows(gu, rows, N, K, block_size, zero_points):
+        swiglu, kernels = load("swiglu"), load("matmul_nbits")
+        if swiglu is not None and kernels is not None:
+            h = swiglu.silu_mul_packed(gu, early=True)
+            return kernels.matmul_nbits(h, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
+                                        const_w=constant_weight(ctx, 1, zero_points), early_input=True)
+    return matmul_nbits(silu_mul_op(gu), B, scales, zero_points, g_idx, bias, K=K, N=N, block_size=block_size,
+                        bits=bits, accuracy_level=accuracy_level, ctx=ctx)
+
+
 @op("MatMulSiluMul", since=1, domain=DOMAIN, ctx=True)
 def matmul_silu_mul(a: torch.Tensor, w: torch.Tensor, *, ctx: OpContext) -> torch.Tensor:
     """SiluMul(a @ w) for ``w`` [K, 2I], the merged gate/up weight [Wg | Wu] of an LLM MLP (graph rule MatMulSiluMul):

@@ -28,7 +28,13 @@ from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
-from crossml.graph.passes.matmul_norm import ATTENTION_NORM, MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM
+from crossml.graph.passes.matmul_norm import (
+    ATTENTION_NORM,
+    MATMUL_NORM,
+    MATMUL_SILU_MUL,
+    SILU_MUL_NBITS,
+    SILU_MUL_NORM,
+)
 from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
@@ -593,15 +599,15 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM),
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM; then MATMUL_SILU_MUL
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
-    projection, and ATTENTION_NORM the attention into its output projection's fused node; not with
-    disable_metacommands); the CPU keeps the
+    projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
+    its output projection's fused node; not with disable_metacommands); the CPU keeps the
     model's ops (its results stay bit-close to onnxruntime's)."""
     merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else []
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
     if device.type != "cpu":
-        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, ATTENTION_NORM]
+        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM]
     if device.type == "cuda":
         rules.append(CONV_RELU)
     return rules

@@ -118,6 +118,35 @@ def rewrite_gated(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 SILU_MUL_NORM = Rule("SiluMulSkipNorm", match_gated, check_gated, rewrite_gated, domains=((DOMAIN, 1),))
 
 
+def match_gated_nbits(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN or not node.input or not node.input[0]:
+        return None
+    gate = _producer(view, node.input[0], {(DOMAIN, "SiluMul")})
+    if gate is None or len(gate.input) != 1:
+        return None
+    return Match([gate, node], {})
+
+
+def check_gated_nbits(view: GraphView, m: Match) -> str | None:
+    gate, product = m.nodes
+    if len(product.input) > 4 and product.input[4]:
+        return f"'{product.name}' has g_idx ('{product.input[4]}')"
+    return check_gated(view, m)
+
+
+def rewrite_gated_nbits(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    gate, product = m.nodes
+    return [helper.make_node("SiluMulMatMulNBits", [gate.input[0], *product.input[1:]], list(product.output),
+                             name=f"{gate.name}_{product.name}", domain=DOMAIN, **node_attrs(product))]
+
+
+#: com.crossml SiluMul(gu) → h, com.microsoft MatMulNBits(h, B, scales, ...) => com.crossml SiluMulMatMulNBits(gu, B,
+#: scales, ...): a 4-bit MLP's down projection with its gate (``crossml.ops.fused.silu_mul_matmul_nbits``: at batch 1
+#: the gate's kernel lets the product launch early). Not where the product has g_idx.
+SILU_MUL_NBITS = Rule("SiluMulMatMulNBits", match_gated_nbits, check_gated_nbits, rewrite_gated_nbits,
+                      domains=((DOMAIN, 1),))
+
+
 #: MATMUL_SILU_MUL applies (False leaves the gate to SILU_MUL_NORM; benchmarks)
 GATE_IN_PRODUCT = True
 
