@@ -90,14 +90,17 @@ def test_registered_on_gpu_sessions_after_the_gate_rules() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 2, 5], ids=["decode", "decode2", "prompt"])
-@pytest.mark.parametrize("k", [128, 4096], ids=["short-k", "long-k"])
-def test_gpu_session_matches_unfused(rows: int, k: int) -> None:
+@pytest.mark.parametrize(("k", "n"), [(128, 2048), (4096, 2048), (4096, 896)], ids=["short-k", "long-k", "narrow"])
+def test_gpu_session_matches_unfused(rows: int, k: int, n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """fp16 on the GPU: the fused session's products within fp16 rounding of the session without graph fusion, at
-    one row (the early-launching gate and the long-K tiles past K 2048) and off it (the two ops); replays of the
-    one-row step recorded in a CUDA graph give the eager result bit for bit."""
+    one row (the early-launching gate and the long-K tiles past K 2048; narrow products on the fp16-pair kernel,
+    EARLY_NARROW) and off it (the two ops); replays of the one-row step recorded in a CUDA graph give the eager
+    result bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: torch sees none on this machine")
-    n = 2048
+    import crossml.kernels.matmul_nbits as nbits_module
+
+    monkeypatch.setattr(nbits_module, "EARLY_NARROW", True)
     m = gated_down(k=k, n=n, dtype=np.float16, bias=True)
     f = {"gu": (RNG.standard_normal((1, rows, 2 * k)) * 0.5).astype(np.float16)}
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])

@@ -620,6 +620,11 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
     return block_m, block_n, max(block_size, block_k), warps
 
 
+#: after an early-launching gate (``pick_pair_tiles``' ``early_input``), narrow products of a long K (Qwen2.5-0.5B's
+#: down projection) take the fp16-pair kernel at 4 rows a program with all of K (to 8192) in one step
+EARLY_NARROW = False
+
+
 def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
                     early_input: bool = False) -> tuple[int, int, int, int] | None:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps) of the fp16-pair kernel for a problem on a GPU of ``processors`` SMs,
@@ -653,10 +658,12 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
     from 0.489-0.490 to 0.466-0.467 ms with both, against 0.492-0.496 with the early launch alone and 0.484 with
     steps of 8192 (``benchmarks/decode_replay.py``, three alternated rounds; results/norm_early.md).
     """
-    if N < 12 * processors:
-        return None
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     k2 = next_power_of_2(max(K, 16))
+    if N < 12 * processors:
+        if early_input and EARLY_NARROW and K > 2048:
+            return block_m, 4, max(block_size, min(8192, k2)), 4
+        return None
     if N >= 512 * processors:
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
