@@ -621,7 +621,9 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
 
 
 #: after an early-launching gate (``pick_pair_tiles``' ``early_input``), narrow products of a long K (Qwen2.5-0.5B's
-#: down projection) take the fp16-pair kernel at 4 rows a program with all of K (to 8192) in one step
+#: down projection) take the fp16-pair kernel at 4 rows a program with all of K (to 8192) in one step. Off: the
+#: Qwen2.5-0.5B int4 decode step on an H200 stayed level, 0.440-0.442 ms with the float32 kernel's tiles against 0.442
+#: (results/norm_early.md, run 2)
 EARLY_NARROW = False
 
 
