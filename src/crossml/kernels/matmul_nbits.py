@@ -657,8 +657,9 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
     ``crossml.ops.fused``'s SiluMulMatMulNBits), so the programs are resident, and their first K step requested,
     while the product before that kernel still runs. Then a long K (past 2048, N <= 64 per SM) takes steps of 4096 at
     four warps: half of Llama-3.2-1B's down projection is read before the wait. Its int4 decode step on an H200 went
-    from 0.489-0.490 to 0.466-0.467 ms with both, against 0.492-0.496 with the early launch alone and 0.484 with
-    steps of 8192 (``benchmarks/decode_replay.py``, three alternated rounds; results/norm_early.md).
+    from 0.489-0.490 to 0.467-0.468 ms with both (``benchmarks/decode_replay.py --variants
+    cols,no-SiluMulMatMulNBits``, three alternated rounds; results/norm_early.md run 1); in the sweep before, the
+    early launch alone took it to 0.492-0.496 and steps of 8192 at 4 rows a program to 0.483-0.484.
     """
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     k2 = next_power_of_2(max(K, 16))
