@@ -255,10 +255,16 @@ def pdl(t: torch.Tensor, early: bool = False) -> dict[str, Any]:
     wait (the skip-norm kernel's residual, the decode attention's lengths and cache rows) rely on that. With
     ``early`` (PDL 2) the kernel lets the next one launch before its own wait instead: the next kernel's programs
     become resident, and request what they read before their wait (their weights), while the kernel before this one
-    still runs. That is safe where the kernel before this one is this kernel's own product, launched just before it
-    by the same call, whose output (partial sums) only this kernel reads, after its wait: a kernel that starts while
-    that product still runs finds every kernel before the product finished, as it would without ``early``.
-    ``crossml.kernels.gemv``'s skip-norm kernel is such a kernel (``NORM_EARLY``)."""
+    still runs. That is safe where either
+    - the kernel before this one is this kernel's own product, launched just before it by the same call, whose output
+      (partial sums) only this kernel reads, after its wait: a kernel that starts while that product still runs finds
+      every kernel before the product finished, as it would without ``early`` (``crossml.kernels.gemv``'s skip-norm
+      kernel, ``NORM_EARLY``); or
+    - the kernel after this one is launched just after it by the same call and reads nothing but constants before
+      its wait (the SiluMul kernel before its 4-bit down projection, ``crossml.ops.fused``'s SiluMulMatMulNBits).
+    Either way no two early kernels of one call follow each other, and a kernel that reads more than constants before
+    its wait still finds the kernels it relies on finished: between them lies a kernel that waited in the usual order
+    (launches of other threads on the same stream only add kernels between)."""
     if INTERPRET or t.device.type != "cuda":
         return {}
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
