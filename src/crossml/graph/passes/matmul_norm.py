@@ -87,13 +87,14 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 MATMUL_NORM = Rule("MatMulSkipNorm", match, check, rewrite, domains=((DOMAIN, 1),))
 
 
+def _gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    """[gate, node] where ``node``'s first input is written by a one-input SiluMul (of a merged gate/up product)."""
+    gate = _producer(view, node.input[0], {(DOMAIN, "SiluMul")}) if node.input and node.input[0] else None
+    return Match([gate, node], {}) if gate is not None and len(gate.input) == 1 else None
+
+
 def match_gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if not _plain_skip_norm(node):
-        return None
-    gate = _producer(view, node.input[0], {(DOMAIN, "SiluMul")})
-    if gate is None or len(gate.input) != 1:
-        return None
-    return Match([gate, node], {})
+    return _gated(view, node) if _plain_skip_norm(node) else None
 
 
 def check_gated(view: GraphView, m: Match) -> str | None:
@@ -119,12 +120,7 @@ SILU_MUL_NORM = Rule("SiluMulSkipNorm", match_gated, check_gated, rewrite_gated,
 
 
 def match_gated_nbits(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if node.op_type != "MatMulNBits" or node.domain != MS_DOMAIN or not node.input or not node.input[0]:
-        return None
-    gate = _producer(view, node.input[0], {(DOMAIN, "SiluMul")})
-    if gate is None or len(gate.input) != 1:
-        return None
-    return Match([gate, node], {})
+    return _gated(view, node) if node.op_type == "MatMulNBits" and node.domain == MS_DOMAIN else None
 
 
 def check_gated_nbits(view: GraphView, m: Match) -> str | None:
