@@ -26,6 +26,7 @@ def test_host_integer_helpers_match_triton() -> None:
 
 def test_pdl_only_on_compiled_nvidia_launches() -> None:
     assert pdl(torch.empty(1)) == {}  # CPU tensors: the interpreter or torch, never a PDL launch
+    assert pdl(torch.empty(1), early=True) == {}
 
 
 @pytest.mark.gpu
@@ -35,6 +36,7 @@ def test_pdl_on_hopper_and_switch() -> None:
     t = torch.empty(1, device="cuda")
     want = {"PDL": True, "launch_pdl": True} if torch.cuda.get_device_capability()[0] >= 9 else {}
     assert pdl(t) == want
+    assert pdl(t, early=True) == ({**want, "PDL": 2} if want else {})  # trigger first, then wait
     code = "import torch; from crossml.kernels._launch import pdl; assert pdl(torch.empty(1, device='cuda')) == {}"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "CROSSML_PDL": "0", "PYTHONPATH": "src"})
 
