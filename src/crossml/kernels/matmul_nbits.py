@@ -625,9 +625,6 @@ def pick_tiles(M: int, N: int, K: int, block_size: int, processors: int) -> tupl
 #: Qwen2.5-0.5B int4 decode step on an H200 stayed level, 0.440-0.442 ms with the float32 kernel's tiles against 0.442
 #: (results/norm_early.md, run 2)
 EARLY_NARROW = False
-#: after an early-launching norm (``pick_pair_tiles``' ``early_input``), the K step of wide products past K 1024
-#: (Llama-3.2-1B's gate+up: 512 as without it; more at two warps)
-EARLY_WIDE_STEP = 512
 
 
 def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
@@ -675,8 +672,6 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
         block_n, block_k, warps = 32, min(256, k2), 1
     elif N >= 64 * processors:
         block_n, block_k, warps = (8, k2, 2) if K <= 1024 else (8, 512, 1)
-        if early_input and K > 1024 and EARLY_WIDE_STEP > 512:
-            block_k, warps = min(EARLY_WIDE_STEP, k2), 2
     elif early_input and K > 2048:
         block_n, block_k, warps = 8, min(4096, k2), 4
     else:

@@ -155,9 +155,8 @@ def _vector(what: str, name: str, t: torch.Tensor, H: int) -> torch.Tensor:
 
 
 def _launch(kernel: triton.JITFunction, x: torch.Tensor, rows: int, H: int, args: tuple, flags: dict,
-            what: str, *outs: torch.Tensor | None, early: bool = False) -> None:
-    """``kernel`` over ``rows`` programs; ``outs`` name the rounded outputs' flags (Y_RTNE, SUM_RTNE); ``early``:
-    ``crossml.kernels._launch.pdl``'s."""
+            what: str, *outs: torch.Tensor | None) -> None:
+    """``kernel`` over ``rows`` programs; ``outs`` name the rounded outputs' flags (Y_RTNE, SUM_RTNE)."""
     block, single, warps = _tiling(H)
     if use_interpreter(x, what):
         rtne = {f"{n}_RTNE": t is not None and t.dtype == torch.bfloat16 for n, t in zip(("Y", "SUM"), outs)}
@@ -165,17 +164,14 @@ def _launch(kernel: triton.JITFunction, x: torch.Tensor, rows: int, H: int, args
         return
     rtne = {f"{n}_RTNE": False for n, _ in zip(("Y", "SUM"), outs)}
     with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
-        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps, **pdl(x, early=early))
+        kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps, **pdl(x))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
-             early: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last axis of ``x`` (``SimplifiedLayerNormalization`` with axis -1, stash_type 1).
 
     Returns ``y`` (x's shape, weight's dtype) and the float32 inverse standard deviation of shape
-    ``x.shape[:-1] + (1,)``. ``weight`` holds ``x.shape[-1]`` elements. ``early``: the launch lets the next kernel
-    launch before its wait (``crossml.kernels._launch.pdl``: only where the caller launches, just after, a kernel
-    that reads nothing but constants before its own wait).
+    ``x.shape[:-1] + (1,)``. ``weight`` holds ``x.shape[-1]`` elements.
     """
     H = _check("RMSNorm", x, weight)
     w = _vector("RMSNorm", "weight", weight, H)
@@ -186,7 +182,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
     if rows:  # the skip kernel with no skip, no bias and no sum output (their pointers are never read)
         args = (xc, xc, w, w, w, y, inv, y, H, 1, 0, 0, 1.0 / H, float(eps))
         flags = {"HAS_SKIP": False, "HAS_BIAS": False, "STORE_INV": True, "STORE_SUM": False}
-        _launch(_rms_norm_kernel, xc, rows, H, args, flags, "RMSNorm", y, None, early=early)
+        _launch(_rms_norm_kernel, xc, rows, H, args, flags, "RMSNorm", y, None)
     return y, inv
 
 
@@ -222,17 +218,16 @@ def gather_rms_norm(table: torch.Tensor, indices: torch.Tensor, weight: torch.Te
 
 
 def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  eps: float, *, store_inv: bool = True, store_sum: bool = True,
-                  early: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                  eps: float, *, store_inv: bool = True,
+                  store_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """RMSNorm of ``x + skip (+ bias)`` over the last axis (``SkipSimplifiedLayerNormalization``).
 
     ``skip`` broadcasts to ``x`` (e.g. [H], [S, H] or [B, S, H] for a [B, S, H] input) and is read
     in place; ``weight`` and ``bias`` hold ``x.shape[-1]`` elements. Returns ``y`` (x's dtype), the
     float32 inverse standard deviation (shape ``x.shape[:-1] + (1,)``) and the residual sum cast to
-    x's dtype; ``store_inv`` / ``store_sum`` False leave those out (None), writing nothing for them. ``early``: as
-    ``rms_norm``'s.
+    x's dtype; ``store_inv`` / ``store_sum`` False leave those out (None), writing nothing for them.
     """
-    return _skip_norm("SkipRMSNorm", x, skip, weight, None, bias, eps, store_inv, store_sum, early=early)
+    return _skip_norm("SkipRMSNorm", x, skip, weight, None, bias, eps, store_inv, store_sum)
 
 
 def skip_layer_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None,
@@ -249,7 +244,7 @@ def skip_layer_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, be
 
 def _skip_norm(what: str, x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, beta: torch.Tensor | None,
                bias: torch.Tensor | None, eps: float, store_inv: bool, store_sum: bool,
-               center: bool = False, early: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+               center: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     H = _check(what, x, skip, weight, beta, bias)
     w = _vector(what, "weight", weight, H)
     b = _vector(what, "bias", bias, H) if bias is not None else None
@@ -281,5 +276,5 @@ def _skip_norm(what: str, x: torch.Tensor, skip: torch.Tensor, weight: torch.Ten
                 inv if inv is not None else y, s if s is not None else y, H, S, s_b, s_s, 1.0 / H, float(eps))
         flags = {"HAS_SKIP": True, "HAS_BIAS": b is not None, "STORE_INV": store_inv, "STORE_SUM": store_sum,
                  "CENTER": center, "HAS_BETA": bt is not None}
-        _launch(_rms_norm_kernel, xc, rows, H, args, flags, what, y, s, early=early)
+        _launch(_rms_norm_kernel, xc, rows, H, args, flags, what, y, s)
     return y, inv, s

@@ -223,11 +223,6 @@ def _dot_rows(x: torch.Tensor, rows: int, N: int, K: int, block_size: int, zero_
                                     or kernels.mma_eligible(x, rows, K, N, block_size, zero_points))
 
 
-#: EXPERIMENT: where NormMatMulNBits runs two launches at one row on a GPU, the norm kernel lets the product launch
-#: before its wait and the product reads its constant weight's first step before its own
-NORM_EARLY = False
-
-
 @op("NormMatMulNBits", since=1, domain=DOMAIN, ctx=True)
 def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, B: torch.Tensor,
                       scales: torch.Tensor, zero_points: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -250,21 +245,6 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
                                               norm=(skip, gamma, epsilon), sum_out=s,
                                               const_w=constant_weight(ctx, 3, zero_points))
         return y, s
-    if NORM_EARLY and rows == 1 and (skip is None or skip.shape == x.shape) and gamma.numel() == K \
-            and 0 < K == x.shape[-1] and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
-            and all(t.device == x.device and t.dtype == x.dtype for t in (skip, gamma) if t is not None) \
-            and not _dot_rows(x, rows, N, K, block_size, zero_points):
-        norms, kernels = load("rmsnorm"), load("matmul_nbits")
-        if norms is not None and kernels is not None:
-            if skip is None:
-                normed, _ = norms.rms_norm(x, gamma, epsilon, early=True)
-                s = None
-            else:
-                normed, _, s = norms.skip_rms_norm(x, skip, gamma, None, epsilon, store_inv=False,
-                                                   store_sum=want_sum, early=True)
-            y = kernels.matmul_nbits(normed, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
-                                     const_w=constant_weight(ctx, 3, zero_points), early_input=True)
-            return y, s
     if skip is None:
         normed, _ = simplified_layer_normalization(x, gamma, epsilon=epsilon)
         s = None
