@@ -253,7 +253,9 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
                         (True, False, False, want_sum), ctx.device)
         normed, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, epsilon=epsilon, ctx=sub)
     # on the CPU the product's weight is flagged constant (so torch's packed int4 kernel may take it, as it takes the
-    # unfused op's); GPU launches keep the plain launch measured in the decode steps
+    # unfused op's); GPU launches keep the plain launch measured in the decode steps. The norm kernel launching early
+    # (``crossml.kernels._launch.pdl``) with the product reading its first K step before its wait made Llama-3.2-1B's
+    # int4 decode step slower on an H200, 0.466-0.469 -> 0.484-0.486 ms (results/norm_early.md run 4, commit 192bcfd)
     product = OpContext(ctx.node_name, "MatMulNBits", 1, 1, (None,), (True,), ctx.device,
                         const_inputs=(False, *(ctx.constant(i) for i in (3, 4, 5)), False, ctx.constant(6))) \
         if x.device.type == "cpu" else None
