@@ -550,6 +550,11 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
 #: (0.504-0.517 either way on the H200, 0.581-0.595 on the H100). Letting the RMSNorm
 #: kernel, the GEMVs, the decode attention or ``combine_product`` launch early gained nothing (the same file's sweep)
 NORM_EARLY = True
+#: most rows the skip-norm kernel launches early at: batched decode steps on an H200 (``benchmarks/genai_batch.py
+#: --batches 4,16 --set crossml.kernels.gemv.NORM_EARLY=False``, two runs each way, results/norm_early_batch.md) went
+#: 6,325-6,343 -> 6,232-6,277 tokens/s (Qwen2.5-0.5B fp16, 4 rows) and 21,982-22,027 -> 21,547 (16 rows) with it,
+#: Llama-3.2-1B 4,316-4,319 -> 4,367-4,368 and 14,941-14,953 -> 15,111-15,126
+NORM_EARLY_MAX_ROWS = 1
 #: most float32 partial sums the skip-norm kernel holds at once (a whole row's when they fit: 32 per thread at 16
 #: warps)
 _NORM_TILE = 16384
@@ -1009,7 +1014,7 @@ def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: to
         block = next_power_of_2(N)
         warps = max(warps, min(16, block_s * block // 1024))
     rtne = interpret and residual.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
-    meta = {} if interpret else {"num_warps": warps, **pdl(ws, early=NORM_EARLY)}
+    meta = {} if interpret else {"num_warps": warps, **pdl(ws, early=NORM_EARLY and M <= NORM_EARLY_MAX_ROWS)}
     bias1 = bias.reshape(N).contiguous() if bias is not None else residual  # a placeholder of the product's dtype
     launch = contextlib.nullcontext() if interpret or ws.device.type != "cuda" else torch.cuda.device(ws.device)
     with launch:
