@@ -29,7 +29,7 @@ from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import sdpa
-from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, matmul_nbits
+from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, int8_activations, matmul_nbits
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import (
     _kernel_vector,
@@ -278,9 +278,9 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
     request their first K step while the gate/up product still runs, and a long K takes longer steps
     (``crossml.kernels.matmul_nbits.pick_pair_tiles``' ``early_input``). Elsewhere the SiluMul and MatMulNBits ops."""
     rows = math.prod(gu.shape[:-1]) if gu.dim() else 0
-    int8 = accuracy_level == 4 and (zero_points is None or zero_points.dtype == torch.uint8)  # MatMulNBits' int8 path
-    if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None and not int8 \
-            and gu.dtype in _SILU_MUL_DTYPES and _nbits_kernel(gu, B, scales, zero_points, None, bias, bits) \
+    if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None \
+            and not int8_activations(accuracy_level, g_idx, zero_points) and gu.dtype in _SILU_MUL_DTYPES \
+            and _nbits_kernel(gu, B, scales, zero_points, None, bias, bits) \
             and not _dot_rows(gu, rows, N, K, block_size, zero_points):
         swiglu, kernels = load("swiglu"), load("matmul_nbits")
         if swiglu is not None and kernels is not None:

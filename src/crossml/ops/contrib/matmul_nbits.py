@@ -161,6 +161,12 @@ def constant_weight(ctx: OpContext | None, first: int, zero_points: torch.Tensor
     return ctx is not None and ctx.constant(first, first + 1) and (zero_points is None or ctx.constant(first + 2))
 
 
+def int8_activations(accuracy_level: int, g_idx: torch.Tensor | None, zero_points: torch.Tensor | None) -> bool:
+    """Whether MatMulNBits quantizes its activations to int8 per block first, as onnxruntime does at accuracy level 4
+    (no g_idx; zero points absent or packed uint8)."""
+    return accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
+
+
 @op("MatMulNBits", domain=MS_DOMAIN, ctx=True)
 def matmul_nbits(
     A: torch.Tensor,
@@ -183,7 +189,7 @@ def matmul_nbits(
         raise ValueError("MatMulNBits: weight_prepacked (EP-specific CUDA layouts) is not supported; use the plain layout")
     if A.shape[-1] != K:
         raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={K}")
-    int8_path = accuracy_level == 4 and g_idx is None and (zero_points is None or zero_points.dtype == torch.uint8)
+    int8_path = int8_activations(accuracy_level, g_idx, zero_points)
     kernels = _use_kernel(A, B, scales, zero_points, g_idx, bias, bits)
     if kernels and _kernel_rows(A, N):
         a = quantize_dequantize_int8_blocks(A.float(), block_size).to(A.dtype) if int8_path else A
