@@ -547,8 +547,8 @@ def _split_k_norm_kernel(ws_ptr, bias_ptr, res_ptr, g_ptr, y_ptr, sum_ptr, M, N,
 #: runs. On an H200 (``benchmarks/decode_replay.py --variants cols,set:crossml.kernels.gemv.NORM_EARLY=False``,
 #: results/norm_early.md run 1) the GenAI benchmark's Llama-3.2-1B fp16 decode step went from 0.811-0.812 to
 #: 0.780-0.782 ms, on an H100 (run 3) from 1.039 to 0.997-0.998; Qwen2.5-0.5B's stayed within the rounds' drift
-#: (0.504-0.517 either way on the H200, 0.581-0.595 on the H100). Letting the RMSNorm
-#: kernel, the GEMVs, the decode attention or ``combine_product`` launch early gained nothing (the same file's sweep)
+#: (0.504-0.517 either way on the H200, 0.581-0.595 on the H100). Letting the RMSNorm kernel, the GEMVs, the decode
+#: attention or ``combine_product`` launch early gained nothing (the same file's sweep)
 NORM_EARLY = True
 #: most rows the skip-norm kernel launches early at: batched decode steps on an H200 (``benchmarks/genai_batch.py
 #: --batches 4,16 --set crossml.kernels.gemv.NORM_EARLY=False``, two runs each way, results/norm_early_batch.md) went

@@ -659,8 +659,8 @@ def pick_pair_tiles(M: int, N: int, K: int, block_size: int, processors: int,
     four warps: half of Llama-3.2-1B's down projection is read before the wait. Its int4 decode step on an H200 went
     from 0.489-0.490 to 0.467-0.468 ms with both (``benchmarks/decode_replay.py --variants
     cols,no-SiluMulMatMulNBits``, three alternated rounds; results/norm_early.md run 1), on an H100 from 0.531-0.533 to
-    0.519-0.520 (run 3); in the sweep before, the
-    early launch alone took it to 0.492-0.496 and steps of 8192 at 4 rows a program to 0.483-0.484.
+    0.519-0.520 (run 3); in the sweep before, the early launch alone took it to 0.492-0.496 and steps of 8192 at 4 rows
+    a program to 0.483-0.484.
     """
     block_m = min(MAX_BLOCK_M, next_power_of_2(max(M, 1)))
     k2 = next_power_of_2(max(K, 16))
