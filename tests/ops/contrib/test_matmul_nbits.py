@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 from onnx import TensorProto as TP
@@ -9,6 +11,14 @@ from onnx import TensorProto as TP
 from tests.ops.contrib._ort import check
 
 RNG = np.random.default_rng(1)
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Each test draws its data from a generator seeded by its own id, so its data does not depend on which tests
+    ran before it in the process (pytest-xdist deals tests out differently from run to run)."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 #: largest |crossml - onnxruntime| seen per accuracy-level-4 case (reported by test_report_level4)
 LEVEL4_DIFFS: dict[str, float] = {}
 
@@ -100,27 +110,88 @@ PACKED_CASES = [  # bits, block_size, K, N, zero points: K a multiple of the blo
 ]
 
 
+LAID_OUT_CASES = PACKED_CASES + [  # the numba kernel also takes K past the last whole block and blocks of 16
+    (4, 32, 80, 16, "packed"), (4, 16, 64, 24, None), (4, 16, 80, 37, "float"), (4, 128, 200, 9, "packed"),
+]
+
+
+def _spy(monkeypatch, module, name: str, attr: str) -> list[bool]:
+    """Record, for each call of ``module.<name>``, whether it returned a weight kept on B under ``attr``."""
+    calls = []
+    real = getattr(module, name)
+
+    def spy(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(out is not None and hasattr(args[1], attr))
+        return out
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("M", [(1,), (2, 3)])
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("case", LAID_OUT_CASES, ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_numba_kernel(case, level, M, monkeypatch):
+    """Decode-sized products of constant 4-bit weights on the CPU take the numba kernel (``crossml.kernels.cpu_nbits``,
+    checked with a spy) where numba is installed, within the same tolerance of onnxruntime as the dequantizing path;
+    the weight is laid out once, on its first run."""
+    pytest.importorskip("numba", reason="the numba kernel needs numba (the test extra installs it)")
+    from crossml.ops.contrib import matmul_nbits as module
+
+    calls = _spy(monkeypatch, module, "_cpu_laid_out", module._CPU_NBITS)
+    d = _run(*case, level=level, M=M)
+    assert calls and all(calls), "the product did not take the numba kernel"
+    if level == 4:
+        LEVEL4_DIFFS[f"numba {case} M{M}"] = d
+
+
 @pytest.mark.parametrize("M", [(1,), (2, 3)])
 @pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
 def test_matmul_nbits_cpu_packed_kernel(case, level, M, monkeypatch):
-    """Decode-sized products of constant 4-bit weights on the CPU take torch's packed int4 kernel (checked with a spy),
-    within the same tolerance of onnxruntime as the dequantizing path; the weight is packed once, on its first run."""
+    """Without numba, decode-sized products of constant 4-bit weights on the CPU take torch's packed int4 kernel
+    (checked with a spy), within the same tolerance of onnxruntime as the dequantizing path; the weight is packed
+    once, on its first run."""
     from crossml.ops.contrib import matmul_nbits as module
 
-    calls = []
-    real = module._cpu_packed
-
-    def spy(*args, **kw):
-        out = real(*args, **kw)
-        calls.append(out is not None and hasattr(args[1], module._CPU_PACKED))
-        return out
-
-    monkeypatch.setattr(module, "_cpu_packed", spy)
+    real_load = module.load
+    monkeypatch.setattr(module, "load", lambda name: None if name == "cpu_nbits" else real_load(name))
+    calls = _spy(monkeypatch, module, "_cpu_packed", module._CPU_PACKED)
     d = _run(*case, level=level, M=M)
     assert calls and all(calls), "the product did not take the packed kernel"
     if level == 4:
         LEVEL4_DIFFS[f"packed {case} M{M}"] = d
+
+
+def test_numba_kernel_only_where_it_applies():
+    """The numba kernel declines what it does not take (the next path then runs): more than CPU_PACKED_MAX_M rows,
+    weights that are not model constants, other bit widths, g_idx, a B or scales of the wrong size; and it lays a
+    weight out once."""
+    pytest.importorskip("numba", reason="the numba kernel needs numba (the test extra installs it)")
+    import torch
+
+    from crossml.ops.contrib.matmul_nbits import CPU_PACKED_MAX_M, _cpu_laid_out
+
+    def args(N, K, bs, rows=1, bits=4):
+        B, scales, zp = quantized_weight(N, K, bits, bs, "packed")
+        return (torch.zeros(rows, K), torch.from_numpy(B), torch.from_numpy(scales), torch.from_numpy(zp), None, bits,
+                K, N, bs)
+
+    assert _cpu_laid_out(*args(32, 64, 32), True) is not None
+    assert _cpu_laid_out(*args(24, 80, 16), True) is not None
+    assert _cpu_laid_out(*args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
+    assert _cpu_laid_out(*args(32, 64, 32), False) is None
+    assert _cpu_laid_out(*args(32, 64, 32, bits=8), True) is None
+    a = list(args(32, 64, 32))
+    a[4] = torch.arange(64, dtype=torch.int32) // 32
+    assert _cpu_laid_out(*a, True) is None
+    a = list(args(32, 64, 32))
+    a[7] = 33  # N does not match B
+    assert _cpu_laid_out(*a, True) is None
+    a = args(32, 64, 32)
+    first = _cpu_laid_out(*a, True)
+    assert _cpu_laid_out(*a, True) is first
 
 
 def test_cpu_packed_kernel_only_where_it_applies():

@@ -105,8 +105,10 @@ def _scales_zero_points(scales: torch.Tensor, zero_points: torch.Tensor | None, 
     return s, zp
 
 
-def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
-    """A after onnxruntime's accuracy_level-4 quantization: symmetric int8 per block along the last axis."""
+def quantize_int8_blocks(a: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """onnxruntime's accuracy_level-4 quantization of A: symmetric int8 per block along the last axis (zero padded
+    to whole blocks). Returns the int8 values (in a's float dtype) [..., n_blocks, block_size] and the block scales
+    [..., n_blocks, 1]."""
     K = a.shape[-1]
     n_blocks = (K + block_size - 1) // block_size
     pad = n_blocks * block_size - K
@@ -115,8 +117,13 @@ def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.T
     amax = w.abs().amax(dim=-1, keepdim=True)
     scale = amax / 127.0
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    q = torch.round(w * inv).clamp_(-128, 127)
-    return (q * scale).reshape(*a.shape[:-1], n_blocks * block_size)[..., :K]
+    return torch.round(w * inv).clamp_(-128, 127), scale
+
+
+def quantize_dequantize_int8_blocks(a: torch.Tensor, block_size: int) -> torch.Tensor:
+    """A after onnxruntime's accuracy_level-4 quantization: symmetric int8 per block along the last axis."""
+    q, scale = quantize_int8_blocks(a, block_size)
+    return (q * scale).reshape(*a.shape[:-1], -1)[..., :a.shape[-1]]
 
 
 #: largest number of A rows (prod of its leading dims) that takes the Triton GEMVs: decode sizes (fp16 / bf16
@@ -196,6 +203,13 @@ def matmul_nbits(
         return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                                  const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
+    laid_out = _cpu_laid_out(A, B, scales, zero_points, g_idx, bits, K, N, block_size,
+                             constant_weight(ctx, 1, zero_points))
+    if laid_out is not None:
+        y = load("cpu_nbits").matmul(A.reshape(-1, K).to(torch.float32), laid_out, int8=int8_path)
+        if bias is not None:
+            y = y + bias.to(torch.float32)
+        return y.reshape(*A.shape[:-1], N).to(A.dtype)
     packed = _cpu_packed(A, B, scales, zero_points, g_idx, bits, K, N, block_size, constant_weight(ctx, 1, zero_points))
     if packed is not None:
         a = A.reshape(-1, K).to(compute)
@@ -254,6 +268,37 @@ def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Ten
                              bits=bits, block_size=block_size, dtype=torch.float32)
         y[:, n0:n1] = a2 @ w.T
     return y.reshape(*a.shape[:-1], N)
+
+
+_CPU_NBITS = "_crossml_cpu_nbits"  # attribute of B holding (``cpu_nbits.Packed``, scales, zero points)
+
+
+def _cpu_laid_out(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                  g_idx: torch.Tensor | None, bits: int, K: int, N: int, block_size: int, constant: bool):
+    """The weight laid out for ``crossml.kernels.cpu_nbits`` (numba), on the first call and kept on B, or None where
+    that kernel does not take the product: numba not installed, not the CPU, not a model constant, more rows than
+    CPU_PACKED_MAX_M, bits other than 4, g_idx, B or scales of other dtypes or sizes (the dequantizing path names
+    what is wrong)."""
+    if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
+            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M or A.dim() == 0):
+        return None
+    if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
+        return None
+    kept = getattr(B, _CPU_NBITS, None)
+    if kept is not None and kept[1] is scales and kept[2] is zero_points:
+        return kept[0]
+    n_blocks = (K + block_size - 1) // block_size
+    if B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks:
+        return None
+    if zero_points is not None and zero_points.numel() != (N * n_blocks if zero_points.is_floating_point()
+                                                           else N * ((n_blocks + 1) // 2)):
+        return None
+    kernels = load("cpu_nbits")
+    if kernels is None:
+        return None
+    laid_out = kernels.prepare(B, scales, zero_points, K=K, N=N, block_size=block_size)
+    setattr(B, _CPU_NBITS, (laid_out, scales, zero_points))
+    return laid_out
 
 
 #: most rows of A (prod of its leading dims) that take the CPU's packed int4 kernel: its time grows with the rows

@@ -1,0 +1,109 @@
+"""The numba CPU kernel for 4-bit products (crossml.kernels.cpu_nbits) against MatMulNBits' torch reference:
+the weight dequantized (``dequantize_nbits``), A quantized to int8 per block first on the int8 path, multiplied in
+float64."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+pytest.importorskip("numba", reason="the CPU kernel is compiled by numba (the test extra installs it)")
+
+from crossml.kernels import cpu_nbits  # noqa: E402
+from crossml.ops.contrib.matmul_nbits import dequantize_nbits, quantize_dequantize_int8_blocks  # noqa: E402
+
+
+def _weight(N: int, K: int, block_size: int, zp_kind: str | None, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    nb = -(-K // block_size)
+    B = torch.randint(0, 256, (N, nb, block_size // 2), generator=g, dtype=torch.uint8)
+    scales = torch.rand(N * nb, generator=g) * 0.05 + 0.01
+    zp = None
+    if zp_kind == "packed":
+        zp = torch.randint(0, 256, (N, -(-nb // 2)), generator=g, dtype=torch.uint8)
+    elif zp_kind == "float":
+        zp = torch.rand(N * nb, generator=g) * 15
+    return B, scales, zp
+
+
+def _reference(A: torch.Tensor, B, scales, zp, *, K: int, N: int, block_size: int, int8: bool) -> torch.Tensor:
+    w = dequantize_nbits(B, scales, zp, None, K=K, N=N, bits=4, block_size=block_size, dtype=torch.float64)
+    a = quantize_dequantize_int8_blocks(A, block_size) if int8 else A
+    return a.double() @ w.T
+
+
+CASES = [  # block_size, K, N, zero points
+    (16, 64, 24, None),
+    (16, 80, 37, "float"),
+    (32, 96, 40, "packed"),
+    (32, 80, 16, "packed"),  # K past the last whole block
+    (32, 896, 64, "packed"),  # 28 blocks, padded to 32
+    (64, 256, 48, "float"),
+    (128, 384, 32, None),  # 3 blocks: no padding
+    (128, 200, 9, "packed"),
+    (256, 512, 16, None),
+    (256, 1280, 8, "packed"),  # 5 blocks, padded to 8
+]
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"bs{c[0]}_K{c[1]}_N{c[2]}_{c[3]}")
+def test_cpu_kernel_matches_the_dequantized_product(case, M, int8):
+    block_size, K, N, zp_kind = case
+    B, scales, zp = _weight(N, K, block_size, zp_kind)
+    A = torch.randn(M, K, generator=torch.Generator().manual_seed(1))
+    packed = cpu_nbits.prepare(B, scales, zp, K=K, N=N, block_size=block_size)
+    got = cpu_nbits.matmul(A, packed, int8=int8)
+    ref = _reference(A, B, scales, zp, K=K, N=N, block_size=block_size, int8=int8)
+    assert got.dtype == torch.float32 and got.shape == (M, N)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_block_dot_products_are_exact():
+    """On the int8 path each block's dot product is an integer computed exactly: with one block per row and a scale
+    of 1 for the weight and for A (A's block maximum 127), the result is the integer dot product itself, at the
+    largest magnitudes (A at -128 / 127, weights at 0 and 15, zero point 0)."""
+    K = N = 256
+    q = torch.full((N, K), 15, dtype=torch.uint8)
+    q[:, 1::3] = 0
+    B = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, 1, K // 2)
+    scales = torch.ones(N)
+    zp = torch.zeros(N, 1, dtype=torch.uint8)
+    a = torch.full((1, K), 127.0)
+    a[0, 2::5] = -127.0
+    got = cpu_nbits.matmul(a, cpu_nbits.prepare(B, scales, zp, K=K, N=N, block_size=K), int8=True)
+    exact = (a.double() @ q.double().T)
+    assert torch.equal(got.double(), exact)
+
+
+def test_padded_blocks():
+    assert [cpu_nbits.padded_blocks(n) for n in (1, 4, 5, 8, 9, 28, 152)] == [1, 4, 8, 8, 16, 32, 152]
+
+
+def test_concurrent_calls_from_threads_agree():
+    """Calls from several Python threads at once (sessions run concurrently) give each thread its own exact
+    result: the kernel releases the GIL and numba's threading layer takes launches from many threads (or they are
+    serialized where it does not)."""
+    K, N, bs = 512, 256, 32
+    B, scales, zp = _weight(N, K, bs, "packed")
+    packed = cpu_nbits.prepare(B, scales, zp, K=K, N=N, block_size=bs)
+    inputs = [torch.randn(2, K, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+    expected = [cpu_nbits.matmul(a, packed, int8=True) for a in inputs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            got = cpu_nbits.matmul(inputs[i], packed, int8=True)
+            if not torch.equal(got, expected[i]):
+                errors.append(f"thread {i}: result differs")
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
