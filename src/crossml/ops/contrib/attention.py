@@ -130,10 +130,17 @@ def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed:
     Returns the output [B, N, S, H] and the scores ``want_qk`` asks for."""
     N, H = q.shape[2], q.shape[3]
     groups = N // kc.shape[1]
+    sc = _softmax_scale(scale, H)
+    qt = q.transpose(1, 2)
+    if bias is None and softcap == 0.0 and head_sink is None and not smooth_softmax and not want_qk:
+        # plain attention: SDPA broadcasts the key / value heads itself where that is fast (``sdpa_heads``); a CPU
+        # decode step of Qwen2.5-0.5B's shape (14 query heads over 2) took 77 us against 190 us with the heads
+        # repeated first, the same output bit for bit
+        kh, vh, gqa = sdpa_heads(qt, kc, vc, groups, masked=allowed is not None)
+        return sdpa(qt, kh, vh, attn_mask=allowed, scale=sc, enable_gqa=gqa), None
     kh = kc.repeat_interleave(groups, dim=1) if groups > 1 else kc
     vh = vc.repeat_interleave(groups, dim=1) if groups > 1 else vc
-    sc = _softmax_scale(scale, H)
-    return _attend(q.transpose(1, 2), kh, vh, allowed, sc, bias=bias, softcap=softcap,
+    return _attend(qt, kh, vh, allowed, sc, bias=bias, softcap=softcap,
                    sink=_sinks(head_sink, smooth_softmax, N, q.device), want_qk=want_qk)
 
 
