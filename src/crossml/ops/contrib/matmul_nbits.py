@@ -18,7 +18,7 @@ matrix-unit kernel, which dequantizes each weight tile in registers for a ``tl.d
 one-pass dequantization, then a dense matmul. On the CPU, a 4-bit
 product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM's decode step) takes crossml's
 numba kernel (``crossml.kernels.cpu_nbits``, where numba is installed: the packed weight read as it is, laid out
-once and kept on B; a Qwen2.5-0.5B-shaped builder int4 CPU model's decode 659.5 -> 91.8 ms a token on a 2-core
+once and kept on B; a Qwen2.5-0.5B-shaped builder int4 CPU model's decode 716.5 -> 86.3 ms a token on a 2-core
 AVX2 host, results/cpu_genai.md). Without numba it takes torch's packed int4 kernel
 (``torch._weight_int4pack_mm_for_cpu``) on a copy of the weight packed once and kept with it (as much memory again as
 the 4-bit weight: prompts still dequantize the original),
