@@ -21,6 +21,7 @@ numba's ``workqueue`` threading layer (which aborts on launches from two threads
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import NamedTuple
 
@@ -28,6 +29,8 @@ import numba
 import numpy as np
 import torch
 from numba import njit, prange
+
+from crossml.ops.contrib.matmul_nbits import unpack_bits
 
 __all__ = ["Packed", "matmul", "prepare"]
 
@@ -66,8 +69,7 @@ def prepare(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | N
     if zero_points is None:
         z = torch.full((N, nbp), 8, dtype=torch.uint8)
     elif zero_points.dtype == torch.uint8:
-        zp = zero_points.reshape(N, -1)
-        z = torch.stack([zp & 15, zp >> 4], dim=-1).reshape(N, -1)[:, :nb]
+        z = unpack_bits(zero_points.reshape(N, -1), 4)[:, :nb]
         z = torch.nn.functional.pad(z, (0, pad)).contiguous()
     else:
         z = torch.nn.functional.pad(zero_points.reshape(N, nb).float(), (0, pad)).contiguous()
@@ -158,18 +160,12 @@ def matmul(a: torch.Tensor, packed: Packed, *, int8: bool) -> torch.Tensor:
     _activations(a, bs, int8, af, sa, asum)
     out = torch.empty(M, N)
     threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    args = (af, sa, asum, packed.weight.numpy(), packed.scales.numpy(), packed.zero_points.numpy(), out.numpy(),
-            threads * CHUNKS_PER_THREAD)
-    if _serial is False:
+    with _lock if _serial is not False else contextlib.nullcontext():
         if getattr(_threads, "n", None) != threads:
             numba.set_num_threads(threads)
             _threads.n = threads
-        _rows(*args)
-        return out
-    with _lock:
-        numba.set_num_threads(threads)
-        _threads.n = threads
-        _rows(*args)
+        _rows(af, sa, asum, packed.weight.numpy(), packed.scales.numpy(), packed.zero_points.numpy(), out.numpy(),
+              threads * CHUNKS_PER_THREAD)
         if _serial is None:
             _serial = numba.threading_layer() == "workqueue"
     return out

@@ -122,7 +122,7 @@ def _spy(monkeypatch, module, name: str, attr: str) -> list[bool]:
 
     def spy(*args, **kw):
         out = real(*args, **kw)
-        calls.append(out is not None and hasattr(args[1], attr))
+        calls.append(out is not None and hasattr(args[0], attr))
         return out
 
     monkeypatch.setattr(module, name, spy)
@@ -164,6 +164,14 @@ def test_matmul_nbits_cpu_packed_kernel(case, level, M, monkeypatch):
         LEVEL4_DIFFS[f"packed {case} M{M}"] = d
 
 
+def _taken(kernel, A, B, scales, zp, g_idx, bits, K, N, bs, constant):
+    """What the op gets from a CPU decode kernel's weight function (``_cpu_laid_out`` / ``_cpu_packed``) for these
+    arguments: None where ``_cpu_decode`` turns the product away first."""
+    from crossml.ops.contrib.matmul_nbits import _cpu_decode
+
+    return kernel(B, scales, zp, K, N, bs) if _cpu_decode(A, B, scales, zp, g_idx, bits, constant) else None
+
+
 def test_numba_kernel_only_where_it_applies():
     """The numba kernel declines what it does not take (the next path then runs): more than CPU_PACKED_MAX_M rows,
     weights that are not model constants, other bit widths, g_idx, a B or scales of the wrong size; and it lays a
@@ -178,20 +186,20 @@ def test_numba_kernel_only_where_it_applies():
         return (torch.zeros(rows, K), torch.from_numpy(B), torch.from_numpy(scales), torch.from_numpy(zp), None, bits,
                 K, N, bs)
 
-    assert _cpu_laid_out(*args(32, 64, 32), True) is not None
-    assert _cpu_laid_out(*args(24, 80, 16), True) is not None
-    assert _cpu_laid_out(*args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
-    assert _cpu_laid_out(*args(32, 64, 32), False) is None
-    assert _cpu_laid_out(*args(32, 64, 32, bits=8), True) is None
+    assert _taken(_cpu_laid_out, *args(32, 64, 32), True) is not None
+    assert _taken(_cpu_laid_out, *args(24, 80, 16), True) is not None
+    assert _taken(_cpu_laid_out, *args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
+    assert _taken(_cpu_laid_out, *args(32, 64, 32), False) is None
+    assert _taken(_cpu_laid_out, *args(32, 64, 32, bits=8), True) is None
     a = list(args(32, 64, 32))
     a[4] = torch.arange(64, dtype=torch.int32) // 32
-    assert _cpu_laid_out(*a, True) is None
+    assert _taken(_cpu_laid_out, *a, True) is None
     a = list(args(32, 64, 32))
     a[7] = 33  # N does not match B
-    assert _cpu_laid_out(*a, True) is None
+    assert _taken(_cpu_laid_out, *a, True) is None
     a = args(32, 64, 32)
-    first = _cpu_laid_out(*a, True)
-    assert _cpu_laid_out(*a, True) is first
+    first = _taken(_cpu_laid_out, *a, True)
+    assert _taken(_cpu_laid_out, *a, True) is first
 
 
 def test_cpu_packed_kernel_only_where_it_applies():
@@ -207,15 +215,15 @@ def test_cpu_packed_kernel_only_where_it_applies():
         return (torch.zeros(rows, K), torch.from_numpy(B), torch.from_numpy(scales), torch.from_numpy(zp), None, 4, K,
                 N, bs)
 
-    assert _cpu_packed(*args(32, 64, 32), True) is not None
-    assert _cpu_packed(*args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
-    assert _cpu_packed(*args(24, 64, 32), True) is not None  # N padded to 32 inside
-    assert _cpu_packed(*args(32, 80, 16), True) is None
-    assert _cpu_packed(*args(32, 64, 16), True) is None
-    assert _cpu_packed(*args(32, 64, 32), False) is None
+    assert _taken(_cpu_packed, *args(32, 64, 32), True) is not None
+    assert _taken(_cpu_packed, *args(32, 64, 32, rows=CPU_PACKED_MAX_M + 1), True) is None
+    assert _taken(_cpu_packed, *args(24, 64, 32), True) is not None  # N padded to 32 inside
+    assert _taken(_cpu_packed, *args(32, 80, 16), True) is None
+    assert _taken(_cpu_packed, *args(32, 64, 16), True) is None
+    assert _taken(_cpu_packed, *args(32, 64, 32), False) is None
     a = args(32, 64, 32)
-    first = _cpu_packed(*a, True)
-    assert all(x is y for x, y in zip(_cpu_packed(*a, True), first, strict=True))
+    first = _taken(_cpu_packed, *a, True)
+    assert all(x is y for x, y in zip(_taken(_cpu_packed, *a, True), first, strict=True))
 
 
 @pytest.mark.parametrize("level", [0, 4])

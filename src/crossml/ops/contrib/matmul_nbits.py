@@ -206,22 +206,20 @@ def matmul_nbits(
         return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                                  const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
-    laid_out = _cpu_laid_out(A, B, scales, zero_points, g_idx, bits, K, N, block_size,
-                             constant_weight(ctx, 1, zero_points))
-    if laid_out is not None:
-        y = load("cpu_nbits").matmul(A.reshape(-1, K).to(torch.float32), laid_out, int8=int8_path)
-        if bias is not None:
-            y = y + bias.to(torch.float32)
-        return y.reshape(*A.shape[:-1], N).to(A.dtype)
-    packed = _cpu_packed(A, B, scales, zero_points, g_idx, bits, K, N, block_size, constant_weight(ctx, 1, zero_points))
-    if packed is not None:
-        a = A.reshape(-1, K).to(compute)
-        if int8_path:
-            a = quantize_dequantize_int8_blocks(a, block_size)
-        y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
-        if bias is not None:
-            y = y + bias.to(compute)
-        return y.reshape(*A.shape[:-1], N).to(A.dtype)
+    if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points)):
+        laid_out = _cpu_laid_out(B, scales, zero_points, K, N, block_size)
+        packed = None if laid_out is not None else _cpu_packed(B, scales, zero_points, K, N, block_size)
+        if laid_out is not None or packed is not None:
+            a = A.reshape(-1, K).to(compute)
+            if laid_out is not None:
+                y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
+            else:
+                if int8_path:
+                    a = quantize_dequantize_int8_blocks(a, block_size)
+                y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
+            if bias is not None:
+                y = y + bias.to(compute)
+            return y.reshape(*A.shape[:-1], N).to(A.dtype)
     a = A.to(compute)
     if int8_path:
         a = quantize_dequantize_int8_blocks(a.float(), block_size).to(compute)
@@ -276,17 +274,22 @@ def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Ten
 _CPU_NBITS = "_crossml_cpu_nbits"  # attribute of B holding (``cpu_nbits.Packed``, scales, zero points)
 
 
-def _cpu_laid_out(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                  g_idx: torch.Tensor | None, bits: int, K: int, N: int, block_size: int, constant: bool):
-    """The weight laid out for ``crossml.kernels.cpu_nbits`` (numba), on the first call and kept on B, or None where
-    that kernel does not take the product: numba not installed, not the CPU, not a model constant, more rows than
-    CPU_PACKED_MAX_M, bits other than 4, g_idx, B or scales of other dtypes or sizes (the dequantizing path names
-    what is wrong)."""
+def _cpu_decode(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                g_idx: torch.Tensor | None, bits: int, constant: bool) -> bool:
+    """Whether a product may take one of the CPU's decode kernels (``_cpu_laid_out``, else ``_cpu_packed``): on the
+    CPU, a model constant's 4-bit uint8 B with float scales, uint8 / float / no zero points and no g_idx, at most
+    CPU_PACKED_MAX_M rows of A."""
     if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
-            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M or A.dim() == 0):
-        return None
-    if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
-        return None
+            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M):
+        return False
+    return zero_points is None or zero_points.dtype == torch.uint8 or zero_points.is_floating_point()
+
+
+def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
+                  block_size: int):
+    """For a product ``_cpu_decode`` admits: the weight laid out for ``crossml.kernels.cpu_nbits`` (numba), on the
+    first call and kept on B, or None where numba is not installed or B, scales or zero points have other sizes (the
+    dequantizing path names what is wrong)."""
     kept = getattr(B, _CPU_NBITS, None)
     if kept is not None and kept[1] is scales and kept[2] is zero_points:
         return kept[0]
@@ -311,23 +314,17 @@ _CPU_PACKED_GROUPS = (32, 64, 128, 256)
 _CPU_PACKED = "_crossml_cpu_int4pack"  # attribute of B holding (packed weight, scales and zeros, scales, zero points)
 
 
-def _cpu_packed(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                g_idx: torch.Tensor | None, bits: int, K: int, N: int, block_size: int,
-                constant: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(packed weight, scales and zeros) for torch's CPU int4 kernel, packed on the first call and kept on B, or None
-    where that kernel does not take the product: not the CPU, not a model constant, more rows than CPU_PACKED_MAX_M,
-    bits other than 4, g_idx, K not a multiple of block_size, block_size outside 32-256. The kernel takes N in
+def _cpu_packed(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
+                block_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For a product ``_cpu_decode`` admits: (packed weight, scales and zeros) for torch's CPU int4 kernel, packed on
+    the first call and kept on B, or None where that kernel does not take the product: K not a multiple of
+    block_size, block_size outside 32-256. The kernel takes N in
     multiples of 16: the packed weight has zero rows past N (the caller keeps the first N columns), so a product's
     columns come out the same whatever N is (a merged gate+up product equals its two halves exactly).
     Float32 throughout: with bfloat16 activations and scales the kernel is about 10x faster, but a product then
     differs from onnxruntime's by up to 0.05 where the float32 one stays within 2e-3 (tests/ops/contrib)."""
-    if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
-            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M
-            or K % block_size or block_size not in _CPU_PACKED_GROUPS
-            or not hasattr(torch, "_weight_int4pack_mm_for_cpu")
+    if (K % block_size or block_size not in _CPU_PACKED_GROUPS or not hasattr(torch, "_weight_int4pack_mm_for_cpu")
             or not hasattr(torch, "_convert_weight_to_int4pack_for_cpu")):
-        return None
-    if zero_points is not None and zero_points.dtype != torch.uint8 and not zero_points.is_floating_point():
         return None
     kept = getattr(B, _CPU_PACKED, None)
     if kept is not None and kept[2] is scales and kept[3] is zero_points:
