@@ -1,11 +1,12 @@
-"""The numba CPU kernel for 4-bit products (crossml.kernels.cpu_nbits) against MatMulNBits' torch reference:
+"""The numba CPU kernels for 4-bit products (crossml.kernels.cpu_nbits) against MatMulNBits' torch reference:
 the weight dequantized (``dequantize_nbits``), A quantized to int8 per block first on the int8 path, multiplied in
-float64."""
+float64; the prompt products' dequantization against ``dequantize_nbits`` bit for bit."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,3 +108,40 @@ def test_concurrent_calls_from_threads_agree():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"bs{c[0]}_K{c[1]}_N{c[2]}_{c[3]}")
+def test_dequantize_kernel_equals_dequantize_nbits(case):
+    """The prompt products' dequantization gives ``dequantize_nbits``' float32 values bit for bit: (q - z) exact,
+    then one rounding by the scale; values past K (the last block's padding) are not written."""
+    block_size, K, N, zp_kind = case
+    B, scales, zp = _weight(N, K, block_size, zp_kind)
+    nb = -(-K // block_size)
+    zq, zf, zmode = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.float32), 0
+    if zp_kind == "packed":
+        zq, zmode = zp.numpy(), 1
+    elif zp_kind == "float":
+        zf, zmode = zp.reshape(N, nb).numpy(), 2
+    out = torch.full((N, K), float("nan"))
+    cpu_nbits._dequantize(B.numpy(), scales.reshape(N, nb).numpy(), zq, zf, zmode, K, out.numpy())
+    ref = dequantize_nbits(B, scales, zp, None, K=K, N=N, bits=4, block_size=block_size, dtype=torch.float32)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("chunk_rows", [3, None], ids=["3-row-chunks", "one-chunk"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"bs{c[0]}_K{c[1]}_N{c[2]}_{c[3]}")
+def test_product_matches_the_dequantized_product(case, chunk_rows, monkeypatch):
+    """``product`` (prompt-sized products) against the float64 product of the dequantized weight, in chunks of 3
+    rows (a last partial chunk wherever N % 3) and in one chunk; fp16 scales are read as float32."""
+    block_size, K, N, zp_kind = case
+    B, scales, zp = _weight(N, K, block_size, zp_kind)
+    if chunk_rows is not None:
+        monkeypatch.setattr(cpu_nbits, "CHUNK_BYTES", chunk_rows * K * 4)
+    A = torch.randn(33, K, generator=torch.Generator().manual_seed(1))
+    got = cpu_nbits.product(A, B, scales, zp, K=K, N=N, block_size=block_size)
+    ref = _reference(A, B, scales, zp, K=K, N=N, block_size=block_size, int8=False)
+    assert got.dtype == torch.float32 and got.shape == (33, N)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    half = cpu_nbits.product(A, B, scales.half(), zp, K=K, N=N, block_size=block_size)
+    ref16 = _reference(A, B, scales.half().float(), zp, K=K, N=N, block_size=block_size, int8=False)
+    torch.testing.assert_close(half.double(), ref16, rtol=1e-5, atol=1e-5)

@@ -1,4 +1,5 @@
-"""4-bit MatMulNBits products on the CPU for decode-sized activations (a few rows), compiled by numba.
+"""4-bit MatMulNBits products on the CPU, compiled by numba: decode-sized activations (a few rows) read the packed
+weight as it is (``matmul``); prompts dequantize it in cache-sized chunks for torch's BLAS (``product``).
 
 The torch reference is the dequantizing product in ``crossml.ops.contrib.matmul_nbits``: ``A @ dequant(B).T``, A
 first quantized to int8 per block on the int8 path (accuracy level 4). Here the packed weight is read as it is,
@@ -15,7 +16,11 @@ On the int8 path the activations are the int8 values, so each block's dot produc
 float32 (at most 2 * 128 * 15 * 128 in magnitude), then scaled by the activation's and the weight's block scales as
 onnxruntime does; the sum over blocks differs from onnxruntime's only in float32 summation order.
 
-Numba's threads run the rows of N in chunks; ``matmul`` uses at most ``torch.get_num_threads()`` of them. Under
+A prompt's rows would unpack every weight again per row here, so ``product`` dequantizes CHUNK_BYTES of rows of N
+at a time into one float32 buffer that stays in the cache (``_dequantize``: the values of ``dequantize_nbits`` bit
+for bit, straight from MatMulNBits' B, no layout first) and multiplies each chunk with torch's BLAS.
+
+Numba's threads run the rows of N in chunks; the kernels use at most ``torch.get_num_threads()`` of them. Under
 numba's ``workqueue`` threading layer (which aborts on launches from two threads at once), calls are serialized.
 """
 
@@ -32,7 +37,7 @@ from numba import njit, prange
 
 from crossml.ops.contrib.matmul_nbits import unpack_bits
 
-__all__ = ["Packed", "matmul", "prepare"]
+__all__ = ["CHUNK_BYTES", "Packed", "matmul", "prepare", "product"]
 
 #: parallel chunks per numba thread (rows of N are split into this many times the thread count)
 CHUNKS_PER_THREAD = 4
@@ -146,10 +151,24 @@ _threads = threading.local()  # the count this thread last set: numba.set_num_th
 # much as a small product
 
 
+@contextlib.contextmanager
+def _parallel():
+    """Around one call of a parallel kernel: at most ``torch.get_num_threads()`` numba threads, set for the calling
+    thread; calls serialized under numba's ``workqueue`` layer. Yields the thread count."""
+    global _serial
+    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    with _lock if _serial is not False else contextlib.nullcontext():
+        if getattr(_threads, "n", None) != threads:
+            numba.set_num_threads(threads)
+            _threads.n = threads
+        yield threads
+        if _serial is None:
+            _serial = numba.threading_layer() == "workqueue"
+
+
 def matmul(a: torch.Tensor, packed: Packed, *, int8: bool) -> torch.Tensor:
     """``a @ dequant(weight).T`` for float32 ``a`` [M, K] on the CPU, a quantized to int8 per block first where
     ``int8`` (onnxruntime's accuracy level 4): float32 [M, N]."""
-    global _serial
     M, K = a.shape
     bs, N = packed.block_size, packed.N
     nbp = packed.scales.shape[1]
@@ -159,13 +178,78 @@ def matmul(a: torch.Tensor, packed: Packed, *, int8: bool) -> torch.Tensor:
     asum = np.empty((M, nbp), np.float32)
     _activations(a, bs, int8, af, sa, asum)
     out = torch.empty(M, N)
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    with _lock if _serial is not False else contextlib.nullcontext():
-        if getattr(_threads, "n", None) != threads:
-            numba.set_num_threads(threads)
-            _threads.n = threads
+    with _parallel() as threads:
         _rows(af, sa, asum, packed.weight.numpy(), packed.scales.numpy(), packed.zero_points.numpy(), out.numpy(),
               threads * CHUNKS_PER_THREAD)
-        if _serial is None:
-            _serial = numba.threading_layer() == "workqueue"
     return out
+
+
+@njit(parallel=True, cache=True, nogil=True, boundscheck=False)
+def _dequantize(w, s, zq, zf, zmode, K, out):  # pragma: no cover - compiled by numba
+    """out[n, k] = (q[n, k] - z[n, b]) * s[n, b] for the values k < K of block b = k // block_size, in float32 as
+    ``dequantize_nbits`` computes it (q - z exact, then one rounding).
+
+    w: uint8 [R, n_blocks, block_size / 2] (MatMulNBits' B, low nibble first); s: float32 [R, n_blocks]; zero points
+    by zmode: 0 none (8), 1 zq uint8 [R, ceil(n_blocks / 2)] packed two a byte (low nibble first), 2 zf float32
+    [R, n_blocks]; out: float32 [R, K]."""
+    R, nb, h = w.shape
+    bs = 2 * h
+    for n in prange(R):
+        for b in range(nb):
+            if zmode == 1:
+                z = np.float32((zq[n, b >> 1] >> (4 * (b & 1))) & 15)
+            elif zmode == 2:
+                z = zf[n, b]
+            else:
+                z = np.float32(8.0)
+            sc = s[n, b]
+            k0 = b * bs
+            if k0 + bs <= K:
+                for j in range(h):
+                    f = np.float32(w[n, b, j])
+                    hi = np.floor(f * np.float32(0.0625))
+                    lo = f - np.float32(16.0) * hi
+                    out[n, k0 + 2 * j] = (lo - z) * sc
+                    out[n, k0 + 2 * j + 1] = (hi - z) * sc
+            else:  # the last block, past K
+                for j in range(h):
+                    f = np.float32(w[n, b, j])
+                    hi = np.floor(f * np.float32(0.0625))
+                    lo = f - np.float32(16.0) * hi
+                    if k0 + 2 * j < K:
+                        out[n, k0 + 2 * j] = (lo - z) * sc
+                    if k0 + 2 * j + 1 < K:
+                        out[n, k0 + 2 * j + 1] = (hi - z) * sc
+
+
+#: bytes of float32 weight ``product`` dequantizes at once (rows of N): a chunk stays in the cache for the BLAS to
+#: read. Qwen2.5-0.5B's lm_head (896 x 151936) times 128 rows on a 2-core host: 425-435 ms at 1-2 MB chunks, 485
+#: at 8 MB, 520 at 256 KB
+CHUNK_BYTES = 2 << 20
+
+
+def product(a: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, *, K: int,
+            N: int, block_size: int) -> torch.Tensor:
+    """``a @ dequantize_nbits(B).T`` for float32 ``a`` [M, K] and MatMulNBits' 4-bit B ([N, n_blocks, block_size /
+    2] uint8, any values: not laid out first), scales ([N * n_blocks] float) and zero points (packed uint8 [N,
+    ceil(n_blocks / 2)], float [N * n_blocks] or None; sizes checked by the caller): the weight dequantized here in
+    chunks of CHUNK_BYTES rows, each multiplied by torch's BLAS. Float32 [M, N]."""
+    nb = -(-K // block_size)
+    w = B.reshape(N, nb, block_size // 2).contiguous().numpy()
+    s = scales.reshape(N, nb).to(torch.float32).contiguous().numpy()
+    zq, zf, zmode = np.zeros((1, 1), np.uint8), np.zeros((1, 1), np.float32), 0  # the kernel's unused inputs
+    if zero_points is not None and zero_points.dtype == torch.uint8:
+        zq, zmode = zero_points.reshape(N, -1).contiguous().numpy(), 1
+    elif zero_points is not None:
+        zf, zmode = zero_points.reshape(N, nb).to(torch.float32).contiguous().numpy(), 2
+    rows = max(1, min(N, CHUNK_BYTES // (K * 4)))
+    chunk = torch.empty(rows, K)
+    y = torch.empty(a.shape[0], N)
+    for n0 in range(0, N, rows):
+        n1 = min(N, n0 + rows)
+        wc = chunk[:n1 - n0]
+        with _parallel():
+            _dequantize(w[n0:n1], s[n0:n1], zq[n0:n1] if zmode == 1 else zq, zf[n0:n1] if zmode == 2 else zf, zmode,
+                        K, wc.numpy())
+        y[:, n0:n1] = a @ wc.T
+    return y

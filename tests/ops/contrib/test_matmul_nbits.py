@@ -226,20 +226,36 @@ def test_cpu_packed_kernel_only_where_it_applies():
     assert all(x is y for x, y in zip(_taken(_cpu_packed, *a, True), first, strict=True))
 
 
+@pytest.mark.parametrize("path", ["numba", "torch"])
 @pytest.mark.parametrize("level", [0, 4])
-@pytest.mark.parametrize("case", [(4, 32, 96, 40, "packed"), (4, 16, 80, 37, "float"), (8, 32, 64, 33, None),
-                                  (2, 32, 64, 50, "packed")], ids=lambda c: f"b{c[0]}_K{c[2]}_N{c[3]}_{c[4]}")
-def test_matmul_nbits_cpu_chunks(case, level, monkeypatch):
+@pytest.mark.parametrize("case", [(4, 32, 96, 40, "packed"), (4, 16, 80, 37, "float"), (4, 64, 128, 20, None),
+                                  (8, 32, 64, 33, None), (2, 32, 64, 50, "packed")],
+                         ids=lambda c: f"b{c[0]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_chunks(case, level, path, monkeypatch):
     """Prompt-sized CPU products dequantize and multiply the weight in chunks of rows (a last partial chunk
-    included): within onnxruntime's tolerance, and the product of the whole dequantized weight up to float32
-    summation order (a one-row chunk's product may add in another order: 5e-6 apart, seen)."""
+    included): 4-bit weights through numba's dequantization (``cpu_nbits.product``, checked with a spy) where numba
+    is installed, the others and every weight without numba through torch ops. Within onnxruntime's tolerance, and
+    the product of the whole dequantized weight up to float32 summation order (a one-row chunk's product may add in
+    another order: 5e-6 apart, seen)."""
     import torch
 
     from crossml.ops.contrib import matmul_nbits as module
 
     bits, bs, K, N, zp_kind = case
-    monkeypatch.setattr(module, "CPU_DEQUANT_CHUNK_BYTES", 8 * -(-K // bs) * bs * 4)  # 8 rows a chunk
+    calls = []
+    if path == "numba":
+        pytest.importorskip("numba", reason="the numba path needs numba (the test extra installs it)")
+        from crossml.kernels import cpu_nbits
+
+        monkeypatch.setattr(cpu_nbits, "CHUNK_BYTES", 8 * K * 4)  # 8 rows a chunk
+        real = cpu_nbits.product
+        monkeypatch.setattr(cpu_nbits, "product", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    else:
+        real_load = module.load
+        monkeypatch.setattr(module, "load", lambda name: None if name == "cpu_nbits" else real_load(name))
+        monkeypatch.setattr(module, "CPU_DEQUANT_CHUNK_BYTES", 8 * -(-K // bs) * bs * 4)  # 8 rows a chunk
     _run(*case, level=level, M=(2, 9))
+    assert bool(calls) == (path == "numba" and bits == 4)
     B, scales, zp = (None if t is None else torch.from_numpy(t) for t in quantized_weight(N, K, bits, bs, zp_kind))
     a = torch.from_numpy(RNG.standard_normal((3, K)).astype(np.float32))
     chunked = module._dequantized_product_cpu(a, B, scales, zp, K=K, N=N, bits=bits, block_size=bs)

@@ -244,24 +244,32 @@ CPU_DEQUANT_CHUNK_BYTES = 8 << 20
 
 def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
                              *, K: int, N: int, bits: int, block_size: int) -> torch.Tensor:
-    """``a @ dequantize_nbits(B).T`` on the CPU for float32 ``a`` [..., K], the weight dequantized and multiplied in
-    chunks of rows of at most CPU_DEQUANT_CHUNK_BYTES (the same products up to float32 summation order: the BLAS may
-    add a narrow chunk's in another order). With the faster dequantization, a 128-token prompt of the
-    Qwen2.5-0.5B-shaped builder int4 model on a 2-core host took 2.6-3.1 s against 3.1-4.6 s before (three prompts a
-    process, the trees' processes alternated twice); the lm_head's product alone (128 rows), whole against in chunks,
-    1,058 -> 524 ms: the chunks avoid mapping and faulting in a fresh float32 copy of the whole weight on every call."""
+    """``a @ dequantize_nbits(B).T`` on the CPU for float32 ``a`` [..., K] (the same products up to float32 summation
+    order: the BLAS may add a narrow chunk's in another order). 4-bit weights take numba's dequantization
+    (``crossml.kernels.cpu_nbits.product``) where numba is installed: chunks of rows small enough to stay in the cache,
+    the same values as ``dequantize_nbits``. A 128-token prompt of the Qwen2.5-0.5B-shaped builder int4 model on a
+    2-core host (a process's later prompts) went from 3.2-3.3 s to 1.9-2.1 s; torch's dequantization had taken about
+    1.3 s of it. Otherwise the weight is dequantized with torch ops and multiplied in chunks of rows of at most
+    CPU_DEQUANT_CHUNK_BYTES. With that dequantization, the prompt took 2.6-3.1 s against 3.1-4.6 s before (three
+    prompts a process, the trees' processes alternated twice); the lm_head's product alone (128 rows), whole against
+    in chunks, 1,058 -> 524 ms: the chunks avoid mapping and faulting in a fresh float32 copy of the whole weight on
+    every call."""
     n_blocks = (K + block_size - 1) // block_size
+    blob = block_size * bits // 8
+    if B.numel() != N * n_blocks * blob or scales.numel() != N * n_blocks:  # dequantize_nbits names what is wrong
+        dequantize_nbits(B, scales, zero_points, None, K=K, N=N, bits=bits, block_size=block_size, dtype=torch.float32)
+    a2 = a.reshape(-1, K)
+    if (bits == 4 and B.dtype == torch.uint8 and scales.is_floating_point()
+            and _zero_points_fit(zero_points, N, n_blocks) and (kernels := load("cpu_nbits")) is not None):
+        y = kernels.product(a2, B, scales, zero_points, K=K, N=N, block_size=block_size)
+        return y.reshape(*a.shape[:-1], N)
     rows = max(1, CPU_DEQUANT_CHUNK_BYTES // (n_blocks * block_size * 4))
     if rows >= N:
         w = dequantize_nbits(B, scales, zero_points, None, K=K, N=N, bits=bits, block_size=block_size,
                              dtype=torch.float32)
         return a @ w.T
-    blob = block_size * bits // 8
-    if B.numel() != N * n_blocks * blob or scales.numel() != N * n_blocks:  # dequantize_nbits names what is wrong
-        dequantize_nbits(B, scales, zero_points, None, K=K, N=N, bits=bits, block_size=block_size, dtype=torch.float32)
     b2, s2 = B.reshape(N, n_blocks * blob), scales.reshape(N, n_blocks)
     z2 = None if zero_points is None else zero_points.reshape(N, -1)
-    a2 = a.reshape(-1, K)
     y = torch.empty((a2.shape[0], N), dtype=torch.float32)
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
@@ -269,6 +277,16 @@ def _dequantized_product_cpu(a: torch.Tensor, B: torch.Tensor, scales: torch.Ten
                              bits=bits, block_size=block_size, dtype=torch.float32)
         y[:, n0:n1] = a2 @ w.T
     return y.reshape(*a.shape[:-1], N)
+
+
+def _zero_points_fit(zero_points: torch.Tensor | None, N: int, n_blocks: int) -> bool:
+    """Whether 4-bit zero points are absent, packed uint8 of N * ceil(n_blocks / 2) values or float of N * n_blocks
+    (otherwise the torch path names what is wrong)."""
+    if zero_points is None:
+        return True
+    if zero_points.dtype == torch.uint8:
+        return zero_points.numel() == N * ((n_blocks + 1) // 2)
+    return zero_points.is_floating_point() and zero_points.numel() == N * n_blocks
 
 
 _CPU_NBITS = "_crossml_cpu_nbits"  # attribute of B holding (``cpu_nbits.Packed``, scales, zero points)
@@ -296,8 +314,7 @@ def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
     n_blocks = (K + block_size - 1) // block_size
     if B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks:
         return None
-    if zero_points is not None and zero_points.numel() != (N * n_blocks if zero_points.is_floating_point()
-                                                           else N * ((n_blocks + 1) // 2)):
+    if not _zero_points_fit(zero_points, N, n_blocks):
         return None
     kernels = load("cpu_nbits")
     if kernels is None:
