@@ -121,6 +121,32 @@ def test_decode_ragged_batch(share, rotary):
     compare(ref, got, seqlens, 1, False, 1e-5)
 
 
+@pytest.mark.parametrize("attrs", [{}, {"causal": 0}, {"local_window_size": 4}, {"qk_output": 1}],
+                         ids=lambda a: "-".join(a) or "plain")
+@pytest.mark.parametrize("phase", ["prompt", "decode"])
+def test_shared_buffer_tail_is_not_read(attrs, phase):
+    """A max-length buffer's rows past the longest sequence (``total``) hold NaN (never written): onnxruntime does not
+    read them, and neither does crossml (on the CPU it cuts them before the attention, so a decode step's cost does
+    not grow with max_length); masked NaN rows would otherwise turn the output NaN."""
+    N, Nk, B, H, P = 4, 2, 2, 16, 64
+    S, seqlens = (6, [6, 4]) if phase == "prompt" else (1, [9, 6])
+    pk, pv = past_cache(B, Nk, P, H)
+    pk[:, :, max(seqlens):] = np.nan
+    pv[:, :, max(seqlens):] = np.nan
+    ins = gqa_io(B, S, N, Nk, H, seqlens, past=(pk, pv), total=S if phase == "prompt" else None)
+    order = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    outs = [("out", TP.FLOAT), ("pk", TP.FLOAT), ("pv", TP.FLOAT)] + ([("qk", TP.FLOAT)] if attrs.get("qk_output")
+                                                                     else [])
+    model, feeds = single_node_model("GroupQueryAttention", {n: ins[n] for n in order}, outs, num_heads=N,
+                                     kv_num_heads=Nk, **attrs)
+    ref, got = run_both(model, feeds)
+    rows = [min(S, t) if phase == "prompt" else S for t in seqlens]
+    for b in range(B):
+        assert np.isfinite(ref[0][b, :rows[b]]).all()
+        np.testing.assert_allclose(np.asarray(got[0])[b, :rows[b]], ref[0][b, :rows[b]], atol=1e-5, rtol=1e-5)
+    compare(ref[:3], got[:3], seqlens, S, phase == "prompt", 1e-5)
+
+
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("packed", [False, True])
 def test_rotary_prompt(interleaved, packed):
