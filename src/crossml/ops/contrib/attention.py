@@ -23,6 +23,10 @@ GroupQueryAttention follows onnxruntime's CPU kernel:
   included) runs one Triton kernel (``kernels/decode_attention.py``: rotary, cache write and attention)
   instead of the torch code below; a causal first prompt without a window or softcap there runs the rotary +
   cache write kernel for all its tokens, then causal SDPA over the new rows. ``_fast_ok`` lists the conditions.
+* On the CPU, a plain float32 token-generation step over a shared buffer runs numba's kernel
+  (``kernels/cpu_attention.py``; ``_cpu_decode_ok``): Qwen2.5-0.5B's shape (14 query heads over 2, 200 keys) took
+  130-145 us a call against 430-720 us for the torch code below on a 2-core host. The torch code on the CPU attends
+  only the rows up to the longest sequence, so neither path's cost grows with the length of a max-length buffer.
 """
 
 from __future__ import annotations
@@ -187,6 +191,41 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
             return False
     kernels = load("decode_attention")
     return kernels is not None and kernels.supported_head_size(H)
+
+
+def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                   attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary) -> bool:
+    """Whether a plain decode step (one token a row, causal, no softcap, sinks or scores out: the caller checks those)
+    runs numba's CPU kernel (``crossml.kernels.cpu_attention``): everything float32 on the CPU, a shared
+    contiguous cache of at least ``total`` rows, integer lengths and positions, no bias or q / k norms, rotary
+    caches of at most H / 2 columns; numba installed."""
+    if query.device.type != "cpu" or query.dtype != torch.float32 or past_key is None or past_value is None:
+        return False
+    if attention_bias is not None or q_norm_weight is not None or k_norm_weight is not None:
+        return False
+    B = query.shape[0]
+    if key is not None and (key.dtype != torch.float32 or value.dtype != torch.float32 or key.shape != (B, 1, Nk * H)
+                            or value.shape != key.shape or key.device != query.device
+                            or value.device != query.device):
+        return False
+    P = past_key.shape[2] if past_key.dim() == 4 else -1
+    if P < max(total, 1) or past_key.shape != (B, Nk, P, H) or past_value.shape != past_key.shape:
+        return False
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in (past_key, past_value)):
+        return False
+    if seqlens_k.numel() != B or seqlens_k.dtype.is_floating_point or seqlens_k.device.type != "cpu":
+        return False
+    if do_rotary:
+        if cos_cache is None or sin_cache is None or cos_cache.dim() != 2 or sin_cache.shape != cos_cache.shape:
+            return False
+        if cos_cache.dtype != torch.float32 or sin_cache.dtype != torch.float32 or not 0 < 2 * cos_cache.shape[1] <= H:
+            return False
+        if cos_cache.device.type != "cpu" or sin_cache.device.type != "cpu":
+            return False
+        if position_ids is not None and (position_ids.numel() != B or position_ids.dtype.is_floating_point
+                                         or position_ids.device.type != "cpu"):
+            return False
+    return load("cpu_attention") is not None
 
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
@@ -388,6 +427,18 @@ def group_query_attention(
                                   local_window=local_window_size, inplace=inplace)
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
+
+    if S == 1 and not first_prompt and not sliding_window_cache and plain and not qk_output and _cpu_decode_ok(
+            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
+            q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary):
+        kc, vc = _shared_caches(past_key, past_value, bool(ctx.extra.get("kv_inplace")))
+        pos = None
+        if do_rotary:
+            pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
+        out = load("cpu_attention").decode(q.reshape(B, N * H), k.reshape(B, Nk * H), v.reshape(B, Nk * H), kc, vc,
+                                           seqlens_k, pos, cos_cache, sin_cache, interleaved=bool(rotary_interleaved),
+                                           scale=_softmax_scale(scale, H), window=local_window_size, keys=total)
+        return out.reshape(B, 1, N * H), kc, vc, None
 
     if sliding_window_cache and S == 1 and not first_prompt and past_key.stride(3) == 1 and \
             past_value.stride() == past_key.stride() and \
