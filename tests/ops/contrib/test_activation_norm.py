@@ -87,3 +87,23 @@ def test_layer_norm_opset1(axis):
     x = rand(2, 4, 16)
     check("LayerNormalization", {"x": x, "s": rand(*x.shape[axis:]), "b": rand(*x.shape[axis:])},
           [("y", TP.FLOAT), ("mean", TP.FLOAT), ("inv", TP.FLOAT)], domain="", axis=axis, epsilon=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows,skip_shape", [((2, 5), (2, 5, 896)), ((2, 5), (5, 896)), ((2, 5), (1, 5, 896)),
+                                             ((1, 1), (1, 1, 896))], ids=str)
+def test_skip_simplified_cpu_kernel_equals_onnxruntime(rows, skip_shape, bias, monkeypatch):
+    """float32 SkipSimplifiedLayerNormalization on the CPU takes numba's kernel (``crossml.kernels.cpu_norm``,
+    checked with a spy), which does onnxruntime's CPU arithmetic in its order: the output and the sum equal
+    onnxruntime's bit for bit."""
+    pytest.importorskip("numba", reason="the CPU kernel is compiled by numba (the test extra installs it)")
+    from crossml.kernels import cpu_norm
+
+    calls = []
+    real = cpu_norm.skip_rms_norm
+    monkeypatch.setattr(cpu_norm, "skip_rms_norm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    ins = {"x": rand(*rows, 896) * 3, "skip": rand(*skip_shape), "gamma": rand(896),
+           "bias": rand(896) if bias else None}
+    outs = [("y", TP.FLOAT), ("", 0), ("", 0), ("sum", TP.FLOAT)]
+    assert check("SkipSimplifiedLayerNormalization", ins, outs, atol=0, rtol=0, epsilon=1e-6) == 0.0
+    assert calls

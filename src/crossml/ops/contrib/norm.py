@@ -10,8 +10,10 @@ Statistics are computed in float32 for half-precision inputs (``stash_type`` 1),
 
 On CUDA / XPU tensors the RMSNorm forms (last axis, fp16 / bf16 / fp32, stash_type 1) run as one
 Triton kernel each (``crossml.kernels.rmsnorm``, imported on first GPU use): in a decode step the
-eight or so torch kernels of the definitions below would dominate. Everything else, the CPU
-included, runs the torch code.
+eight or so torch kernels of the definitions below would dominate. On the CPU, SkipSimplifiedLayerNormalization of
+float32 tensors runs numba's kernel (``crossml.kernels.cpu_norm``) with onnxruntime's CPU arithmetic, bit for bit,
+where numba is installed and the inverse standard deviation is not asked for (``_cpu_skip``). Everything else runs
+the torch code.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from crossml.kernels import TRITON_DEVICES, load_compiled
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops._util import broadcast_shapes, norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
@@ -117,6 +119,26 @@ def layer_normalization(
     return y.to(X.dtype), mean.to(st), inv.to(st)
 
 
+def _cpu_skip(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | None,
+              want: tuple[bool, ...]) -> bool:
+    """Whether a SkipSimplifiedLayerNormalization runs numba's CPU kernel (``crossml.kernels.cpu_norm``): float32
+    tensors on the CPU, gamma and bias of H values, the skip x's shape or its trailing dims (leading ones dropped),
+    neither the mean nor the inverse standard deviation wanted (onnxruntime's CPU kernel gives neither), numba
+    installed."""
+    if x.device.type != "cpu" or want[1] or want[2] or x.numel() == 0:
+        return False
+    if not all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in (x, skip, gamma, bias)):
+        return False
+    if not (_kernel_vector(gamma, x) and _kernel_vector(bias, x)):
+        return False
+    trail = tuple(skip.shape)
+    while len(trail) > 1 and trail[0] == 1:
+        trail = trail[1:]
+    if tuple(x.shape[x.dim() - len(trail):]) != trail:
+        return False
+    return load("cpu_norm") is not None
+
+
 def _check_skip(x: torch.Tensor, skip: torch.Tensor) -> None:
     if x.dim() not in (2, 3):
         raise ValueError(f"input is expected to have rank 2 or 3, got shape {tuple(x.shape)}")
@@ -189,6 +211,9 @@ def skip_simplified_layer_normalization(
         y, inv, s = _rmsnorm_kernels().skip_rms_norm(x, skip, gamma, bias, epsilon, store_inv=want[2],
                                                      store_sum=want[3])
         return y, None, inv, s
+    if _cpu_skip(x, skip, gamma, bias, _wanted(ctx)):
+        y, s = load("cpu_norm").skip_rms_norm(x, skip, gamma, bias, epsilon)
+        return y, None, None, s if _wanted(ctx)[3] else None
     s = _skip_sum(x, skip, bias)
     y, _, inv = _normalize(s, -1, epsilon, True)
     return _skip_outputs(ctx, x, y * _stash(gamma, 1), None, inv, s)
