@@ -149,8 +149,7 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, 
     out = np.empty((B, N * H), np.float32)
     args = (qr, kc.numpy(), vc.numpy(), rows, np.float32(scale), window, out)
     if q.numel() * (min(keys, window) if window > 0 else keys) >= PARALLEL_MIN_WORK:
-        with _parallel():
-            _threaded(*args)
+        _parallel(_threaded, *args)
     else:
         _serial(*args)
     return torch.from_numpy(out)

@@ -44,11 +44,11 @@ CHUNKS_PER_THREAD = 4
 
 
 class Packed(NamedTuple):
-    """A 4-bit weight laid out for ``matmul`` (``prepare``)."""
+    """A 4-bit weight laid out for ``matmul`` (``prepare``): numpy arrays, which the kernel takes as they are."""
 
-    weight: torch.Tensor  # uint8 [N, block_size // 2, n_blocks_padded]
-    scales: torch.Tensor  # float32 [N, n_blocks_padded], zero past the last block
-    zero_points: torch.Tensor  # uint8 or float32 [N, n_blocks_padded]
+    weight: np.ndarray  # uint8 [N, block_size // 2, n_blocks_padded]
+    scales: np.ndarray  # float32 [N, n_blocks_padded], zero past the last block
+    zero_points: np.ndarray  # uint8 or float32 [N, n_blocks_padded]
     block_size: int
     K: int
     N: int
@@ -78,7 +78,7 @@ def prepare(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | N
         z = torch.nn.functional.pad(z, (0, pad)).contiguous()
     else:
         z = torch.nn.functional.pad(zero_points.reshape(N, nb).float(), (0, pad)).contiguous()
-    return Packed(w, s, z, block_size, K, N)
+    return Packed(w.numpy(), s.numpy(), z.numpy(), block_size, K, N)
 
 
 @njit(parallel=True, cache=True, nogil=True, boundscheck=False, fastmath={"reassoc", "contract"})
@@ -151,37 +151,39 @@ _threads = threading.local()  # the count this thread last set: numba.set_num_th
 # much as a small product
 
 
-@contextlib.contextmanager
-def _parallel():
-    """Around one call of a parallel kernel: at most ``torch.get_num_threads()`` numba threads, set for the calling
-    thread; calls serialized under numba's ``workqueue`` layer. Yields the thread count."""
+def _parallel(kernel, *args) -> None:
+    """Call a parallel kernel on at most ``torch.get_num_threads()`` numba threads, set for the calling thread;
+    serialized under numba's ``workqueue`` layer."""
     global _serial
-    threads = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
-    with _lock if _serial is not False else contextlib.nullcontext():
+    threads = max(1, min(torch.get_num_threads(), _MAX_THREADS))
+    lock = _lock if _serial is not False else _NO_LOCK
+    with lock:
         if getattr(_threads, "n", None) != threads:
             numba.set_num_threads(threads)
             _threads.n = threads
-        yield threads
+        kernel(*args)
         if _serial is None:
             _serial = numba.threading_layer() == "workqueue"
+
+
+_MAX_THREADS = numba.config.NUMBA_NUM_THREADS
+_NO_LOCK = contextlib.nullcontext()
 
 
 def matmul(a: torch.Tensor, packed: Packed, *, int8: bool) -> torch.Tensor:
     """``a @ dequant(weight).T`` for float32 ``a`` [M, K] on the CPU, a quantized to int8 per block first where
     ``int8`` (onnxruntime's accuracy level 4): float32 [M, N]."""
-    M, K = a.shape
-    bs, N = packed.block_size, packed.N
+    M = a.shape[0]
+    bs = packed.block_size
     nbp = packed.scales.shape[1]
-    a = a.contiguous().numpy()
     af = np.empty((M, 2, bs // 2, nbp), np.float32)
     sa = np.empty((M, nbp), np.float32)
     asum = np.empty((M, nbp), np.float32)
-    _activations(a, bs, int8, af, sa, asum)
-    out = torch.empty(M, N)
-    with _parallel() as threads:
-        _rows(af, sa, asum, packed.weight.numpy(), packed.scales.numpy(), packed.zero_points.numpy(), out.numpy(),
-              threads * CHUNKS_PER_THREAD)
-    return out
+    _activations(a.contiguous().numpy(), bs, int8, af, sa, asum)
+    out = np.empty((M, packed.N), np.float32)
+    chunks = max(1, min(torch.get_num_threads(), _MAX_THREADS)) * CHUNKS_PER_THREAD
+    _parallel(_rows, af, sa, asum, packed.weight, packed.scales, packed.zero_points, out, chunks)
+    return torch.from_numpy(out)
 
 
 @njit(parallel=True, cache=True, nogil=True, boundscheck=False)
@@ -248,8 +250,7 @@ def product(a: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points:
     for n0 in range(0, N, rows):
         n1 = min(N, n0 + rows)
         wc = chunk[:n1 - n0]
-        with _parallel():
-            _dequantize(w[n0:n1], s[n0:n1], zq[n0:n1] if zmode == 1 else zq, zf[n0:n1] if zmode == 2 else zf, zmode,
-                        K, wc.numpy())
+        _parallel(_dequantize, w[n0:n1], s[n0:n1], zq[n0:n1] if zmode == 1 else zq, zf[n0:n1] if zmode == 2 else zf,
+                  zmode, K, wc.numpy())
         y[:, n0:n1] = a @ wc.T
     return y
