@@ -7,9 +7,12 @@ with min_length), the host reading each token; ms for the prompt (until its logi
 ``generate_next_token`` calls (the first decode step and its one-time work: crossml lays out each 4-bit weight for its
 decode kernel there) and per decode token after them.
 
-    python benchmarks/cpu_genai.py [--workdir W] [--prompt 128] [--new 64] [--repeats 3] [--runtimes R1,R2] [--out DIR]
+    python benchmarks/cpu_genai.py [--workdir W] [--prompt 128] [--new 64] [--repeats 3] [--runtimes R1,R2]
+                                   [--max-length N] [--tag T] [--out DIR]
 
-Writes OUT/cpu_genai.{json,md}. Needs onnxruntime-genai (the builder, and the peer).
+``--max-length``: the generator's max_length (default prompt + new; 0 keeps genai_config.json's, 32768 for this
+model, as a user who sets none gets). Writes OUT/cpu_genai[_T].{json,md}. Needs onnxruntime-genai (the builder, and
+the peer).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def build(work: str) -> str:
     return dst
 
 
-def child(module: str, folder: str, prompt: int, new: int) -> None:
+def child(module: str, folder: str, prompt: int, new: int, max_length: int) -> None:
     """One runtime's timings, printed as the RESULT line ``child_result`` reads."""
     import numpy as np
 
@@ -58,13 +61,16 @@ def child(module: str, folder: str, prompt: int, new: int) -> None:
     model = og.Model(folder)
     load = time.perf_counter() - t0
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=prompt + new, min_length=prompt + new)
+    if max_length:
+        params.set_search_options(max_length=max_length, min_length=prompt + new)
+    else:
+        params.set_search_options(min_length=prompt + new)
     gen = og.Generator(model, params)
     t1 = time.perf_counter()
     gen.append_tokens(np.arange(3, 3 + prompt, dtype=np.int32))
     t2 = time.perf_counter()
     times = []
-    while not gen.is_done():
+    while not gen.is_done() and len(times) < new:
         t = time.perf_counter()
         gen.generate_next_token()
         gen.get_next_tokens()
@@ -78,7 +84,7 @@ def child(module: str, folder: str, prompt: int, new: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]))
         return
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -88,13 +94,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, of {', '.join(RUNTIMES)}")
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="the generator's max_length (default prompt + new; 0: genai_config.json's)")
+    ap.add_argument("--tag", default="", help="results file suffix: cpu_genai_TAG.{json,md}")
     args = ap.parse_args(argv)
+    max_length = args.prompt + args.new if args.max_length is None else args.max_length
     folder = build(args.workdir)
     names = args.runtimes.split(",")
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(args.repeats):  # the runtimes alternate, so drift on a shared host falls on each alike
         for name in names:
-            r = child_result(__file__, RUNTIMES[name], folder, str(args.prompt), str(args.new), timeout=3600)
+            r = child_result(__file__, RUNTIMES[name], folder, str(args.prompt), str(args.new), str(max_length),
+                             timeout=3600)
             runs[name].append(r)
             print(rep, name, r, flush=True)
     keys = ("load_s", "prompt_ms", "first_steps_ms", "decode_ms")
@@ -104,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["# LLM generation on the CPU: crossml.genai vs onnxruntime-genai", "",
              f"{m['platform']}, {m['cpu_count']} CPUs; torch {m['torch']}. {MODEL}-shaped random-weight model, builder "
              f"`-p int4 -e cpu` (MatMulNBits, accuracy_level 4); batch 1, greedy, prompt {args.prompt} tokens, "
-             f"{args.new} new tokens; each runtime in its own process, the runtimes alternated {args.repeats} times "
+             f"{args.new} new tokens, max_length {max_length or 'of genai_config.json (32768)'}; each runtime in its "
+             f"own process, the runtimes alternated {args.repeats} times "
              "(medians; each run's decode ms/token in the last column).", "",
              "| runtime | Model() s | prompt ms | first two steps ms | decode ms/token (the steps after them) | runs |",
              "| --- | ---: | ---: | ---: | ---: | --- |"]
@@ -113,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {r['runtime']} | {r['load_s']:.2f} | {r['prompt_ms']:.0f} | {r['first_steps_ms']:.0f} | "
                      f"{r['decode_ms']:.1f} | {each} |")
     lines += ["", "Produced by benchmarks/cpu_genai.py."]
-    write("cpu_genai", {"machine": m, "prompt": args.prompt, "new": args.new, "repeats": args.repeats, "rows": rows},
-          "\n".join(lines) + "\n", out=args.out)
+    write("cpu_genai" + (f"_{args.tag}" if args.tag else ""),
+          {"machine": m, "prompt": args.prompt, "new": args.new, "max_length": max_length, "repeats": args.repeats,
+           "rows": rows}, "\n".join(lines) + "\n", out=args.out)
 
 
 if __name__ == "__main__":
