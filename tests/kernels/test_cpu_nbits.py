@@ -145,3 +145,33 @@ def test_product_matches_the_dequantized_product(case, chunk_rows, monkeypatch):
     half = cpu_nbits.product(A, B, scales.half(), zp, K=K, N=N, block_size=block_size)
     ref16 = _reference(A, B, scales.half().float(), zp, K=K, N=N, block_size=block_size, int8=False)
     torch.testing.assert_close(half.double(), ref16, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_sessions_warm_their_kernels(monkeypatch):
+    """A CPU session loads the numba kernels of its ops as it is created (``crossml.kernels.warm_cpu``): a graph with
+    MatMulNBits warms ``cpu_nbits`` (once a process), one without such ops warms none; each module's ``warm`` runs."""
+    from onnx import TensorProto, helper
+
+    import crossml
+    from crossml import kernels
+
+    for name in sorted(set(kernels.CPU_KERNEL_OPS.values())):
+        kernels.load(name).warm()  # every module's warm runs on its own
+    warmed: list[str] = []
+    monkeypatch.setattr(kernels, "_warm_module", warmed.append)
+    K, N, bs = 32, 8, 32
+    B = helper.make_tensor("B", TensorProto.UINT8, [N, 1, bs // 2], bytes(N * bs // 2), raw=True)
+    scales = helper.make_tensor("scales", TensorProto.FLOAT, [N], [1.0] * N)
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain="com.microsoft", K=K, N=N,
+                            bits=4, block_size=bs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, K])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, N])], [B, scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert warmed == ["cpu_nbits"]
+    relu = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["A"], ["Y"])], "r", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 21)])
+    crossml.InferenceSession(relu.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert warmed == ["cpu_nbits"]

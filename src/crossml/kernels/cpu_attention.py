@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from crossml.kernels.cpu_nbits import _parallel
 
-__all__ = ["PARALLEL_MIN_WORK", "decode"]
+__all__ = ["PARALLEL_MIN_WORK", "decode", "warm"]
 
 #: multiply-adds (rows x heads x attended keys x head size) from which the heads run on numba's threads
 PARALLEL_MIN_WORK = 1 << 20
@@ -156,3 +156,16 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, 
 
 
 _NO_TABLE = np.zeros((1, 1), np.float32)  # the cos / sin inputs of a step without rotation
+
+
+def warm() -> None:
+    """Load the kernels for the argument types GroupQueryAttention passes (``crossml.kernels.warm_cpu``), on tiny
+    inputs: q, k and v as views of a packed projection and as tensors of their own, int32 lengths and positions."""
+    B, N, H, L = 1, 2, 4, 4
+    packed = torch.zeros(B, 3 * N * H)
+    cache = torch.zeros(B, N, L, H), torch.zeros(B, N, L, H)
+    rows = torch.zeros(B, dtype=torch.int32)
+    table = torch.zeros(L, H // 2)
+    for q, k, v in ((packed[:, :N * H], packed[:, N * H:2 * N * H], packed[:, 2 * N * H:]),
+                    (torch.zeros(B, N * H), torch.zeros(B, N * H), torch.zeros(B, N * H))):
+        decode(q, k, v, *cache, rows, rows, table, table, interleaved=False, scale=1.0, window=-1, keys=1)

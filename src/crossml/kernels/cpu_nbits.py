@@ -37,7 +37,7 @@ from numba import njit, prange
 
 from crossml.ops.contrib.matmul_nbits import unpack_bits
 
-__all__ = ["CHUNK_BYTES", "Packed", "matmul", "prepare", "product"]
+__all__ = ["CHUNK_BYTES", "Packed", "matmul", "prepare", "product", "warm"]
 
 #: parallel chunks per numba thread (rows of N are split into this many times the thread count)
 CHUNKS_PER_THREAD = 4
@@ -254,3 +254,14 @@ def product(a: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points:
                   zmode, K, wc.numpy())
         y[:, n0:n1] = a @ wc.T
     return y
+
+
+def warm() -> None:
+    """Load the kernels for the argument types MatMulNBits passes (``crossml.kernels.warm_cpu``), on tiny inputs."""
+    K, N, bs = 32, 2, 32
+    B = torch.zeros(N, 1, bs // 2, dtype=torch.uint8)
+    for zp in (torch.zeros(N, 1, dtype=torch.uint8), torch.zeros(N), None):
+        packed = prepare(B, torch.ones(N), zp, K=K, N=N, block_size=bs)
+        for int8 in (False, True):
+            matmul(torch.zeros(1, K), packed, int8=int8)
+    product(torch.zeros(2, K), B, torch.ones(N), None, K=K, N=N, block_size=bs)

@@ -39,7 +39,7 @@ from crossml.graph.passes.norm_matmul import NORM_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
-from crossml.kernels import warm_compiler
+from crossml.kernels import warm_compiler, warm_cpu
 from crossml.runtime.errors import Fail, InvalidArgument
 from crossml.runtime.errors import NotImplemented as OrtNotImplemented
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
@@ -150,6 +150,8 @@ class InferenceSession:
         self._fold = fold
         self._constant_cache: dict[Any, Any] = {}
         self._plan: Plan = build_plan(model, self._plan_options())
+        if self._device.type == "cpu":
+            warm_cpu({node.op_type for node in model.graph.node})  # numba's start, here rather than in the first run
         self._gpu = self._providers[0].config
         if self._gpu is not None and self._device.type == "cuda":
             self._set_tf32()
