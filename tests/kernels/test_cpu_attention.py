@@ -86,10 +86,12 @@ def test_threaded_and_serial_agree(monkeypatch):
     assert calls and all(torch.equal(a, b) for a, b in zip(serial[:3], parallel[:3]))
 
 
-@pytest.mark.parametrize("change", ["fp16", "softcap", "sink", "bias", "not_shared", "prompt", "qk_output"])
+@pytest.mark.parametrize("change", ["fp16", "softcap", "sink", "bias", "not_shared", "prompt", "qk_output",
+                                    "rows_past_buffer"])
 def test_kernel_only_where_it_applies(change, monkeypatch):
     """Steps the kernel does not compute keep the torch path: half precision, softcap, sinks, an attention bias, a
-    cache shorter than the sequence (not shared), a prompt, the scores as an output."""
+    cache shorter than the sequence (not shared), a prompt, the scores as an output, a seqlens_k past the buffer
+    (total_sequence_length saying less)."""
     B, N, Nk, H, L, seqlens = 2, 4, 2, 16, 12, [9, 5]
     args = _inputs(B, N, Nk, H, L, seqlens, packed=False, rot=16)
     kw = {}
@@ -108,6 +110,8 @@ def test_kernel_only_where_it_applies(change, monkeypatch):
         args[5], args[6] = torch.tensor([2, 2], dtype=torch.int32), torch.tensor(3, dtype=torch.int32)
     elif change == "qk_output":
         kw["qk_output"] = 1
+    elif change == "rows_past_buffer":
+        args[5] = torch.tensor([L, 4], dtype=torch.int32)
     calls = []
     decode = cpu_attention.decode
     monkeypatch.setattr(cpu_attention, "decode", lambda *a, **k: calls.append(1) or decode(*a, **k))

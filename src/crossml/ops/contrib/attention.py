@@ -197,8 +197,8 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
                    attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary) -> bool:
     """Whether a plain decode step (one token a row, causal, no softcap, sinks or scores out: the caller checks those)
     runs numba's CPU kernel (``crossml.kernels.cpu_attention``): everything float32 on the CPU, a shared
-    contiguous cache of at least ``total`` rows, integer lengths and positions, no bias or q / k norms, rotary
-    caches of at most H / 2 columns; numba installed."""
+    contiguous cache of at least ``total`` rows, integer lengths within it and integer positions, no bias or q / k
+    norms, rotary caches of at most H / 2 columns; numba installed."""
     if query.device.type != "cpu" or query.dtype != torch.float32 or past_key is None or past_value is None:
         return False
     if attention_bias is not None or q_norm_weight is not None or k_norm_weight is not None:
@@ -214,6 +214,9 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in (past_key, past_value)):
         return False
     if seqlens_k.numel() != B or seqlens_k.dtype.is_floating_point or seqlens_k.device.type != "cpu":
+        return False
+    low, high = torch.aminmax(seqlens_k)
+    if low < 0 or high >= P:  # rows outside the buffer: the torch path names the error
         return False
     if do_rotary:
         if cos_cache is None or sin_cache is None or cos_cache.dim() != 2 or sin_cache.shape != cos_cache.shape:
