@@ -175,3 +175,19 @@ def test_cpu_sessions_warm_their_kernels(monkeypatch):
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 21)])
     crossml.InferenceSession(relu.SerializeToString(), providers=["CPUExecutionProvider"])
     assert warmed == ["cpu_nbits"]
+
+
+def test_a_kernel_module_that_fails_to_warm_is_disabled(monkeypatch, caplog):
+    """A kernel module whose numba kernels fail to load (an exotic platform) is logged and disabled: ``load`` then
+    returns None for it, so its ops keep their torch paths, and the session that warmed it still loads."""
+    from crossml import kernels
+
+    monkeypatch.setattr(kernels, "_DISABLED", set())
+    kernels._warm_module.cache_clear()
+    monkeypatch.setattr(cpu_nbits, "warm", lambda: (_ for _ in ()).throw(RuntimeError("no kernel for this CPU")))
+    try:
+        with caplog.at_level("WARNING", logger="crossml"):
+            kernels.warm_cpu({"MatMulNBits", "Relu"})
+        assert kernels.load("cpu_nbits") is None and "no kernel for this CPU" in caplog.text
+    finally:
+        kernels._warm_module.cache_clear()

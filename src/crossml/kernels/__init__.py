@@ -37,10 +37,19 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _warned: set[tuple[str, str]] = set()
 
 
-@functools.cache
 def load(name: str) -> ModuleType | None:
-    """``crossml.kernels.<name>``, imported on the first call (which imports triton): what the ops'
-    GPU fast paths call; None, logged once, where triton does not import."""
+    """``crossml.kernels.<name>``, imported on the first call (which imports triton, or numba for the CPU kernels):
+    what the ops' fast paths call; None, logged once, where it does not import or its kernels failed to load
+    (``warm_cpu``)."""
+    return None if name in _DISABLED else _import(name)
+
+
+#: kernel modules whose kernels failed to load (``warm_cpu``): their ops keep their torch paths
+_DISABLED: set[str] = set()
+
+
+@functools.cache
+def _import(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(f"crossml.kernels.{name}")
     except (ImportError, RuntimeError) as e:
@@ -353,7 +362,8 @@ def warm_cpu(op_types: set[str]) -> None:
     session is created, so that its first run does not: numba's import and start take about 1.2 s of a process
     (0.4 s importing, 0.8 s starting its compiler target at the first cached kernel), each further kernel about 10
     ms. onnxruntime's CPU session does its own preparation (prepacking) at creation too. Once per module and
-    process; nothing where numba is not installed."""
+    process; nothing where numba is not installed. A module whose kernels fail to load is logged and disabled
+    (``load`` returns None for it), so its ops keep their torch paths and the session still loads."""
     for op_type in sorted(op_types & CPU_KERNEL_OPS.keys()):
         _warm_module(CPU_KERNEL_OPS[op_type])
 
@@ -361,8 +371,14 @@ def warm_cpu(op_types: set[str]) -> None:
 @functools.cache
 def _warm_module(name: str) -> None:
     module = load(name)
-    if module is not None:
+    if module is None:
+        return
+    try:
         module.warm()
+    except Exception as e:  # noqa: BLE001 - a kernel numba cannot build here: the ops keep torch, the session loads
+        log.warning("crossml.kernels.%s: its numba kernels do not load (%s: %s); its ops use torch", name,
+                    type(e).__name__, e)
+        _DISABLED.add(name)
 
 
 def load_compiled(name: str) -> ModuleType | None:
