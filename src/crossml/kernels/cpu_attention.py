@@ -139,15 +139,15 @@ def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, 
     B, Nk, L, H = kc.shape
     N = q.shape[1] // H
     rows = rows.reshape(B).numpy()
+    kc, vc = kc.numpy(), vc.numpy()
     qr = np.empty((B, N, H), np.float32)
     if pos is None:
-        _write(q.numpy(), k.numpy(), v.numpy(), kc.numpy(), vc.numpy(), rows, rows, _NO_TABLE, _NO_TABLE, False,
-               False, qr)
+        _write(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, rows, _NO_TABLE, _NO_TABLE, False, False, qr)
     else:
-        _write(q.numpy(), k.numpy(), v.numpy(), kc.numpy(), vc.numpy(), rows, pos.reshape(B).numpy(), cos.numpy(),
-               sin.numpy(), True, interleaved, qr)
+        _write(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, pos.reshape(B).numpy(), cos.numpy(), sin.numpy(), True,
+               interleaved, qr)
     out = np.empty((B, N * H), np.float32)
-    args = (qr, kc.numpy(), vc.numpy(), rows, np.float32(scale), window, out)
+    args = (qr, kc, vc, rows, np.float32(scale), window, out)
     if q.numel() * (min(keys, window) if window > 0 else keys) >= PARALLEL_MIN_WORK:
         _parallel(_threaded, *args)
     else:
