@@ -216,7 +216,7 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
     if seqlens_k.numel() != B or seqlens_k.dtype.is_floating_point or seqlens_k.device.type != "cpu":
         return False
     low, high = torch.aminmax(seqlens_k)
-    if low < 0 or high >= P:  # rows outside the buffer: the torch path names the error
+    if low < 0 or high >= P:  # rows outside the buffer: the torch path's behaviour stands
         return False
     if do_rotary:
         if cos_cache is None or sin_cache is None or cos_cache.dim() != 2 or sin_cache.shape != cos_cache.shape:
@@ -506,7 +506,7 @@ def group_query_attention(
     # max_length of 32768 took 735 ms against 99 ms at max_length 192, the attention over the whole buffer 23 ms a
     # layer
     A = L
-    if query.device.type == "cpu":
+    if query.device.type == "cpu" and qpos.numel():
         A = min(L, max(total, int(qpos.max()) + 1, int(total_b.max())))
     kpos = torch.arange(A, device=query.device).reshape(1, 1, A)
     if causal:
