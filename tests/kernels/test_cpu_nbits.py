@@ -149,13 +149,14 @@ def test_product_matches_the_dequantized_product(case, chunk_rows, monkeypatch):
 
 def test_cpu_sessions_warm_their_kernels(monkeypatch):
     """A CPU session loads the numba kernels of its ops as it is created (``crossml.kernels.warm_cpu``): a graph with
-    MatMulNBits warms ``cpu_nbits`` (once a process), one without such ops warms none; each module's ``warm`` runs."""
+    MatMulNBits warms ``cpu_nbits`` and ``cpu_int8`` (once a process), one without such ops warms none; each module's
+    ``warm`` runs."""
     from onnx import TensorProto, helper
 
     import crossml
     from crossml import kernels
 
-    for name in sorted(set(kernels.CPU_KERNEL_OPS.values())):
+    for name in sorted({m for modules in kernels.CPU_KERNEL_OPS.values() for m in modules}):
         kernels.load(name).warm()  # every module's warm runs on its own
     warmed: list[str] = []
     monkeypatch.setattr(kernels, "_warm_module", warmed.append)
@@ -169,12 +170,12 @@ def test_cpu_sessions_warm_their_kernels(monkeypatch):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                     helper.make_opsetid("com.microsoft", 1)])
     crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert warmed == ["cpu_nbits"]
+    assert warmed == ["cpu_nbits", "cpu_int8"]
     relu = helper.make_model(helper.make_graph(
         [helper.make_node("Relu", ["A"], ["Y"])], "r", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 21)])
     crossml.InferenceSession(relu.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert warmed == ["cpu_nbits"]
+    assert warmed == ["cpu_nbits", "cpu_int8"]
 
 
 def test_a_kernel_module_that_fails_to_warm_is_disabled(monkeypatch, caplog):

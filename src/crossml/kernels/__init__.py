@@ -353,8 +353,8 @@ class CompileAhead:
 
 
 #: ops whose CPU paths run numba kernels, and those kernels' modules (each with a ``warm()``)
-CPU_KERNEL_OPS = {"MatMulNBits": "cpu_nbits", "GroupQueryAttention": "cpu_attention",
-                  "SkipSimplifiedLayerNormalization": "cpu_norm"}
+CPU_KERNEL_OPS = {"MatMulNBits": ("cpu_nbits", "cpu_int8"), "GroupQueryAttention": ("cpu_attention",),
+                  "SkipSimplifiedLayerNormalization": ("cpu_norm",)}
 
 
 def warm_cpu(op_types: set[str]) -> None:
@@ -365,7 +365,8 @@ def warm_cpu(op_types: set[str]) -> None:
     process; nothing where numba is not installed. A module whose kernels fail to load is logged and disabled
     (``load`` returns None for it), so its ops keep their torch paths and the session still loads."""
     for op_type in sorted(op_types & CPU_KERNEL_OPS.keys()):
-        _warm_module(CPU_KERNEL_OPS[op_type])
+        for name in CPU_KERNEL_OPS[op_type]:
+            _warm_module(name)
 
 
 @functools.cache

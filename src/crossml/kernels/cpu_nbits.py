@@ -109,6 +109,24 @@ def _rows(af, sa, asum, w, sw, zp, out, chunks):  # pragma: no cover - compiled 
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
+def _int8_scale(a, m, k0, k1):  # pragma: no cover - compiled by numba
+    """onnxruntime's int8 block scale of a[m, k0:k1] and its inverse: max|a| / 127 and 127 / max|a| (0 for a zero
+    block; NaN where the block has one)."""
+    amax = np.float32(0.0)
+    for k in range(k0, k1):
+        v = abs(a[m, k])
+        if v > amax or np.isnan(v):
+            amax = v
+    return amax / np.float32(127.0), (np.float32(127.0) / amax if amax > 0 else np.float32(0.0))
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _int8_value(v, inv):  # pragma: no cover - compiled by numba
+    """One activation quantized as onnxruntime does: round(v * inv) to the nearest, ties to even, in [-128, 127]."""
+    return min(max(np.rint(v * inv), np.float32(-128.0)), np.float32(127.0))
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
 def _activations(a, block_size, int8, af, sa, asum):  # pragma: no cover - compiled by numba
     """a: float32 [M, K] into ``_rows``' af [M, 2, h, nbp], sa and asum [M, nbp] (zeroed here past the last block):
     on the int8 path each block quantized as onnxruntime does (scale = max|a| / 127; round(a * (127 / max|a|)) to
@@ -127,19 +145,35 @@ def _activations(a, block_size, int8, af, sa, asum):  # pragma: no cover - compi
             scale = np.float32(1.0)
             inv = np.float32(1.0)
             if int8:
-                amax = np.float32(0.0)
-                for k in range(k0, k1):
-                    v = abs(a[m, k])
-                    if v > amax or np.isnan(v):
-                        amax = v
-                scale = amax / np.float32(127.0)
-                inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+                scale, inv = _int8_scale(a, m, k0, k1)
             total = np.float32(0.0)
             for k in range(k0, k1):
                 v = a[m, k]
                 if int8:
-                    v = min(max(np.rint(v * inv), np.float32(-128.0)), np.float32(127.0))
+                    v = _int8_value(v, inv)
                 af[m, (k - k0) % 2, (k - k0) // 2, b] = v
+                total += v
+            sa[m, b] = scale
+            asum[m, b] = scale * total
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def quantize_int8(a, block_size, q, sa, asum):  # pragma: no cover - compiled by numba
+    """a: float32 [M, K] quantized to int8 per block as ``_activations`` does, in order: q int8 [M, n_blocks *
+    block_size] (zero past K), sa [M, n_blocks] the block scales, asum [M, n_blocks] each scale times its block's
+    sum (``crossml.kernels.cpu_int8``'s activations)."""
+    M, K = a.shape
+    nb = sa.shape[1]
+    q[:] = 0
+    for m in range(M):
+        for b in range(nb):
+            k0 = b * block_size
+            k1 = min(K, k0 + block_size)
+            scale, inv = _int8_scale(a, m, k0, k1)
+            total = np.float32(0.0)
+            for k in range(k0, k1):
+                v = _int8_value(a[m, k], inv)
+                q[m, k] = np.int8(v)
                 total += v
             sa[m, b] = scale
             asum[m, b] = scale * total

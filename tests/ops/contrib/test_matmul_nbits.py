@@ -139,6 +139,8 @@ def test_matmul_nbits_cpu_numba_kernel(case, level, M, monkeypatch):
     pytest.importorskip("numba", reason="the numba kernel needs numba (the test extra installs it)")
     from crossml.ops.contrib import matmul_nbits as module
 
+    real_load = module.load  # the int8 kernel (level 4, test_matmul_nbits_cpu_int8_kernel) hidden
+    monkeypatch.setattr(module, "load", lambda name: None if name == "cpu_int8" else real_load(name))
     calls = _spy(monkeypatch, module, "_cpu_laid_out", module._CPU_NBITS)
     d = _run(*case, level=level, M=M)
     assert calls and all(calls), "the product did not take the numba kernel"
@@ -150,18 +152,70 @@ def test_matmul_nbits_cpu_numba_kernel(case, level, M, monkeypatch):
 @pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("case", PACKED_CASES, ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
 def test_matmul_nbits_cpu_packed_kernel(case, level, M, monkeypatch):
-    """Without numba, decode-sized products of constant 4-bit weights on the CPU take torch's packed int4 kernel
+    """Without numba (nor the int8 kernel), decode-sized products of constant 4-bit weights on the CPU take torch's
+    packed int4 kernel
     (checked with a spy), within the same tolerance of onnxruntime as the dequantizing path; the weight is packed
     once, on its first run."""
     from crossml.ops.contrib import matmul_nbits as module
 
     real_load = module.load
-    monkeypatch.setattr(module, "load", lambda name: None if name == "cpu_nbits" else real_load(name))
+    monkeypatch.setattr(module, "load", lambda name: None if name in ("cpu_nbits", "cpu_int8") else real_load(name))
     calls = _spy(monkeypatch, module, "_cpu_packed", module._CPU_PACKED)
     d = _run(*case, level=level, M=M)
     assert calls and all(calls), "the product did not take the packed kernel"
     if level == 4:
         LEVEL4_DIFFS[f"packed {case} M{M}"] = d
+
+
+INT8_CASES = [  # bits, block_size, K, N, zero points: the int8 kernel's blocks of 32-256 values, K past a block too
+    (4, 32, 96, 16, "packed"), (4, 32, 80, 16, "packed"), (4, 64, 256, 48, None), (4, 128, 200, 9, "packed"),
+    (4, 256, 512, 16, "packed"), (4, 32, 64, 24, None),
+]
+
+
+@pytest.mark.parametrize("M", [(1,), (2, 3)])
+@pytest.mark.parametrize("case", INT8_CASES, ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_int8_kernel(case, M, monkeypatch):
+    """At accuracy level 4, decode-sized products of constant 4-bit weights on an AVX2 CPU take the int8 kernel
+    (``crossml.kernels.cpu_int8``, checked with a spy), within the same tolerance of onnxruntime as the other paths;
+    its scale arrays are made once, on the first run."""
+    pytest.importorskip("numba", reason="the int8 kernel is called from numba (the test extra installs it)")
+    from crossml.kernels import cpu_int8
+    from crossml.ops.contrib import matmul_nbits as module
+
+    if not cpu_int8.AVAILABLE:
+        pytest.skip("the int8 kernel needs an x86-64 CPU with AVX2")
+    calls = _spy(monkeypatch, module, "_cpu_int8", module._CPU_INT8)
+    LEVEL4_DIFFS[f"int8 {case} M{M}"] = _run(*case, level=4, M=M)
+    assert calls and all(calls), "the product did not take the int8 kernel"
+
+
+def test_int8_kernel_only_where_it_applies():
+    """``_cpu_int8`` declines (the op then tries the numba float kernel): float zero points, blocks of 16 values,
+    sizes that do not fit; it keeps its arrays on B for the next call."""
+    import torch
+
+    from crossml.kernels import cpu_int8
+    from crossml.ops.contrib.matmul_nbits import _cpu_int8
+
+    if not cpu_int8.AVAILABLE:
+        pytest.skip("the int8 kernel needs an x86-64 CPU with AVX2")
+
+    def weight(bs, K, N, zp="packed"):
+        nb = -(-K // bs)
+        B = torch.zeros(N, nb, bs // 2, dtype=torch.uint8)
+        z = {"packed": torch.zeros(N, (nb + 1) // 2, dtype=torch.uint8), "float": torch.zeros(N * nb),
+             None: None}[zp]
+        return B, torch.ones(N * nb), z, K, N, bs
+
+    assert _cpu_int8(*weight(32, 64, 8)) is not None
+    assert _cpu_int8(*weight(32, 64, 8, None)) is not None
+    assert _cpu_int8(*weight(32, 64, 8, "float")) is None
+    assert _cpu_int8(*weight(16, 64, 8)) is None
+    B, s, z, K, N, bs = weight(32, 64, 8)
+    assert _cpu_int8(B[:4], s, z, K, N, bs) is None
+    first = _cpu_int8(B, s, z, K, N, bs)
+    assert _cpu_int8(B, s, z, K, N, bs) is first
 
 
 def _taken(kernel, A, B, scales, zp, g_idx, bits, K, N, bs, constant):

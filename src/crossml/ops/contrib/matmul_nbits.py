@@ -207,11 +207,15 @@ def matmul_nbits(
                                                  const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
     if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points)):
-        laid_out = _cpu_laid_out(B, scales, zero_points, K, N, block_size)
-        packed = None if laid_out is not None else _cpu_packed(B, scales, zero_points, K, N, block_size)
-        if laid_out is not None or packed is not None:
+        int8_scales = _cpu_int8(B, scales, zero_points, K, N, block_size) if int8_path else None
+        laid_out = None if int8_scales is not None else _cpu_laid_out(B, scales, zero_points, K, N, block_size)
+        packed = (None if int8_scales is not None or laid_out is not None
+                  else _cpu_packed(B, scales, zero_points, K, N, block_size))
+        if int8_scales is not None or laid_out is not None or packed is not None:
             a = A.reshape(-1, K).to(compute)
-            if laid_out is not None:
+            if int8_scales is not None:
+                y = load("cpu_int8").matmul(a, B, *int8_scales, K=K, N=N, block_size=block_size)
+            elif laid_out is not None:
                 y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
             else:
                 if int8_path:
@@ -301,6 +305,32 @@ def _cpu_decode(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
             or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M):
         return False
     return zero_points is None or zero_points.dtype == torch.uint8 or zero_points.is_floating_point()
+
+
+_CPU_INT8 = "_crossml_cpu_int8"  # attribute of B holding (the int8 kernel's scale arrays, scales, zero points)
+
+
+def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
+              block_size: int):
+    """For a product ``_cpu_decode`` admits on the int8 path: the scale arrays of ``crossml.kernels.cpu_int8``
+    (x86 integer dot products on B as it is), made on the first call and kept on B (the scales times the zero points:
+    a quarter of B's bytes at 32-value blocks), or None where that kernel does not run here (no AVX2, numba or
+    llvmlite; blocks not of 32-256 values) or the sizes are wrong (the dequantizing path names what is wrong)."""
+    kept = getattr(B, _CPU_INT8, None)
+    if kept is not None and kept[1] is scales and kept[2] is zero_points:
+        return kept[0]
+    n_blocks = (K + block_size - 1) // block_size
+    if B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks:
+        return None
+    if (zero_points is not None and zero_points.dtype != torch.uint8) or not _zero_points_fit(zero_points, N,
+                                                                                             n_blocks):
+        return None
+    kernels = load("cpu_int8")
+    if kernels is None or not kernels.eligible(block_size):
+        return None
+    arrays = kernels.scales_zero_points(scales, zero_points, N, n_blocks)
+    setattr(B, _CPU_INT8, (arrays, scales, zero_points))
+    return arrays
 
 
 def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
