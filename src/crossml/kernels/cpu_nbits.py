@@ -1,5 +1,7 @@
 """4-bit MatMulNBits products on the CPU, compiled by numba: decode-sized activations (a few rows) read the packed
-weight as it is (``matmul``); prompts dequantize it in cache-sized chunks for torch's BLAS (``product``).
+weight as it is (``matmul``); prompts dequantize it in cache-sized chunks for torch's BLAS (``product``). On x86 CPUs
+with AVX2, decode products on the int8 path take ``crossml.kernels.cpu_int8`` instead (integer dot products, which
+numba cannot express); this module's decode kernel serves the float path and other CPUs.
 
 The torch reference is the dequantizing product in ``crossml.ops.contrib.matmul_nbits``: ``A @ dequant(B).T``, A
 first quantized to int8 per block on the int8 path (accuracy level 4). Here the packed weight is read as it is,

@@ -16,10 +16,12 @@ instead of dequantizing it to a dense matrix per call (the int8 path above quant
 here), and for fp16 / bf16 rows of a batched decode or beam search (4 to 64 rows, ``_kernel_rows``) the
 matrix-unit kernel, which dequantizes each weight tile in registers for a ``tl.dot``; larger products (prompts) a
 one-pass dequantization, then a dense matmul. On the CPU, a 4-bit
-product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM's decode step) takes crossml's
-numba kernel (``crossml.kernels.cpu_nbits``, where numba is installed: the packed weight read as it is, laid out
-once and kept on B; a Qwen2.5-0.5B-shaped builder int4 CPU model's decode 716.5 -> 86.3 ms a token on a 2-core
-AVX2 host, results/cpu_genai.md). Without numba it takes torch's packed int4 kernel
+product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM's decode step) takes, on the int8
+path with blocks of 32-256 values on an x86 CPU with AVX2, the int8 kernel (``crossml.kernels.cpu_int8``: integer
+dot products on B as it is, ``_cpu_int8``); otherwise crossml's numba kernel (``crossml.kernels.cpu_nbits``, where
+numba is installed: the packed weight read as it is, laid out once and kept on B; a Qwen2.5-0.5B-shaped builder int4
+CPU model's decode 716.5 -> 86.3 ms a token on a 2-core AVX2 host, results/cpu_genai.md). Without numba it takes
+torch's packed int4 kernel
 (``torch._weight_int4pack_mm_for_cpu``) on a copy of the weight packed once and kept with it (as much memory again as
 the 4-bit weight: prompts still dequantize the original),
 ``(q - 8) * scale + (8 - zero_point) * scale`` per block, float32 products (A quantized first on the int8 path,
