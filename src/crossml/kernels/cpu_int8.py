@@ -16,8 +16,8 @@ laid-out copy of the weight. Per product (Qwen2.5-0.5B's shapes, one row, 2-core
 ``cpu_nbits.matmul``: gate+up (896 x 9728) 330 against 717 us, the lm_head (896 x 151936) 6.7 against 11.8 ms.
 
 Blocks of 32, 64, 128 or 256 values (``eligible``); rows of N split over numba's threads (``cpu_nbits._parallel``).
-``AVAILABLE`` is False where the CPU has no AVX2 or LLVM cannot build the kernel: the products then take
-``cpu_nbits.matmul``.
+``AVAILABLE`` is False where the CPU has no AVX2 or LLVM cannot build the kernel (llvmlite without LLVM's new pass
+manager API included: logged once): the products then take ``cpu_nbits.matmul``.
 """
 
 from __future__ import annotations
