@@ -309,51 +309,52 @@ def _cpu_decode(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_poi
     return zero_points is None or zero_points.dtype == torch.uint8 or zero_points.is_floating_point()
 
 
+def _kept(B: torch.Tensor, attr: str, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
+          block_size: int, make):
+    """What a CPU decode kernel keeps per weight on B under ``attr``: ``make(n_blocks)``'s value (None: the kernel does
+    not take this weight), made on the first call with these scales and zero points, or None where B, scales or zero
+    points have other sizes (the dequantizing path names what is wrong)."""
+    kept = getattr(B, attr, None)
+    if kept is not None and kept[1] is scales and kept[2] is zero_points:
+        return kept[0]
+    n_blocks = (K + block_size - 1) // block_size
+    if (B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks
+            or not _zero_points_fit(zero_points, N, n_blocks)):
+        return None
+    made = make(n_blocks)
+    if made is not None:
+        setattr(B, attr, (made, scales, zero_points))
+    return made
+
+
 _CPU_INT8 = "_crossml_cpu_int8"  # attribute of B holding (the int8 kernel's scale arrays, scales, zero points)
 
 
 def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
               block_size: int):
     """For a product ``_cpu_decode`` admits on the int8 path: the scale arrays of ``crossml.kernels.cpu_int8``
-    (x86 integer dot products on B as it is), made on the first call and kept on B (the scales times the zero points:
-    a quarter of B's bytes at 32-value blocks), or None where that kernel does not run here (no AVX2, numba or
-    llvmlite; blocks not of 32-256 values) or the sizes are wrong (the dequantizing path names what is wrong)."""
-    kept = getattr(B, _CPU_INT8, None)
-    if kept is not None and kept[1] is scales and kept[2] is zero_points:
-        return kept[0]
-    n_blocks = (K + block_size - 1) // block_size
-    if B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks:
-        return None
-    if (zero_points is not None and zero_points.dtype != torch.uint8) or not _zero_points_fit(zero_points, N,
-                                                                                             n_blocks):
-        return None
-    kernels = load("cpu_int8")
-    if kernels is None or not kernels.eligible(block_size):
-        return None
-    arrays = kernels.scales_zero_points(scales, zero_points, N, n_blocks)
-    setattr(B, _CPU_INT8, (arrays, scales, zero_points))
-    return arrays
+    (x86 integer dot products on B as it is; the scales times the zero points are a quarter of B's bytes at 32-value
+    blocks), kept on B, or None where that kernel does not take the product: no AVX2, numba or llvmlite, blocks not of
+    32-256 values, float zero points, other sizes."""
+    def make(n_blocks: int):
+        kernels = load("cpu_int8")
+        if kernels is None or not kernels.eligible(block_size) or (zero_points is not None
+                                                                    and zero_points.dtype != torch.uint8):
+            return None
+        return kernels.scales_zero_points(scales, zero_points, N, n_blocks)
+
+    return _kept(B, _CPU_INT8, scales, zero_points, K, N, block_size, make)
 
 
 def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
                   block_size: int):
-    """For a product ``_cpu_decode`` admits: the weight laid out for ``crossml.kernels.cpu_nbits`` (numba), on the
-    first call and kept on B, or None where numba is not installed or B, scales or zero points have other sizes (the
-    dequantizing path names what is wrong)."""
-    kept = getattr(B, _CPU_NBITS, None)
-    if kept is not None and kept[1] is scales and kept[2] is zero_points:
-        return kept[0]
-    n_blocks = (K + block_size - 1) // block_size
-    if B.numel() != N * n_blocks * block_size // 2 or scales.numel() != N * n_blocks:
-        return None
-    if not _zero_points_fit(zero_points, N, n_blocks):
-        return None
-    kernels = load("cpu_nbits")
-    if kernels is None:
-        return None
-    laid_out = kernels.prepare(B, scales, zero_points, K=K, N=N, block_size=block_size)
-    setattr(B, _CPU_NBITS, (laid_out, scales, zero_points))
-    return laid_out
+    """For a product ``_cpu_decode`` admits: the weight laid out for ``crossml.kernels.cpu_nbits`` (numba), kept on
+    B, or None where numba is not installed or the sizes are wrong."""
+    def make(n_blocks: int):
+        kernels = load("cpu_nbits")
+        return None if kernels is None else kernels.prepare(B, scales, zero_points, K=K, N=N, block_size=block_size)
+
+    return _kept(B, _CPU_NBITS, scales, zero_points, K, N, block_size, make)
 
 
 #: most rows of A (prod of its leading dims) that take the CPU's packed int4 kernel: its time grows with the rows
