@@ -65,5 +65,29 @@ def test_threads_agree(monkeypatch):
     assert torch.equal(cpu_int8.matmul(A, B, s, zs, K=256, N=37, block_size=32), one)
 
 
+def test_concurrent_calls_from_threads_agree():
+    """Calls from several Python threads at once (sessions run concurrently) give each thread its own exact result."""
+    import threading
+
+    B, scales, zp = _weight(256, 512, 32, "packed")
+    s, zs = cpu_int8.scales_zero_points(scales, zp, 256, 16)
+    inputs = [torch.randn(2, 512, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    expected = [cpu_int8.matmul(a, B, s, zs, K=512, N=256, block_size=32) for a in inputs]
+    errors: list[str] = []
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            if not torch.equal(cpu_int8.matmul(inputs[i], B, s, zs, K=512, N=256, block_size=32), expected[i]):
+                errors.append(f"thread {i}: result differs")
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 def test_eligible_block_sizes():
     assert [cpu_int8.eligible(bs) for bs in (16, 32, 64, 128, 256, 512)] == [False, True, True, True, True, False]
