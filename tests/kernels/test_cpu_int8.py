@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("numba", reason="the int8 kernel is called from numba (the test extra installs it)")
 
 from crossml.kernels import cpu_int8  # noqa: E402
-from tests.kernels.test_cpu_nbits import _reference, _weight  # noqa: E402
+from tests.kernels.test_cpu_nbits import _reference, _weight, threads_agree  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cpu_int8.AVAILABLE, reason="the int8 kernel needs an x86-64 CPU with AVX2")
 
@@ -67,25 +67,10 @@ def test_threads_agree(monkeypatch):
 
 def test_concurrent_calls_from_threads_agree():
     """Calls from several Python threads at once (sessions run concurrently) give each thread its own exact result."""
-    import threading
-
     B, scales, zp = _weight(256, 512, 32, "packed")
     s, zs = cpu_int8.scales_zero_points(scales, zp, 256, 16)
     inputs = [torch.randn(2, 512, generator=torch.Generator().manual_seed(i)) for i in range(6)]
-    expected = [cpu_int8.matmul(a, B, s, zs, K=512, N=256, block_size=32) for a in inputs]
-    errors: list[str] = []
-
-    def work(i: int) -> None:
-        for _ in range(20):
-            if not torch.equal(cpu_int8.matmul(inputs[i], B, s, zs, K=512, N=256, block_size=32), expected[i]):
-                errors.append(f"thread {i}: result differs")
-                return
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = threads_agree(lambda a: cpu_int8.matmul(a, B, s, zs, K=512, N=256, block_size=32), inputs)
     assert not errors, errors
 
 

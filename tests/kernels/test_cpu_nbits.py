@@ -84,21 +84,15 @@ def test_padded_blocks():
     assert [cpu_nbits.padded_blocks(n) for n in (1, 4, 5, 8, 9, 28, 152)] == [1, 4, 8, 8, 16, 32, 152]
 
 
-def test_concurrent_calls_from_threads_agree():
-    """Calls from several Python threads at once (sessions run concurrently) give each thread its own exact
-    result: the kernel releases the GIL and numba's threading layer takes launches from many threads (or they are
-    serialized where it does not)."""
-    K, N, bs = 512, 256, 32
-    B, scales, zp = _weight(N, K, bs, "packed")
-    packed = cpu_nbits.prepare(B, scales, zp, K=K, N=N, block_size=bs)
-    inputs = [torch.randn(2, K, generator=torch.Generator().manual_seed(s)) for s in range(6)]
-    expected = [cpu_nbits.matmul(a, packed, int8=True) for a in inputs]
+def threads_agree(product, inputs: list[torch.Tensor], calls: int = 20) -> list[str]:
+    """Run ``product(a)`` for every input from its own Python thread, all at once, ``calls`` times each; the threads
+    whose result differed from the input's single-threaded result (empty: all exact)."""
+    expected = [product(a) for a in inputs]
     errors: list[str] = []
 
     def work(i: int) -> None:
-        for _ in range(20):
-            got = cpu_nbits.matmul(inputs[i], packed, int8=True)
-            if not torch.equal(got, expected[i]):
+        for _ in range(calls):
+            if not torch.equal(product(inputs[i]), expected[i]):
                 errors.append(f"thread {i}: result differs")
                 return
 
@@ -107,6 +101,18 @@ def test_concurrent_calls_from_threads_agree():
         t.start()
     for t in threads:
         t.join()
+    return errors
+
+
+def test_concurrent_calls_from_threads_agree():
+    """Calls from several Python threads at once (sessions run concurrently) give each thread its own exact
+    result: the kernel releases the GIL and numba's threading layer takes launches from many threads (or they are
+    serialized where it does not)."""
+    K, N, bs = 512, 256, 32
+    B, scales, zp = _weight(N, K, bs, "packed")
+    packed = cpu_nbits.prepare(B, scales, zp, K=K, N=N, block_size=bs)
+    inputs = [torch.randn(2, K, generator=torch.Generator().manual_seed(s)) for s in range(6)]
+    errors = threads_agree(lambda a: cpu_nbits.matmul(a, packed, int8=True), inputs)
     assert not errors, errors
 
 
