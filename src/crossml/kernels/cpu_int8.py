@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from crossml.kernels.cpu_nbits import CHUNKS_PER_THREAD, _parallel, quantize_int8
+from crossml.kernels.cpu_nbits import CHUNKS_PER_THREAD, _parallel, _threads, quantize_int8
 from crossml.ops.contrib.matmul_nbits import unpack_bits
 
 __all__ = ["AVAILABLE", "eligible", "matmul", "scales_zero_points", "warm"]
@@ -174,7 +174,7 @@ _rows = _built[0] if _built is not None else {}
 
 def eligible(block_size: int) -> bool:
     """Whether products of this block size take the kernel here: AVX2, blocks of 32 to 256 values."""
-    return AVAILABLE and block_size in (32, 64, 128, 256)
+    return block_size in _rows
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -213,7 +213,7 @@ def matmul(a: torch.Tensor, B: torch.Tensor, s: np.ndarray, zs: np.ndarray, *, K
     asum = np.empty((M, nb), np.float32)
     quantize_int8(a.contiguous().numpy(), block_size, q, sa, asum)
     out = np.empty((M, N), np.float32)
-    chunks = max(1, torch.get_num_threads()) * CHUNKS_PER_THREAD
+    chunks = _threads() * CHUNKS_PER_THREAD
     _parallel(_run, _rows[block_size], B.reshape(N, -1).contiguous().numpy(), q, sa, asum, s, zs, out, nb, chunks)
     return torch.from_numpy(out)
 

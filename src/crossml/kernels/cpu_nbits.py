@@ -183,7 +183,7 @@ def quantize_int8(a, block_size, q, sa, asum):  # pragma: no cover - compiled by
 
 _lock = threading.Lock()
 _serial: bool | None = None  # whether numba's threading layer needs calls serialized (known after the first call)
-_threads = threading.local()  # the count this thread last set: numba.set_num_threads is per thread, and costs as
+_set = threading.local()  # the count this thread last set: numba.set_num_threads is per thread, and costs as
 # much as a small product
 
 
@@ -191,15 +191,20 @@ def _parallel(kernel, *args) -> None:
     """Call a parallel kernel on at most ``torch.get_num_threads()`` numba threads, set for the calling thread;
     serialized under numba's ``workqueue`` layer."""
     global _serial
-    threads = max(1, min(torch.get_num_threads(), _MAX_THREADS))
+    threads = _threads()
     lock = _lock if _serial is not False else _NO_LOCK
     with lock:
-        if getattr(_threads, "n", None) != threads:
+        if getattr(_set, "n", None) != threads:
             numba.set_num_threads(threads)
-            _threads.n = threads
+            _set.n = threads
         kernel(*args)
         if _serial is None:
             _serial = numba.threading_layer() == "workqueue"
+
+
+def _threads() -> int:
+    """numba threads a kernel call uses: ``torch.get_num_threads()``, at most numba's pool."""
+    return max(1, min(torch.get_num_threads(), _MAX_THREADS))
 
 
 _MAX_THREADS = numba.config.NUMBA_NUM_THREADS
@@ -217,7 +222,7 @@ def matmul(a: torch.Tensor, packed: Packed, *, int8: bool) -> torch.Tensor:
     asum = np.empty((M, nbp), np.float32)
     _activations(a.contiguous().numpy(), bs, int8, af, sa, asum)
     out = np.empty((M, packed.N), np.float32)
-    chunks = max(1, min(torch.get_num_threads(), _MAX_THREADS)) * CHUNKS_PER_THREAD
+    chunks = _threads() * CHUNKS_PER_THREAD
     _parallel(_rows, af, sa, asum, packed.weight, packed.scales, packed.zero_points, out, chunks)
     return torch.from_numpy(out)
 

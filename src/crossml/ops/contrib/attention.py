@@ -148,26 +148,20 @@ def _attend_groups(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, allowed:
                    sink=_sinks(head_sink, smooth_softmax, N, q.device), want_qk=want_qk)
 
 
-def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-             attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
-             qk_output) -> bool:
-    """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
-    shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
-    device. A softcap and sinks are not looked at: the decode kernel caps the scores and takes sinks, the prompt's
-    SDPA does neither (its caller checks)."""
+def _cache_inputs_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                     attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, dtypes) -> bool:
+    """The inputs GroupQueryAttention's kernels (Triton's and numba's) take: every tensor on query's device, query of
+    one of ``dtypes`` with key, value and the past caches of its dtype and shapes, a shared max-length cache (at
+    least ``total`` rows), integer lengths and positions, no attention bias or q / k norms, cos / sin caches of one
+    float dtype and at most H / 2 columns."""
     dev = query.device
-    if dev.type not in TRITON_DEVICES or past_key is None or past_value is None:
-        return False
-    if attention_bias is not None or qk_output:
-        return False
-    if head_sink is not None and (head_sink.numel() != N or head_sink.device != dev
-                                  or not head_sink.is_floating_point()):
+    if past_key is None or past_value is None or attention_bias is not None:
         return False
     if q_norm_weight is not None or k_norm_weight is not None:
         return False
     B, S, D = query.shape
     dt = query.dtype
-    if dt not in _DECODE_DTYPES or D != H * (N if key is not None else N + 2 * Nk):
+    if dt not in dtypes or D != H * (N if key is not None else N + 2 * Nk):
         return False
     if key is not None and (key.dtype != dt or value.dtype != dt or key.shape != (B, S, Nk * H)
                             or value.shape != (B, S, Nk * H) or key.device != dev or value.device != dev):
@@ -189,6 +183,24 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
         if position_ids is not None and (position_ids.numel() != B * S or position_ids.device != dev
                                          or position_ids.dtype.is_floating_point):
             return False
+    return True
+
+
+def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+             attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary,
+             qk_output) -> bool:
+    """Whether a token-generation step (S == 1, past given) or a first prompt may run the Triton kernels: a
+    shared max-length cache (P == L), plain softmax attention, a supported dtype / head size, on a Triton
+    device (``_cache_inputs_ok``). A softcap and sinks are not looked at: the decode kernel caps the scores and takes
+    sinks, the prompt's SDPA does neither (its caller checks)."""
+    if query.device.type not in TRITON_DEVICES or qk_output:
+        return False
+    if head_sink is not None and (head_sink.numel() != N or head_sink.device != query.device
+                                  or not head_sink.is_floating_point()):
+        return False
+    if not _cache_inputs_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                            attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, _DECODE_DTYPES):
+        return False
     kernels = load("decode_attention")
     return kernels is not None and kernels.supported_head_size(H)
 
@@ -196,38 +208,19 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                    attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary) -> bool:
     """Whether a plain decode step (one token a row, causal, no softcap, sinks or scores out: the caller checks those)
-    runs numba's CPU kernel (``crossml.kernels.cpu_attention``): everything float32 on the CPU, a shared
-    contiguous cache of at least ``total`` rows, integer lengths within it and integer positions, no bias or q / k
-    norms, rotary caches of at most H / 2 columns; numba installed."""
-    if query.device.type != "cpu" or query.dtype != torch.float32 or past_key is None or past_value is None:
+    runs numba's CPU kernel (``crossml.kernels.cpu_attention``): the kernels' inputs (``_cache_inputs_ok``) in
+    float32 on the CPU, contiguous caches, every seqlens_k row inside them; numba installed."""
+    if query.device.type != "cpu" or not _cache_inputs_ok(
+            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
+            q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, (torch.float32,)):
         return False
-    if attention_bias is not None or q_norm_weight is not None or k_norm_weight is not None:
+    if not past_key.is_contiguous() or not past_value.is_contiguous():
         return False
-    B = query.shape[0]
-    if key is not None and (key.dtype != torch.float32 or value.dtype != torch.float32 or key.shape != (B, 1, Nk * H)
-                            or value.shape != key.shape or key.device != query.device
-                            or value.device != query.device):
-        return False
-    P = past_key.shape[2] if past_key.dim() == 4 else -1
-    if P < max(total, 1) or past_key.shape != (B, Nk, P, H) or past_value.shape != past_key.shape:
-        return False
-    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in (past_key, past_value)):
-        return False
-    if seqlens_k.numel() != B or seqlens_k.dtype.is_floating_point or seqlens_k.device.type != "cpu":
+    if do_rotary and cos_cache.dtype != torch.float32:
         return False
     low, high = torch.aminmax(seqlens_k)
-    if low < 0 or high >= P:  # rows outside the buffer: the torch path's behaviour stands
+    if low < 0 or high >= past_key.shape[2]:  # rows outside the buffer: the torch path's behaviour stands
         return False
-    if do_rotary:
-        if cos_cache is None or sin_cache is None or cos_cache.dim() != 2 or sin_cache.shape != cos_cache.shape:
-            return False
-        if cos_cache.dtype != torch.float32 or sin_cache.dtype != torch.float32 or not 0 < 2 * cos_cache.shape[1] <= H:
-            return False
-        if cos_cache.device.type != "cpu" or sin_cache.device.type != "cpu":
-            return False
-        if position_ids is not None and (position_ids.numel() != B or position_ids.dtype.is_floating_point
-                                         or position_ids.device.type != "cpu"):
-            return False
     return load("cpu_attention") is not None
 
 

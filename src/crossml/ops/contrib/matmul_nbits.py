@@ -209,20 +209,17 @@ def matmul_nbits(
                                                  const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
     if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points)):
-        int8_scales = _cpu_int8(B, scales, zero_points, K, N, block_size) if int8_path else None
-        laid_out = None if int8_scales is not None else _cpu_laid_out(B, scales, zero_points, K, N, block_size)
-        packed = (None if int8_scales is not None or laid_out is not None
-                  else _cpu_packed(B, scales, zero_points, K, N, block_size))
-        if int8_scales is not None or laid_out is not None or packed is not None:
-            a = A.reshape(-1, K).to(compute)
-            if int8_scales is not None:
-                y = load("cpu_int8").matmul(a, B, *int8_scales, K=K, N=N, block_size=block_size)
-            elif laid_out is not None:
-                y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
-            else:
-                if int8_path:
-                    a = quantize_dequantize_int8_blocks(a, block_size)
-                y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
+        a = A.reshape(-1, K).to(compute)
+        y = None
+        if int8_path and (arrays := _cpu_int8(B, scales, zero_points, K, N, block_size)) is not None:
+            y = load("cpu_int8").matmul(a, B, *arrays, K=K, N=N, block_size=block_size)
+        elif (laid_out := _cpu_laid_out(B, scales, zero_points, K, N, block_size)) is not None:
+            y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
+        elif (packed := _cpu_packed(B, scales, zero_points, K, N, block_size)) is not None:
+            if int8_path:
+                a = quantize_dequantize_int8_blocks(a, block_size)
+            y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
+        if y is not None:
             if bias is not None:
                 y = y + bias.to(compute)
             return y.reshape(*A.shape[:-1], N).to(A.dtype)

@@ -205,15 +205,15 @@ def skip_simplified_layer_normalization(
     ctx: OpContext,
 ) -> tuple:
     _check_skip(x, skip)
+    want = _wanted(ctx)
     if (_use_kernel(x, skip, gamma, bias) and _kernel_vector(gamma, x) and _kernel_vector(bias, x)
             and _broadcasts_to(skip, x)):
-        want = _wanted(ctx)
         y, inv, s = _rmsnorm_kernels().skip_rms_norm(x, skip, gamma, bias, epsilon, store_inv=want[2],
                                                      store_sum=want[3])
         return y, None, inv, s
-    if _cpu_skip(x, skip, gamma, bias, _wanted(ctx)):
+    if _cpu_skip(x, skip, gamma, bias, want):
         y, s = load("cpu_norm").skip_rms_norm(x, skip, gamma, bias, epsilon)
-        return y, None, None, s if _wanted(ctx)[3] else None
+        return y, None, None, s if want[3] else None
     s = _skip_sum(x, skip, bias)
     y, _, inv = _normalize(s, -1, epsilon, True)
     return _skip_outputs(ctx, x, y * _stash(gamma, 1), None, inv, s)
