@@ -18,7 +18,7 @@ from onnx.reference import ReferenceEvaluator
 import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, Match, Rule, apply_rules
-from crossml.graph.passes.gate_up import GATE_UP
+from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
@@ -83,14 +83,22 @@ def test_merged_node_reads_the_concatenated_weight_and_the_old_ones_are_gone():
     assert len(after) == len(before) - 2
 
 
-def test_registered_after_swiglu_off_the_cpu_only():
-    assert GATE_UP not in fusion_rules(None, torch.device("cpu"))
+def _unfused_session(m: onnx.ModelProto) -> crossml.InferenceSession:
+    so = crossml.SessionOptions()
+    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
+    return crossml.InferenceSession(m, so, providers=["CPUExecutionProvider"])
+
+
+def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
+    rules = fusion_rules(None, torch.device("cpu"))
+    assert GATE_UP not in rules and rules[rules.index(SWIGLU) + 1] is GATE_UP_NBITS
     for gpu in (None, SimpleNamespace(disable_metacommands=False)):
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
         GELU, SWIGLU, GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM]
-    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [GELU, SWIGLU]
+    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [GELU, SWIGLU,
+                                                                                              GATE_UP_NBITS]
 
 
 def test_cpu_session_keeps_the_two_products():
@@ -222,7 +230,7 @@ def test_nbits_merged_equals_unfused_exactly(block_size: int, zp_kind: str | Non
                                       np.concatenate([before[f"gate_{what}"], before[f"up_{what}"]]))
     assert set(after) == set(merged.input[1:])  # the four (six) old tensors are gone
     f = {"x": RNG.standard_normal((2, 3, K)).astype(np.float32)}
-    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+    want = _unfused_session(m).run(None, f)
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     # columns of a product are independent: dequantization and accumulation per column are the same. Blocks of 32
     # take the CPU's packed int4 kernel at these few rows, whose arithmetic depends on a column's lane in its
@@ -238,9 +246,25 @@ def test_nbits_fp16_merged_equals_unfused_exactly():
     fused, fired = _fused(m)
     assert fired == {"FuseSwiGLU": 1, "MergeGateUp": 1}
     f = {"x": RNG.standard_normal((1, 4, K)).astype(np.float16)}
-    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+    want = _unfused_session(m).run(None, f)
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     np.testing.assert_array_equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("rows", [(1, 1), (2, 3), (1, 20)])
+@pytest.mark.parametrize(("block_size", "level"), [(32, 4), (64, 4), (32, 0), (16, 4)])
+def test_cpu_session_merges_4bit_products_exactly(block_size: int, level: int, rows: tuple[int, int]):
+    """A CPU session merges 4-bit gate and up products (GATE_UP_NBITS) and gets the unmerged graph's values bit for
+    bit: decode-sized rows on the int8 kernel (level 4, blocks of 32-256) or numba's float kernel (level 0, blocks of
+    16), 20 rows on the prompt's dequantizing product."""
+    pytest.importorskip("numba", reason="the exact merge holds on the numba kernels (the test extra installs numba)")
+    m = nbits_mlp(block_size=block_size, zp_kind="packed", flat=False, level=level)
+    sess = crossml.InferenceSession(m, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in sess._model.graph.node]
+    assert ops.count("MatMulNBits") == 1 and ops.count("SiluMul") == 1
+    f = {"x": RNG.standard_normal((*rows, K)).astype(np.float32)}
+    for _ in range(2):  # the first run keeps the kernels' per-weight data, the second reads it
+        np.testing.assert_array_equal(sess.run(None, f)[0], _unfused_session(m).run(None, f)[0])
 
 
 @pytest.mark.parametrize(("kw", "says"), [

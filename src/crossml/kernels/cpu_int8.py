@@ -28,7 +28,9 @@ import platform
 
 import numpy as np
 import torch
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from crossml.kernels.cpu_nbits import CHUNKS_PER_THREAD, _parallel, _threads, quantize_int8
 from crossml.ops.contrib.matmul_nbits import unpack_bits
@@ -170,6 +172,7 @@ except Exception as e:  # noqa: BLE001 - an LLVM that cannot build the kernel he
 #: whether the kernel runs on this CPU (x86-64 with AVX2, the kernel built)
 AVAILABLE = _built is not None
 _rows = _built[0] if _built is not None else {}
+_addresses = {bs: ctypes.cast(f, ctypes.c_void_p).value for bs, f in _rows.items()}
 
 
 def eligible(block_size: int) -> bool:
@@ -177,18 +180,46 @@ def eligible(block_size: int) -> bool:
     return block_size in _rows
 
 
+@intrinsic
+def _call_rows(typingctx, addr, w, a, sa, asum, s, zs, out, n0, n1, nb, M, N):
+    """Call the compiled ``rows`` function at address ``addr`` (an integer, so that numba's dispatch of ``_product``
+    stays on its fast path: a ctypes function argument cost about 5 us a call) with the arrays' data addresses."""
+    args = (addr, w, a, sa, asum, s, zs, out, n0, n1, nb, M, N)
+    if not all(isinstance(t, types.Integer) for t in args):
+        return None
+
+    def codegen(context, builder, signature, llargs):
+        i8p, f32p, i64 = ir.IntType(8).as_pointer(), ir.FloatType().as_pointer(), ir.IntType(64)
+        pointers = (i8p, i8p, f32p, f32p, f32p, f32p, f32p)
+        fn = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), [*pointers, i64, i64, i64, i64, i64])
+                              .as_pointer())
+        call = [builder.inttoptr(v, t) for v, t in zip(llargs[1:8], pointers)]
+        call += [context.cast(builder, v, t, types.int64) for v, t in zip(llargs[8:], signature.args[8:])]
+        builder.call(fn, call)
+        return context.get_dummy_value()
+
+    return types.void(*args), codegen
+
+
 @njit(parallel=True, cache=True, nogil=True)
-def _run(kernel, w, a, sa, asum, s, zs, out, nb, chunks):  # pragma: no cover - compiled by numba
-    """``kernel`` (a compiled ``rows``, an argument so that numba can cache this wrapper) over rows of N in
-    ``chunks`` parts on numba's threads."""
-    M, N = out.shape
+def _product(addr, w, a, block_size, s, zs, N, chunks):  # pragma: no cover - compiled by numba
+    """float32 ``a`` [M, K] quantized to int8 per block (``quantize_int8``), then the compiled ``rows`` function at
+    ``addr`` over rows of N in ``chunks`` parts on numba's threads: float32 [M, N]. One call from Python."""
+    M, K = a.shape
+    nb = (K + block_size - 1) // block_size
+    q = np.empty((M, nb * block_size), np.int8)
+    sa = np.empty((M, nb), np.float32)
+    asum = np.empty((M, nb), np.float32)
+    quantize_int8(a, block_size, q, sa, asum)
+    out = np.empty((M, N), np.float32)
     per = (N + chunks - 1) // chunks
     for t in prange(chunks):
         n0 = t * per
         n1 = min(N, n0 + per)
         if n0 < n1:
-            kernel(w.ctypes.data, a.ctypes.data, sa.ctypes.data, asum.ctypes.data, s.ctypes.data, zs.ctypes.data,
-                   out.ctypes.data, n0, n1, nb, M, N)
+            _call_rows(addr, w.ctypes.data, q.ctypes.data, sa.ctypes.data, asum.ctypes.data, s.ctypes.data,
+                       zs.ctypes.data, out.ctypes.data, n0, n1, nb, M, N)
+    return out
 
 
 def scales_zero_points(scales: torch.Tensor, zero_points: torch.Tensor | None, N: int,
@@ -203,19 +234,14 @@ def scales_zero_points(scales: torch.Tensor, zero_points: torch.Tensor | None, N
 
 def matmul(a: torch.Tensor, B: torch.Tensor, s: np.ndarray, zs: np.ndarray, *, K: int, N: int,
            block_size: int) -> torch.Tensor:
-    """``a @ dequant(B).T`` for float32 ``a`` [M, K], a quantized to int8 per block first as onnxruntime does at
+    """``a @ dequant(B).T`` for float32 ``a`` [..., K], a quantized to int8 per block first as onnxruntime does at
     accuracy level 4; MatMulNBits' 4-bit B with ``scales_zero_points``' arrays (sizes checked by the caller;
-    ``eligible(block_size)``). float32 [M, N]."""
-    M = a.shape[0]
-    nb = -(-K // block_size)
-    q = np.empty((M, nb * block_size), np.int8)
-    sa = np.empty((M, nb), np.float32)
-    asum = np.empty((M, nb), np.float32)
-    quantize_int8(a.contiguous().numpy(), block_size, q, sa, asum)
-    out = np.empty((M, N), np.float32)
-    chunks = _threads() * CHUNKS_PER_THREAD
-    _parallel(_run, _rows[block_size], B.reshape(N, -1).contiguous().numpy(), q, sa, asum, s, zs, out, nb, chunks)
-    return torch.from_numpy(out)
+    ``eligible(block_size)``). float32 [..., N]."""
+    a = (a if a.is_contiguous() else a.contiguous()).numpy()
+    B = B if B.is_contiguous() else B.contiguous()
+    out = _parallel(_product, _addresses[block_size], B.numpy(), a.reshape(-1, K), block_size, s, zs, N,
+                    _threads() * CHUNKS_PER_THREAD)
+    return torch.from_numpy(out if a.ndim == 2 else out.reshape(a.shape[:-1] + (N,)))
 
 
 def warm() -> None:

@@ -187,9 +187,9 @@ _set = threading.local()  # the count this thread last set: numba.set_num_thread
 # much as a small product
 
 
-def _parallel(kernel, *args) -> None:
+def _parallel(kernel, *args):
     """Call a parallel kernel on at most ``torch.get_num_threads()`` numba threads, set for the calling thread;
-    serialized under numba's ``workqueue`` layer."""
+    serialized under numba's ``workqueue`` layer. Returns what the kernel returns."""
     global _serial
     threads = _threads()
     lock = _lock if _serial is not False else _NO_LOCK
@@ -197,9 +197,10 @@ def _parallel(kernel, *args) -> None:
         if getattr(_set, "n", None) != threads:
             numba.set_num_threads(threads)
             _set.n = threads
-        kernel(*args)
+        out = kernel(*args)
         if _serial is None:
             _serial = numba.threading_layer() == "workqueue"
+    return out
 
 
 def _threads() -> int:

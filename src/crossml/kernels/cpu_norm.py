@@ -48,13 +48,18 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias
     """(normalized, sum) of float32 x [..., H] and skip broadcast to it over leading dims; gamma and bias of H
     values (the caller checks shapes and dtypes)."""
     H = x.shape[-1]
-    x2 = x.reshape(-1, H).contiguous().numpy()
-    y = np.empty(x2.shape, np.float32)
-    s = np.empty(x2.shape, np.float32)
-    _skip_rms_norm(x2, skip.reshape(-1, H).contiguous().numpy(), gamma.reshape(H).contiguous().numpy(),
-                   _NONE if bias is None else bias.reshape(H).contiguous().numpy(), bias is not None,
-                   np.float32(epsilon), y, s)
-    return torch.from_numpy(y).reshape(x.shape), torch.from_numpy(s).reshape(x.shape)
+    xn = _array(x)
+    y = np.empty(xn.shape, np.float32)
+    s = np.empty(xn.shape, np.float32)
+    _skip_rms_norm(xn.reshape(-1, H), _array(skip).reshape(-1, H), _array(gamma).reshape(H),
+                   _NONE if bias is None else _array(bias).reshape(H), bias is not None, np.float32(epsilon),
+                   y.reshape(-1, H), s.reshape(-1, H))
+    return torch.from_numpy(y), torch.from_numpy(s)
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a C-contiguous numpy array (a view where the tensor is contiguous)."""
+    return (t if t.is_contiguous() else t.contiguous()).numpy()
 
 
 def warm() -> None:

@@ -23,7 +23,7 @@ from crossml.graph.load import apply_free_dimension_overrides, load_model, prepa
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
-from crossml.graph.passes.gate_up import GATE_UP
+from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.linear import RULE as LINEAR
@@ -603,8 +603,9 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
     projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
     its output projection's fused node; not with disable_metacommands); the CPU keeps the
-    model's ops (its results stay bit-close to onnxruntime's)."""
-    merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else []
+    model's ops (its results stay bit-close to onnxruntime's), but for merging 4-bit gate and up products
+    (GATE_UP_NBITS), whose columns are computed alone: the merged product's values are the two products'."""
+    merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else [GATE_UP_NBITS]
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]

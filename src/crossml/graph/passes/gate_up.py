@@ -9,7 +9,7 @@ Columns of a product are independent, so the merged product computes the same va
 The rule needs constant weights (initializers that are not graph inputs, so no feed can override
 them) of one shape, type and quantization, and g and up used by the SiluMul only. It runs after
 SWIGLU (which makes the SiluMul). The replaced weights are dropped by ``apply_rules`` once no node
-reads them.
+reads them. GATE_UP_NBITS, the CPU's rule, merges MatMulNBits products only.
 """
 
 from __future__ import annotations
@@ -176,3 +176,15 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 
 
 GATE_UP = Rule("MergeGateUp", match, check, rewrite, domains=((DOMAIN, 1),))
+
+
+def match_nbits(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    """``match`` for two MatMulNBits products only (GATE_UP_NBITS)."""
+    m = match(view, node)
+    return m if m is not None and m.info["kind"] == "MatMulNBits" else None
+
+
+#: GATE_UP for MatMulNBits products only: the CPU's rule. Each column of a 4-bit product is computed alone (on the
+#: int8 path the activations are quantized per row and block, whatever N is), so the merged product's values are
+#: the two products' bit for bit, where merged float MatMuls could round differently in the BLAS.
+GATE_UP_NBITS = Rule("MergeGateUp", match_nbits, check, rewrite, domains=((DOMAIN, 1),))

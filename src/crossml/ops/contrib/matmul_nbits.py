@@ -196,6 +196,9 @@ def matmul_nbits(
     weight_prepacked: int = 0,
     ctx: OpContext | None = None,
 ) -> torch.Tensor:
+    if A.device.type == "cpu" and (y := _cpu_int8_again(A, B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
+                                                         accuracy_level)) is not None:
+        return y
     _check_block_size(block_size)
     if weight_prepacked:
         raise ValueError("MatMulNBits: weight_prepacked (EP-specific CUDA layouts) is not supported; use the plain layout")
@@ -211,8 +214,8 @@ def matmul_nbits(
     if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points)):
         a = A.reshape(-1, K).to(compute)
         y = None
-        if int8_path and (arrays := _cpu_int8(B, scales, zero_points, K, N, block_size)) is not None:
-            y = load("cpu_int8").matmul(a, B, *arrays, K=K, N=N, block_size=block_size)
+        if int8_path and (kept := _cpu_int8(B, scales, zero_points, K, N, block_size)) is not None:
+            y = kept[0].matmul(a, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
         elif (laid_out := _cpu_laid_out(B, scales, zero_points, K, N, block_size)) is not None:
             y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
         elif (packed := _cpu_packed(B, scales, zero_points, K, N, block_size)) is not None:
@@ -329,18 +332,37 @@ _CPU_INT8 = "_crossml_cpu_int8"  # attribute of B holding (the int8 kernel's sca
 
 def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
               block_size: int):
-    """For a product ``_cpu_decode`` admits on the int8 path: the scale arrays of ``crossml.kernels.cpu_int8``
-    (x86 integer dot products on B as it is; the scales times the zero points are a quarter of B's bytes at 32-value
-    blocks), kept on B, or None where that kernel does not take the product: no AVX2, numba or llvmlite, blocks not of
-    32-256 values, float zero points, other sizes."""
+    """For a product ``_cpu_decode`` admits on the int8 path: (the module ``crossml.kernels.cpu_int8``, its scale
+    arrays, K, N, block_size), kept on B (x86 integer dot products on B as it is; the scales times the zero points are
+    a quarter of B's bytes at 32-value blocks), or None where that kernel does not take the product: no AVX2, numba
+    or llvmlite, blocks not of 32-256 values, float zero points, other sizes."""
     def make(n_blocks: int):
         kernels = load("cpu_int8")
         if kernels is None or not kernels.eligible(block_size) or (zero_points is not None
                                                                     and zero_points.dtype != torch.uint8):
             return None
-        return kernels.scales_zero_points(scales, zero_points, N, n_blocks)
+        return (kernels, *kernels.scales_zero_points(scales, zero_points, N, n_blocks), K, N, block_size)
 
     return _kept(B, _CPU_INT8, scales, zero_points, K, N, block_size, make)
+
+
+def _cpu_int8_again(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
+                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, K: int, N: int, block_size: int, bits: int,
+                    accuracy_level: int) -> torch.Tensor | None:
+    """A decode product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only a
+    model constant's B gets, after the op's checks), with the same scales, zero points and attributes, float32 A of at
+    most CPU_PACKED_MAX_M rows, no bias or g_idx: the product, straight to the kernel; None otherwise (the op's full
+    route then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4 model runs 121 of these; the checks of
+    the full route had cost about 15 us a call."""
+    kept = getattr(B, _CPU_INT8, None)
+    if (kept is None or kept[1] is not scales or kept[2] is not zero_points or g_idx is not None or bias is not None
+            or accuracy_level != 4 or bits != 4 or A.dtype != torch.float32 or A.shape[-1] != K
+            or A.numel() > K * CPU_PACKED_MAX_M):
+        return None
+    kernels, s, zs, k, n, bs = kept[0]
+    if k != K or n != N or bs != block_size:
+        return None
+    return kernels.matmul(A, B, s, zs, K=K, N=N, block_size=block_size)
 
 
 def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,

@@ -125,9 +125,11 @@ def _cpu_skip(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias: to
     tensors on the CPU, gamma and bias of H values, the skip x's shape or its trailing dims (leading ones dropped),
     neither the mean nor the inverse standard deviation wanted (onnxruntime's CPU kernel gives neither), numba
     installed."""
-    if x.device.type != "cpu" or want[1] or want[2] or x.numel() == 0:
+    f32 = torch.float32
+    if x.device.type != "cpu" or want[1] or want[2] or x.numel() == 0 or x.dtype != f32 or skip.dtype != f32:
         return False
-    if not all(t is None or (t.dtype == torch.float32 and t.device.type == "cpu") for t in (x, skip, gamma, bias)):
+    if skip.device.type != "cpu" or gamma.dtype != f32 or gamma.device.type != "cpu" or (
+            bias is not None and (bias.dtype != f32 or bias.device.type != "cpu")):
         return False
     if not (_kernel_vector(gamma, x) and _kernel_vector(bias, x)):
         return False
