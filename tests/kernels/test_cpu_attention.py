@@ -44,14 +44,25 @@ CASES = [  # B, N, Nk, H, L, seqlens, packed, rotary channels, attributes
 ]
 
 
+def _spy(monkeypatch) -> list[bool]:
+    """Per call of the kernels' common wrapper, whether it computed the step (False: it declined)."""
+    calls = []
+    real = cpu_attention._decode
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(cpu_attention, "_decode", spy)
+    return calls
+
+
 def _run(args, N, Nk, rot, attrs, *, kernel: bool, monkeypatch):
     real = attention.load
     if not kernel:
         monkeypatch.setattr(attention, "load", lambda name: None if name == "cpu_attention" else real(name))
-    taken = []
-    if kernel:
-        decode = cpu_attention.decode
-        monkeypatch.setattr(cpu_attention, "decode", lambda *a, **kw: taken.append(1) or decode(*a, **kw))
+    taken = _spy(monkeypatch) if kernel else []
     try:
         out = group_query_attention(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args], num_heads=N,
                                     kv_num_heads=Nk, do_rotary=int(rot > 0), ctx=_ctx(), **attrs)
@@ -112,8 +123,21 @@ def test_kernel_only_where_it_applies(change, monkeypatch):
         kw["qk_output"] = 1
     elif change == "rows_past_buffer":
         args[5] = torch.tensor([L, 4], dtype=torch.int32)
-    calls = []
-    decode = cpu_attention.decode
-    monkeypatch.setattr(cpu_attention, "decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    calls = _spy(monkeypatch)
     group_query_attention(*args, num_heads=N, kv_num_heads=Nk, do_rotary=1, ctx=_ctx(), **kw)
-    assert not calls
+    assert not any(calls)
+    assert calls == ([False] if change == "rows_past_buffer" else [])  # the kernel itself declines those rows
+
+
+@pytest.mark.parametrize("rows", [[3, 12], [-1, 2]])
+def test_rows_outside_the_caches_write_nothing(rows):
+    """The kernel declines a step with a seqlens_k row outside [0, L) before it writes any cache row."""
+    B, N, Nk, H, L = 2, 4, 2, 16, 12
+    q, k, v = torch.randn(B, N * H), torch.randn(B, Nk * H), torch.randn(B, Nk * H)
+    kc, vc = torch.randn(B, Nk, L, H), torch.randn(B, Nk, L, H)
+    before = kc.clone(), vc.clone()
+    table = torch.randn(16, H // 2)
+    seq = torch.tensor(rows, dtype=torch.int32)
+    assert cpu_attention.decode(q, k, v, kc, vc, seq, seq, table, table, interleaved=False, scale=1.0, window=-1,
+                                keys=L) is None
+    assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])

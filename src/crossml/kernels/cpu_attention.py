@@ -23,7 +23,7 @@ from numba import njit, prange
 
 from crossml.kernels.cpu_nbits import _parallel
 
-__all__ = ["PARALLEL_MIN_WORK", "decode", "warm"]
+__all__ = ["PARALLEL_MIN_WORK", "decode", "decode_packed", "warm"]
 
 #: multiply-adds (rows x heads x attended keys x head size) from which the heads run on numba's threads
 PARALLEL_MIN_WORK = 1 << 20
@@ -128,27 +128,56 @@ _serial = njit(**_FLAGS)(_attend)
 _threaded = njit(parallel=True, **_FLAGS)(_attend)
 
 
+@njit(cache=True, nogil=True)
+def _rows_inside(rows, L):  # pragma: no cover - compiled by numba
+    """Whether every row index is in [0, L)."""
+    for b in range(rows.shape[0]):
+        if rows[b] < 0 or rows[b] >= L:
+            return False
+    return True
+
+
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
            pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, *, interleaved: bool,
-           scale: float, window: int, keys: int) -> torch.Tensor:
+           scale: float, window: int, keys: int) -> torch.Tensor | None:
     """One decode step of GroupQueryAttention on the CPU: float32 q [B, N * H], k / v [B, Nk * H] (views of a packed
     projection are read in place); contiguous float32 caches kc / vc [B, Nk, L, H] (written in place); integer rows
     [B] (``seqlens_k``); integer rotary positions ``pos`` [B] and float32 ``cos`` / ``sin`` [P, R / 2] caches, or
     None for no rotation; ``window`` <= 0 for none; ``keys``: about how many keys a row attends (picks the threads).
-    Returns the attention output [B, N * H]."""
+    Returns the attention output [B, 1, N * H], or None, with nothing written, where a row of ``rows`` is outside
+    [0, L) (the op's torch path then runs)."""
+    return _decode(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, pos, cos, sin, interleaved, scale, window, keys)
+
+
+def decode_packed(qkv: torch.Tensor, heads: int, kv_heads: int, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
+                  pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, *, interleaved: bool,
+                  scale: float, window: int, keys: int) -> torch.Tensor | None:
+    """``decode`` for a packed projection ``qkv`` [B, 1, (heads + 2 * kv_heads) * H]: q, k and v are its slices, read
+    in place."""
+    H = kc.shape[3]
+    a = qkv.numpy().reshape(qkv.shape[0], -1)
+    n, nk = heads * H, kv_heads * H
+    return _decode(a[:, :n], a[:, n:n + nk], a[:, n + nk:n + 2 * nk], kc, vc, rows, pos, cos, sin, interleaved, scale,
+                   window, keys)
+
+
+def _decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
+            pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, interleaved: bool,
+            scale: float, window: int, keys: int) -> torch.Tensor | None:
     B, Nk, L, H = kc.shape
     N = q.shape[1] // H
-    rows = rows.reshape(B).numpy()
+    rows = rows.numpy().reshape(B)
+    if not _rows_inside(rows, L):
+        return None
     kc, vc = kc.numpy(), vc.numpy()
     qr = np.empty((B, N, H), np.float32)
     if pos is None:
-        _write(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, rows, _NO_TABLE, _NO_TABLE, False, False, qr)
+        _write(q, k, v, kc, vc, rows, rows, _NO_TABLE, _NO_TABLE, False, False, qr)
     else:
-        _write(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, pos.reshape(B).numpy(), cos.numpy(), sin.numpy(), True,
-               interleaved, qr)
-    out = np.empty((B, N * H), np.float32)
-    args = (qr, kc, vc, rows, np.float32(scale), window, out)
-    if q.numel() * (min(keys, window) if window > 0 else keys) >= PARALLEL_MIN_WORK:
+        _write(q, k, v, kc, vc, rows, pos.numpy().reshape(B), cos.numpy(), sin.numpy(), True, interleaved, qr)
+    out = np.empty((B, 1, N * H), np.float32)
+    args = (qr, kc, vc, rows, np.float32(scale), window, out.reshape(B, N * H))
+    if q.size * (min(keys, window) if window > 0 else keys) >= PARALLEL_MIN_WORK:
         _parallel(_threaded, *args)
     else:
         _serial(*args)
@@ -166,6 +195,7 @@ def warm() -> None:
     cache = torch.zeros(B, N, L, H), torch.zeros(B, N, L, H)
     rows = torch.zeros(B, dtype=torch.int32)
     table = torch.zeros(L, H // 2)
-    for q, k, v in ((packed[:, :N * H], packed[:, N * H:2 * N * H], packed[:, 2 * N * H:]),
-                    (torch.zeros(B, N * H), torch.zeros(B, N * H), torch.zeros(B, N * H))):
-        decode(q, k, v, *cache, rows, rows, table, table, interleaved=False, scale=1.0, window=-1, keys=1)
+    decode_packed(packed.reshape(B, 1, -1), N, N, *cache, rows, rows, table, table, interleaved=False, scale=1.0,
+                  window=-1, keys=1)
+    zeros = torch.zeros(B, N * H)
+    decode(zeros, zeros, zeros, *cache, rows, rows, table, table, interleaved=False, scale=1.0, window=-1, keys=1)

@@ -209,7 +209,8 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
                    attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary) -> bool:
     """Whether a plain decode step (one token a row, causal, no softcap, sinks or scores out: the caller checks those)
     runs numba's CPU kernel (``crossml.kernels.cpu_attention``): the kernels' inputs (``_cache_inputs_ok``) in
-    float32 on the CPU, contiguous caches, every seqlens_k row inside them; numba installed."""
+    float32 on the CPU, contiguous caches; numba installed. (The kernel itself declines seqlens_k rows outside the
+    caches.)"""
     if query.device.type != "cpu" or not _cache_inputs_ok(
             query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
             q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary, (torch.float32,)):
@@ -218,10 +219,34 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
         return False
     if do_rotary and cos_cache.dtype != torch.float32:
         return False
-    low, high = torch.aminmax(seqlens_k)
-    if low < 0 or high >= past_key.shape[2]:  # rows outside the buffer: the torch path's behaviour stands
-        return False
     return load("cpu_attention") is not None
+
+
+def _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
+              position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, *, scale, do_rotary,
+              rotary_interleaved, local_window, inplace) -> tuple | None:
+    """A plain decode step (one token a row after the first prompt; the caller checks the rest) on numba's CPU kernel
+    (``_cpu_decode_ok``), its outputs; None where the kernel does not take it, or a seqlens_k row is outside the
+    caches (the kernel then writes nothing): the torch path runs. Called before the op's general preparation, which
+    cost more than the kernel's 40-50 us at Qwen2.5-0.5B's shape."""
+    B, _, D = query.shape
+    H = D // (N + 2 * Nk) if key is None else D // N
+    total = int(scalar(total_sequence_length))
+    if total == 1 or not _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                                        position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total,
+                                        do_rotary):
+        return None
+    kc, vc = _shared_caches(past_key, past_value, inplace)
+    pos = (seqlens_k if position_ids is None else position_ids) if do_rotary else None
+    kernels = load("cpu_attention")
+    kw = {"interleaved": bool(rotary_interleaved), "scale": _softmax_scale(scale, H), "window": local_window,
+          "keys": total}
+    if key is None:
+        out = kernels.decode_packed(query, N, Nk, kc, vc, seqlens_k, pos, cos_cache, sin_cache, **kw)
+    else:
+        out = kernels.decode(query.reshape(B, N * H), key.reshape(B, Nk * H), value.reshape(B, Nk * H), kc, vc,
+                             seqlens_k, pos, cos_cache, sin_cache, **kw)
+    return None if out is None else (out, kc, vc, None)
 
 
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
@@ -382,6 +407,14 @@ def group_query_attention(
         raise ValueError("GroupQueryAttention: quantized KV caches (int8/int4/float8 past_key) are not supported")
     B, S, D = query.shape
     N, Nk = num_heads, kv_num_heads
+    if (S == 1 and query.device.type == "cpu" and not sliding_window_cache and not qk_output and causal
+            and softcap == 0.0 and head_sink is None and not smooth_softmax and (key is None) == (value is None)):
+        out = _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+                        sin_cache, position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, scale=scale,
+                        do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, local_window=local_window_size,
+                        inplace=bool(ctx.extra.get("kv_inplace")))
+        if out is not None:
+            return out
     if key is None:
         H = D // (N + 2 * Nk)
         q, k, v = query.split([N * H, Nk * H, Nk * H], dim=-1)
@@ -423,18 +456,6 @@ def group_query_attention(
                                   local_window=local_window_size, inplace=inplace)
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
-
-    if S == 1 and not first_prompt and not sliding_window_cache and plain and not qk_output and _cpu_decode_ok(
-            query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, attention_bias,
-            q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary):
-        kc, vc = _shared_caches(past_key, past_value, bool(ctx.extra.get("kv_inplace")))
-        pos = None
-        if do_rotary:
-            pos = seqlens_k.reshape(B) if position_ids is None else position_ids.reshape(B)
-        out = load("cpu_attention").decode(q.reshape(B, N * H), k.reshape(B, Nk * H), v.reshape(B, Nk * H), kc, vc,
-                                           seqlens_k, pos, cos_cache, sin_cache, interleaved=bool(rotary_interleaved),
-                                           scale=_softmax_scale(scale, H), window=local_window_size, keys=total)
-        return out.reshape(B, 1, N * H), kc, vc, None
 
     if sliding_window_cache and S == 1 and not first_prompt and past_key.stride(3) == 1 and \
             past_value.stride() == past_key.stride() and \
