@@ -39,18 +39,21 @@ def test_int8_kernel_matches_the_dequantized_product(case, M):
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("blocks", [1, 2, 3])
 @pytest.mark.parametrize("block_size", [32, 64, 128, 256])
-def test_int8_block_dot_products_are_exact(block_size):
-    """Each block's dot product is an exact integer (pmaddubsw pairs at most 2 * 15 * 128, no saturation): with one
-    block per row, weight and activation scales of 1 (A's block maximum 127) and zero point 0, the result is the
-    integer dot product itself at the largest magnitudes (A at -128 / 127, weights at 0 and 15)."""
-    K = N = block_size
+def test_int8_block_dot_products_are_exact(block_size, blocks):
+    """Each block's dot product is an exact integer (pmaddubsw pairs at most 2 * 15 * 128, no saturation, the two
+    nibble halves' pairs added in int16): with weight and activation scales of 1 (A's block maxima 127) and zero
+    points 0, the result is the integer dot product itself at the largest magnitudes (A at -127 / 127, weights at 0
+    and 15). One, two and three blocks: with 32-value blocks, a lone last block, a pair in one step, both."""
+    K, N = blocks * block_size, block_size
     q = torch.full((N, K), 15, dtype=torch.uint8)
     q[:, 1::3] = 0
-    B = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, 1, K // 2)
+    B = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, blocks, block_size // 2)
     a = torch.full((1, K), 127.0)
     a[0, 2::5] = -127.0
-    s, zs = cpu_int8.scales_zero_points(torch.ones(N), torch.zeros(N, 1, dtype=torch.uint8), N, 1)
+    s, zs = cpu_int8.scales_zero_points(torch.ones(N * blocks), torch.zeros(N, (blocks + 1) // 2, dtype=torch.uint8),
+                                        N, blocks)
     got = cpu_int8.matmul(a, B, s, zs, K=K, N=N, block_size=block_size)
     assert torch.equal(got.double(), a.double() @ q.double().T)
 

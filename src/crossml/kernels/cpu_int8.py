@@ -2,18 +2,25 @@
 compiled at import by llvmlite (numba's LLVM), called from numba's threads.
 
 numba cannot express ``vpmaddubsw`` (its integer arithmetic widens to 64 bits), which is how onnxruntime's MLAS
-multiplies 4-bit weights by int8 activations. This kernel writes that loop in LLVM IR instead, for CPUs with AVX2:
-for each 32 values of a block, the 16 packed bytes of MatMulNBits' B are split into their low and high nibbles,
-interleaved into the values' order, multiplied with the 32 int8 activations and added in pairs (``pmaddubsw``,
-unsigned weights times signed activations: at most 2 * 15 * 128 a pair, no saturation), then in fours into eight
-int32 lanes (``pmaddwd``). A block's lanes are exact integers (at most 256 * 15 * 128 in magnitude), converted to
+multiplies 4-bit weights by int8 activations. These kernels write that loop in LLVM IR instead, for CPUs with AVX2.
+Each step reads 32 bytes of MatMulNBits' B (64 values) and splits them into their low nibbles (the even values) and
+high nibbles (the odd values); ``_permute`` has put the int8 activations in that order once per call (each 64
+values as their 32 even, then their 32 odd ones), so no weight byte is moved between lanes. ``pmaddubsw`` multiplies
+each half with its 32 activations and adds them in pairs (unsigned weights times signed activations: at most
+2 * 15 * 128 a pair, no saturation), the two halves' pairs are added (at most 7,680: int16 still) and ``pmaddwd``
+adds them in fours into eight int32 lanes. With blocks of 32 values a step holds two blocks (lanes 0-3 and 4-7,
+scaled by one vector of their two scale products; an odd last block takes a 16-byte step); larger blocks add their
+steps in int32 lanes first. A block's lanes are exact integers (at most 256 * 15 * 128 in magnitude), converted to
 float32 and added into eight float32 lanes times the block's scale product (weight scale x activation scale); the
-zero points come off once per block as ``scale_w * zero_point * scale_a * sum(a)``, as onnxruntime does. The
-result differs from onnxruntime's only in float32 summation order.
+zero points come off once per block as ``scale_w * zero_point * scale_a * sum(a)``, as onnxruntime does. The result
+differs from onnxruntime's only in float32 summation order.
 
 B is read as MatMulNBits stores it ([N, n_blocks, block_size / 2]), so unlike ``cpu_nbits.matmul`` there is no
-laid-out copy of the weight. Per product (Qwen2.5-0.5B's shapes, one row, 2-core host) 1.8-2.2x faster than
-``cpu_nbits.matmul``: gate+up (896 x 9728) 330 against 717 us, the lm_head (896 x 151936) 6.7 against 11.8 ms.
+laid-out copy of the weight. Per product (Qwen2.5-0.5B's shapes, one row, 2-core host, min of 5 rounds alternated
+with the kernel before the permuted activations, which interleaved each 16 bytes' nibbles into the values' order):
+gate+up (896 x 9728) 286 -> 194 us, the down projection (4864 x 896) 144 -> 97 us, qkv (896 x 1152) 45 -> 35 us; the
+lm_head (896 x 151936) 5.3 -> 4.8 ms, where B, the scales and the scales times the zero points (102 MB) stream at
+the host's 21 GB/s. That kernel had been 1.2-1.85x faster than ``cpu_nbits.matmul``.
 
 Blocks of 32, 64, 128 or 256 values (``eligible``); rows of N split over numba's threads (``cpu_nbits._parallel``).
 ``AVAILABLE`` is False where the CPU has no AVX2 or LLVM cannot build the kernel (llvmlite without LLVM's new pass
@@ -39,19 +46,170 @@ __all__ = ["AVAILABLE", "eligible", "matmul", "scales_zero_points", "warm"]
 
 log = logging.getLogger("crossml")
 
-# rows{C}(w, a, sa, asum, s, zs, out, n0, n1, nb, M, N), one function per C = block_size / 32 (a constant, so
-# LLVM unrolls a block's loop): for n in [n0, n1), m in [0, M):
+# The kernels, each (w, a, sa, asum, s, zs, out, n0, n1, nb, M, N): for n in [n0, n1), m in [0, M):
 #   out[m * N + n] = sum_b s[n * nb + b] * sa[m * nb + b] * dot_b - sum_b zs[n * nb + b] * asum[m * nb + b]
-#   w: uint8 [N, nb, C * 16]; a: int8 [M, nb, C * 32]; sa / asum: float [M, nb]; s / zs: float [N * nb] (the weight
-#   scales, and the scales times the zero points)
+#   w: uint8 [N, nb, block_size / 2], MatMulNBits' B; a: int8 [M, nb * block_size], the activations in ``_permute``'s
+#   order; sa / asum: float [M, nb]; s / zs: float [N * nb] (the weight scales, and the scales times the zero points)
+# Each step reads 32 bytes of B (64 values): their low nibbles (the even values) and high nibbles (the odd values)
+# multiply 32 activations each, which ``_permute`` placed in that order, so no byte of B is moved between lanes.
+# ``pair32`` (blocks of 32 values) takes two blocks a step: the int32 lanes 0-3 hold the first block's sums, 4-7 the
+# second's, scaled by one vector of the two blocks' scales; an odd last block takes a 16-byte step. ``wide{S}``
+# (blocks of 64 * S values, S a constant so that LLVM unrolls a block's steps) adds a block's S steps in int32 lanes,
+# then scales them.
 _HEAD = r"""
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
+declare <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8>, <16 x i8>)
+declare <4 x i32> @llvm.x86.sse2.pmadd.wd(<8 x i16>, <8 x i16>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
 """
-_ROWS = r"""
-define void @rows{C}(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, float* %zs, float* %out,
+_B15 = "<" + ", ".join(["i8 15"] * 32) + ">"
+_B4 = "<" + ", ".join(["i8 4"] * 32) + ">"
+_B15H = "<" + ", ".join(["i8 15"] * 16) + ">"
+_B4H = "<" + ", ".join(["i8 4"] * 16) + ">"
+_ONES = "<" + ", ".join(["i16 1"] * 16) + ">"
+_ONESH = "<" + ", ".join(["i16 1"] * 8) + ">"
+# one 32-byte step: %{P}p32 (<8 x i32>) from B at byte %{P}wo and the activations at byte %{P}ao
+_STEP = r"""
+  %{P}wp = getelementptr i8, i8* %w, i64 %{P}wo
+  %{P}wpv = bitcast i8* %{P}wp to <32 x i8>*
+  %{P}wv = load <32 x i8>, <32 x i8>* %{P}wpv, align 1
+  %{P}lo = and <32 x i8> %{P}wv, B15
+  %{P}hi = lshr <32 x i8> %{P}wv, B4
+  %{P}ap = getelementptr i8, i8* %a, i64 %{P}ao
+  %{P}apv = bitcast i8* %{P}ap to <32 x i8>*
+  %{P}alo = load <32 x i8>, <32 x i8>* %{P}apv, align 1
+  %{P}ap2 = getelementptr i8, i8* %{P}ap, i64 32
+  %{P}apv2 = bitcast i8* %{P}ap2 to <32 x i8>*
+  %{P}ahi = load <32 x i8>, <32 x i8>* %{P}apv2, align 1
+  %{P}p1 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %{P}lo, <32 x i8> %{P}alo)
+  %{P}p2 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %{P}hi, <32 x i8> %{P}ahi)
+  %{P}ps = add <16 x i16> %{P}p1, %{P}p2
+  %{P}p32 = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %{P}ps, <16 x i16> ONES)
+""".replace("B15", _B15).replace("B4", _B4).replace("ONES", _ONES)
+# the block's scale product and zero-point term: %{P}sc (float) and %{P}zt for block indices %{P}wb / %{P}ab
+_SCALE = r"""
+  %{P}swp = getelementptr float, float* %s, i64 %{P}wb
+  %{P}swv = load float, float* %{P}swp
+  %{P}sap = getelementptr float, float* %sa, i64 %{P}ab
+  %{P}sav = load float, float* %{P}sap
+  %{P}sc = fmul float %{P}swv, %{P}sav
+  %{P}zsp = getelementptr float, float* %zs, i64 %{P}wb
+  %{P}zsv = load float, float* %{P}zsp
+  %{P}asp = getelementptr float, float* %asum, i64 %{P}ab
+  %{P}asv = load float, float* %{P}asp
+  %{P}zt = fmul float %{P}zsv, %{P}asv
+"""
+_PAIR = r"""
+define void @pair32(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, float* %zs, float* %out,
+                    i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
+entry:
+  %np = lshr i64 %nb, 1
+  %odd = and i64 %nb, 1
+  %hasp = icmp sgt i64 %np, 0
+  %isodd = icmp ne i64 %odd, 0
+  br label %nloop
+nloop:
+  %n = phi i64 [%n0, %entry], [%n.next, %mend]
+  %ncond = icmp slt i64 %n, %n1
+  br i1 %ncond, label %mloop, label %exit
+mloop:
+  %m = phi i64 [0, %nloop], [%m.next, %fin]
+  %mcond = icmp slt i64 %m, %M
+  br i1 %mcond, label %mstart, label %mend
+mstart:
+  %nbi = mul i64 %n, %nb
+  %mbi = mul i64 %m, %nb
+  br i1 %hasp, label %ploop, label %pdone
+ploop:
+  %p = phi i64 [0, %mstart], [%p.next, %ploop]
+  %acc = phi <8 x float> [zeroinitializer, %mstart], [%acc.next, %ploop]
+  %z = phi float [0.0, %mstart], [%z.next, %ploop]
+  %b = shl i64 %p, 1
+  %wb = add i64 %nbi, %b
+  %ab = add i64 %mbi, %b
+  %wo = mul i64 %wb, 16
+  %ao = mul i64 %ab, 32
+STEP
+  %pf = sitofp <8 x i32> %p32 to <8 x float>
+  %swp = getelementptr float, float* %s, i64 %wb
+  %swpv = bitcast float* %swp to <2 x float>*
+  %swv = load <2 x float>, <2 x float>* %swpv, align 4
+  %sap = getelementptr float, float* %sa, i64 %ab
+  %sapv = bitcast float* %sap to <2 x float>*
+  %sav = load <2 x float>, <2 x float>* %sapv, align 4
+  %sc = fmul <2 x float> %swv, %sav
+  %scv = shufflevector <2 x float> %sc, <2 x float> undef, <8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>
+  %acc.next = call <8 x float> @llvm.fma.v8f32(<8 x float> %pf, <8 x float> %scv, <8 x float> %acc)
+  %zsp = getelementptr float, float* %zs, i64 %wb
+  %zspv = bitcast float* %zsp to <2 x float>*
+  %zsv = load <2 x float>, <2 x float>* %zspv, align 4
+  %asp = getelementptr float, float* %asum, i64 %ab
+  %aspv = bitcast float* %asp to <2 x float>*
+  %asv = load <2 x float>, <2 x float>* %aspv, align 4
+  %zt = fmul <2 x float> %zsv, %asv
+  %zt0 = extractelement <2 x float> %zt, i32 0
+  %zt1 = extractelement <2 x float> %zt, i32 1
+  %z0 = fadd float %z, %zt0
+  %z.next = fadd float %z0, %zt1
+  %p.next = add i64 %p, 1
+  %pcond = icmp slt i64 %p.next, %np
+  br i1 %pcond, label %ploop, label %pdone
+pdone:
+  %accp = phi <8 x float> [zeroinitializer, %mstart], [%acc.next, %ploop]
+  %zp = phi float [0.0, %mstart], [%z.next, %ploop]
+  br i1 %isodd, label %tail, label %fin
+tail:
+  %tb = sub i64 %nb, 1
+  %t.wb = add i64 %nbi, %tb
+  %t.ab = add i64 %mbi, %tb
+  %t.wo = mul i64 %t.wb, 16
+  %t.wp = getelementptr i8, i8* %w, i64 %t.wo
+  %t.wpv = bitcast i8* %t.wp to <16 x i8>*
+  %t.wv = load <16 x i8>, <16 x i8>* %t.wpv, align 1
+  %t.lo = and <16 x i8> %t.wv, B15H
+  %t.hi = lshr <16 x i8> %t.wv, B4H
+  %t.ao = mul i64 %t.ab, 32
+  %t.ap = getelementptr i8, i8* %a, i64 %t.ao
+  %t.apv = bitcast i8* %t.ap to <16 x i8>*
+  %t.alo = load <16 x i8>, <16 x i8>* %t.apv, align 1
+  %t.ap2 = getelementptr i8, i8* %t.ap, i64 16
+  %t.apv2 = bitcast i8* %t.ap2 to <16 x i8>*
+  %t.ahi = load <16 x i8>, <16 x i8>* %t.apv2, align 1
+  %t.p1 = call <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8> %t.lo, <16 x i8> %t.alo)
+  %t.p2 = call <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8> %t.hi, <16 x i8> %t.ahi)
+  %t.ps = add <8 x i16> %t.p1, %t.p2
+  %t.p32 = call <4 x i32> @llvm.x86.sse2.pmadd.wd(<8 x i16> %t.ps, <8 x i16> ONESH)
+  %t.pf4 = sitofp <4 x i32> %t.p32 to <4 x float>
+  %t.pf = shufflevector <4 x float> %t.pf4, <4 x float> zeroinitializer, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>
+TSCALE
+  %t.sc0 = insertelement <8 x float> undef, float %t.sc, i32 0
+  %t.scv = shufflevector <8 x float> %t.sc0, <8 x float> undef, <8 x i32> zeroinitializer
+  %acct = call <8 x float> @llvm.fma.v8f32(<8 x float> %t.pf, <8 x float> %t.scv, <8 x float> %accp)
+  %zt.t = fadd float %zp, %t.zt
+  br label %fin
+fin:
+  %accf = phi <8 x float> [%accp, %pdone], [%acct, %tail]
+  %zf = phi float [%zp, %pdone], [%zt.t, %tail]
+  %y0 = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, <8 x float> %accf)
+  %y = fsub float %y0, %zf
+  %oi0 = mul i64 %m, %N
+  %oi = add i64 %oi0, %n
+  %op = getelementptr float, float* %out, i64 %oi
+  store float %y, float* %op
+  %m.next = add i64 %m, 1
+  br label %mloop
+mend:
+  %n.next = add i64 %n, 1
+  br label %nloop
+exit:
+  ret void
+}
+""".replace("STEP", _STEP.replace("{P}", "")).replace("TSCALE", _SCALE.replace("{P}", "t.")) \
+    .replace("B15H", _B15H).replace("B4H", _B4H).replace("ONESH", _ONESH)
+_WIDE = r"""
+define void @wide{S}(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, float* %zs, float* %out,
                      i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
 entry:
   br label %nloop
@@ -69,48 +227,29 @@ bloop:
   %z = phi float [0.0, %mloop], [%z.next, %cend]
   %nbi = mul i64 %n, %nb
   %wb = add i64 %nbi, %b
-  %mbi0 = mul i64 %m, %nb
-  %ab = add i64 %mbi0, %b
-  %wbase = mul i64 %wb, {HB}
-  %abase = mul i64 %ab, {BS}
+  %mbi = mul i64 %m, %nb
+  %ab = add i64 %mbi, %b
+  %wbase = mul i64 %wb, {WB}
+  %abase = mul i64 %ab, {AB}
   br label %cloop
 cloop:
   %c = phi i64 [0, %bloop], [%c.next, %cloop]
   %iacc = phi <8 x i32> [zeroinitializer, %bloop], [%iacc.next, %cloop]
-  %wo0 = mul i64 %c, 16
+  %wo0 = mul i64 %c, 32
   %wo = add i64 %wbase, %wo0
-  %wp = getelementptr i8, i8* %w, i64 %wo
-  %wpv = bitcast i8* %wp to <16 x i8>*
-  %wv = load <16 x i8>, <16 x i8>* %wpv, align 1
-  %lo = and <16 x i8> %wv, <i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15, i8 15>
-  %hi = lshr <16 x i8> %wv, <i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4, i8 4>
-  %q = shufflevector <16 x i8> %lo, <16 x i8> %hi, <32 x i32> <i32 0, i32 16, i32 1, i32 17, i32 2, i32 18, i32 3, i32 19, i32 4, i32 20, i32 5, i32 21, i32 6, i32 22, i32 7, i32 23, i32 8, i32 24, i32 9, i32 25, i32 10, i32 26, i32 11, i32 27, i32 12, i32 28, i32 13, i32 29, i32 14, i32 30, i32 15, i32 31>
-  %ao0 = mul i64 %c, 32
+  %ao0 = mul i64 %c, 64
   %ao = add i64 %abase, %ao0
-  %ap = getelementptr i8, i8* %a, i64 %ao
-  %apv = bitcast i8* %ap to <32 x i8>*
-  %av = load <32 x i8>, <32 x i8>* %apv, align 1
-  %p16 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %q, <32 x i8> %av)
-  %p32 = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %p16, <16 x i16> <i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1, i16 1>)
+STEP
   %iacc.next = add <8 x i32> %iacc, %p32
   %c.next = add i64 %c, 1
-  %ccond = icmp slt i64 %c.next, {C}
+  %ccond = icmp slt i64 %c.next, {S}
   br i1 %ccond, label %cloop, label %cend
 cend:
   %pf = sitofp <8 x i32> %iacc.next to <8 x float>
-  %swp = getelementptr float, float* %s, i64 %wb
-  %swv = load float, float* %swp
-  %sap = getelementptr float, float* %sa, i64 %ab
-  %sav = load float, float* %sap
-  %sc = fmul float %swv, %sav
+SCALE
   %sc0 = insertelement <8 x float> undef, float %sc, i32 0
   %scv = shufflevector <8 x float> %sc0, <8 x float> undef, <8 x i32> zeroinitializer
   %acc.next = call <8 x float> @llvm.fma.v8f32(<8 x float> %pf, <8 x float> %scv, <8 x float> %acc)
-  %zsp = getelementptr float, float* %zs, i64 %wb
-  %zsv = load float, float* %zsp
-  %asp = getelementptr float, float* %asum, i64 %ab
-  %asv = load float, float* %asp
-  %zt = fmul float %zsv, %asv
   %z.next = fadd float %z, %zt
   %b.next = add i64 %b, 1
   %bcond = icmp slt i64 %b.next, %nb
@@ -130,11 +269,11 @@ mend:
 exit:
   ret void
 }
-"""
-#: block sizes the kernel takes, as 32-value chunks a block
-_CHUNKS = (1, 2, 4, 8)
-_IR = _HEAD + "".join(_ROWS.replace("{C}", str(c)).replace("{HB}", str(16 * c)).replace("{BS}", str(32 * c))
-                      for c in _CHUNKS)
+""".replace("STEP", _STEP.replace("{P}", "")).replace("SCALE", _SCALE.replace("{P}", ""))
+#: block size -> the kernel's name (``wide{S}``: S = block_size / 64 steps a block)
+_KERNELS = {32: "pair32", 64: "wide1", 128: "wide2", 256: "wide4"}
+_IR = _HEAD + _PAIR + "".join(_WIDE.replace("{S}", str(bs // 64)).replace("{WB}", str(bs // 2)).replace(
+    "{AB}", str(bs)) for bs in (64, 128, 256))
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
@@ -160,7 +299,7 @@ def _build():
     passes.getModulePassManager().run(module, passes)
     engine = llvm.create_mcjit_compiler(module, machine)
     engine.finalize_object()
-    return {32 * c: _SIGNATURE(engine.get_function_address(f"rows{c}")) for c in _CHUNKS}, engine
+    return {bs: _SIGNATURE(engine.get_function_address(name)) for bs, name in _KERNELS.items()}, engine
 
 
 try:
@@ -201,6 +340,22 @@ def _call_rows(typingctx, addr, w, a, sa, asum, s, zs, out, n0, n1, nb, M, N):
     return types.void(*args), codegen
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def _permute(q, qp):  # pragma: no cover - compiled by numba
+    """The int8 activations q [M, nb * block_size] in the kernels' order: each 64 values as their 32 even ones, then
+    their 32 odd ones (the low and the high nibbles of 32 bytes of B); a last 32 values (an odd number of 32-value
+    blocks) as 16 and 16."""
+    M, K = q.shape
+    for m in range(M):
+        c = 0
+        while c < K:
+            h = 32 if c + 64 <= K else 16
+            for j in range(h):
+                qp[m, c + j] = q[m, c + 2 * j]
+                qp[m, c + h + j] = q[m, c + 2 * j + 1]
+            c += 2 * h
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def _product(addr, w, a, block_size, s, zs, N, chunks):  # pragma: no cover - compiled by numba
     """float32 ``a`` [M, K] quantized to int8 per block (``quantize_int8``), then the compiled ``rows`` function at
@@ -211,13 +366,15 @@ def _product(addr, w, a, block_size, s, zs, N, chunks):  # pragma: no cover - co
     sa = np.empty((M, nb), np.float32)
     asum = np.empty((M, nb), np.float32)
     quantize_int8(a, block_size, q, sa, asum)
+    qp = np.empty_like(q)
+    _permute(q, qp)
     out = np.empty((M, N), np.float32)
     per = (N + chunks - 1) // chunks
     for t in prange(chunks):
         n0 = t * per
         n1 = min(N, n0 + per)
         if n0 < n1:
-            _call_rows(addr, w.ctypes.data, q.ctypes.data, sa.ctypes.data, asum.ctypes.data, s.ctypes.data,
+            _call_rows(addr, w.ctypes.data, qp.ctypes.data, sa.ctypes.data, asum.ctypes.data, s.ctypes.data,
                        zs.ctypes.data, out.ctypes.data, n0, n1, nb, M, N)
     return out
 
