@@ -23,6 +23,9 @@ CASES = [  # block_size, K, N, zero points (packed uint8 or none: the int8 path'
     (128, 200, 9, "packed"),
     (256, 512, 16, None),
     (256, 1280, 8, "packed"),
+    (64, 1024, 24, "packed"),  # 16 blocks: the zero points' eight-block steps
+    (128, 1152, 8, "packed"),  # 9 blocks: a step and one more
+    (32, 1248, 8, None),  # 39 blocks: pairs, the zero points' steps and their remainder, a lone last block
 ]
 
 

@@ -15,12 +15,14 @@ float32 and added into eight float32 lanes times the block's scale product (weig
 zero points come off once per block as ``scale_w * zero_point * scale_a * sum(a)``, as onnxruntime does. The result
 differs from onnxruntime's only in float32 summation order.
 
-B is read as MatMulNBits stores it ([N, n_blocks, block_size / 2]), so unlike ``cpu_nbits.matmul`` there is no
-laid-out copy of the weight. Per product (Qwen2.5-0.5B's shapes, one row, 2-core host, min of 5 rounds alternated
-with the kernel before the permuted activations, which interleaved each 16 bytes' nibbles into the values' order):
-gate+up (896 x 9728) 286 -> 194 us, the down projection (4864 x 896) 144 -> 97 us, qkv (896 x 1152) 45 -> 35 us; the
-lm_head (896 x 151936) 5.3 -> 4.8 ms, where B, the scales and the scales times the zero points (102 MB) stream at
-the host's 21 GB/s. That kernel had been 1.2-1.85x faster than ``cpu_nbits.matmul``.
+B, its scales and its packed zero points are read as MatMulNBits stores them, so unlike ``cpu_nbits.matmul`` there is
+no laid-out copy of the weight, and the kernel keeps nothing of its own (float32 scales and uint8 zero points are
+taken as they are). Per product (Qwen2.5-0.5B's shapes, one row, 2-core host, min of 5 rounds, alternated with the
+kernel before the permuted activations, which interleaved each 16 bytes' nibbles into the values' order and read a
+float32 copy of the scales times the zero points): gate+up (896 x 9728) 286 -> 194 us, the down projection (4864 x
+896) 144 -> 95 us, qkv (896 x 1152) 45 -> 36 us; the lm_head (896 x 151936) 5.3 -> 4.3 ms, bound by the host's
+memory (about 21 GB/s: B, scales and zero points are 87 MB; with the copy, 102 MB). That kernel had been 1.2-1.85x
+faster than ``cpu_nbits.matmul``.
 
 Blocks of 32, 64, 128 or 256 values (``eligible``); rows of N split over numba's threads (``cpu_nbits._parallel``).
 ``AVAILABLE`` is False where the CPU has no AVX2 or LLVM cannot build the kernel (llvmlite without LLVM's new pass
@@ -40,22 +42,23 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from crossml.kernels.cpu_nbits import CHUNKS_PER_THREAD, _parallel, _threads, quantize_int8
-from crossml.ops.contrib.matmul_nbits import unpack_bits
 
 __all__ = ["AVAILABLE", "eligible", "matmul", "scales_zero_points", "warm"]
 
 log = logging.getLogger("crossml")
 
-# The kernels, each (w, a, sa, asum, s, zs, out, n0, n1, nb, M, N): for n in [n0, n1), m in [0, M):
-#   out[m * N + n] = sum_b s[n * nb + b] * sa[m * nb + b] * dot_b - sum_b zs[n * nb + b] * asum[m * nb + b]
+# The kernels, each (w, a, sa, asum, s, zp, out, n0, n1, nb, M, N): for n in [n0, n1), m in [0, M):
+#   out[m * N + n] = sum_b s[n * nb + b] * sa[m * nb + b] * dot_b - sum_b (s[n * nb + b] * z[n, b]) * asum[m * nb + b]
 #   w: uint8 [N, nb, block_size / 2], MatMulNBits' B; a: int8 [M, nb * block_size], the activations in ``_permute``'s
-#   order; sa / asum: float [M, nb]; s / zs: float [N * nb] (the weight scales, and the scales times the zero points)
+#   order; sa / asum: float [M, nb]; s: float [N * nb], the weight scales; zp: uint8 [N, (nb + 1) / 2], the zero
+#   points z packed as MatMulNBits packs them (block b's in byte b / 2, the low nibble for even b)
 # Each step reads 32 bytes of B (64 values): their low nibbles (the even values) and high nibbles (the odd values)
 # multiply 32 activations each, which ``_permute`` placed in that order, so no byte of B is moved between lanes.
 # ``pair32`` (blocks of 32 values) takes two blocks a step: the int32 lanes 0-3 hold the first block's sums, 4-7 the
 # second's, scaled by one vector of the two blocks' scales; an odd last block takes a 16-byte step. ``wide{S}``
 # (blocks of 64 * S values, S a constant so that LLVM unrolls a block's steps) adds a block's S steps in int32 lanes,
-# then scales them.
+# then scales them. The zero-point sum (``zterm``, inlined) takes eight blocks a step: four bytes of zp shifted apart
+# into eight int32 lanes.
 _HEAD = r"""
 declare <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8>, <32 x i8>)
 declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)
@@ -63,6 +66,74 @@ declare <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8>, <16 x i8>)
 declare <4 x i32> @llvm.x86.sse2.pmadd.wd(<8 x i16>, <8 x i16>)
 declare float @llvm.vector.reduce.fadd.v8f32(float, <8 x float>)
 declare <8 x float> @llvm.fma.v8f32(<8 x float>, <8 x float>, <8 x float>)
+
+define internal float @zterm(float* %s, i8* %zp, float* %asum, i64 %nbi, i64 %zbase, i64 %mbi, i64 %nb) alwaysinline {
+entry:
+  %ng = lshr i64 %nb, 3
+  %hasg = icmp sgt i64 %ng, 0
+  br i1 %hasg, label %gloop, label %gdone
+gloop:
+  %g = phi i64 [0, %entry], [%g.next, %gloop]
+  %acc = phi <8 x float> [zeroinitializer, %entry], [%acc.next, %gloop]
+  %gb = shl i64 %g, 3
+  %g4 = shl i64 %g, 2
+  %zo = add i64 %zbase, %g4
+  %zpp = getelementptr i8, i8* %zp, i64 %zo
+  %zpi = bitcast i8* %zpp to i32*
+  %zw = load i32, i32* %zpi, align 1
+  %zw0 = insertelement <8 x i32> undef, i32 %zw, i32 0
+  %zwv = shufflevector <8 x i32> %zw0, <8 x i32> undef, <8 x i32> zeroinitializer
+  %zsh = lshr <8 x i32> %zwv, <i32 0, i32 4, i32 8, i32 12, i32 16, i32 20, i32 24, i32 28>
+  %zn = and <8 x i32> %zsh, <i32 15, i32 15, i32 15, i32 15, i32 15, i32 15, i32 15, i32 15>
+  %zf = sitofp <8 x i32> %zn to <8 x float>
+  %so = add i64 %nbi, %gb
+  %sp = getelementptr float, float* %s, i64 %so
+  %spv = bitcast float* %sp to <8 x float>*
+  %sv = load <8 x float>, <8 x float>* %spv, align 4
+  %ao = add i64 %mbi, %gb
+  %ap = getelementptr float, float* %asum, i64 %ao
+  %apv = bitcast float* %ap to <8 x float>*
+  %av = load <8 x float>, <8 x float>* %apv, align 4
+  %sz = fmul <8 x float> %sv, %zf
+  %acc.next = call <8 x float> @llvm.fma.v8f32(<8 x float> %sz, <8 x float> %av, <8 x float> %acc)
+  %g.next = add i64 %g, 1
+  %gcond = icmp slt i64 %g.next, %ng
+  br i1 %gcond, label %gloop, label %gdone
+gdone:
+  %accg = phi <8 x float> [zeroinitializer, %entry], [%acc.next, %gloop]
+  %zg = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, <8 x float> %accg)
+  %b0 = shl i64 %ng, 3
+  %hasr = icmp slt i64 %b0, %nb
+  br i1 %hasr, label %rloop, label %exit
+rloop:
+  %b = phi i64 [%b0, %gdone], [%b.next, %rloop]
+  %z = phi float [%zg, %gdone], [%z.next, %rloop]
+  %zbi = lshr i64 %b, 1
+  %rzo = add i64 %zbase, %zbi
+  %rzpp = getelementptr i8, i8* %zp, i64 %rzo
+  %zbyte = load i8, i8* %rzpp
+  %zodd = and i64 %b, 1
+  %zsh64 = shl i64 %zodd, 2
+  %zsh8 = trunc i64 %zsh64 to i8
+  %zs8 = lshr i8 %zbyte, %zsh8
+  %zn8 = and i8 %zs8, 15
+  %zf1 = uitofp i8 %zn8 to float
+  %rso = add i64 %nbi, %b
+  %rsp = getelementptr float, float* %s, i64 %rso
+  %rsv = load float, float* %rsp
+  %rao = add i64 %mbi, %b
+  %rap = getelementptr float, float* %asum, i64 %rao
+  %rav = load float, float* %rap
+  %rsz = fmul float %rsv, %zf1
+  %rzt = fmul float %rsz, %rav
+  %z.next = fadd float %z, %rzt
+  %b.next = add i64 %b, 1
+  %rcond = icmp slt i64 %b.next, %nb
+  br i1 %rcond, label %rloop, label %exit
+exit:
+  %zt = phi float [%zg, %gdone], [%z.next, %rloop]
+  ret float %zt
+}
 """
 _B15 = "<" + ", ".join(["i8 15"] * 32) + ">"
 _B4 = "<" + ", ".join(["i8 4"] * 32) + ">"
@@ -70,45 +141,44 @@ _B15H = "<" + ", ".join(["i8 15"] * 16) + ">"
 _B4H = "<" + ", ".join(["i8 4"] * 16) + ">"
 _ONES = "<" + ", ".join(["i16 1"] * 16) + ">"
 _ONESH = "<" + ", ".join(["i16 1"] * 8) + ">"
-# one 32-byte step: %{P}p32 (<8 x i32>) from B at byte %{P}wo and the activations at byte %{P}ao
+# one 32-byte step: %p32 (<8 x i32>) from B at byte %wo and the activations at byte %ao
 _STEP = r"""
-  %{P}wp = getelementptr i8, i8* %w, i64 %{P}wo
-  %{P}wpv = bitcast i8* %{P}wp to <32 x i8>*
-  %{P}wv = load <32 x i8>, <32 x i8>* %{P}wpv, align 1
-  %{P}lo = and <32 x i8> %{P}wv, B15
-  %{P}hi = lshr <32 x i8> %{P}wv, B4
-  %{P}ap = getelementptr i8, i8* %a, i64 %{P}ao
-  %{P}apv = bitcast i8* %{P}ap to <32 x i8>*
-  %{P}alo = load <32 x i8>, <32 x i8>* %{P}apv, align 1
-  %{P}ap2 = getelementptr i8, i8* %{P}ap, i64 32
-  %{P}apv2 = bitcast i8* %{P}ap2 to <32 x i8>*
-  %{P}ahi = load <32 x i8>, <32 x i8>* %{P}apv2, align 1
-  %{P}p1 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %{P}lo, <32 x i8> %{P}alo)
-  %{P}p2 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %{P}hi, <32 x i8> %{P}ahi)
-  %{P}ps = add <16 x i16> %{P}p1, %{P}p2
-  %{P}p32 = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %{P}ps, <16 x i16> ONES)
+  %wp = getelementptr i8, i8* %w, i64 %wo
+  %wpv = bitcast i8* %wp to <32 x i8>*
+  %wv = load <32 x i8>, <32 x i8>* %wpv, align 1
+  %lo = and <32 x i8> %wv, B15
+  %hi = lshr <32 x i8> %wv, B4
+  %ap = getelementptr i8, i8* %a, i64 %ao
+  %apv = bitcast i8* %ap to <32 x i8>*
+  %alo = load <32 x i8>, <32 x i8>* %apv, align 1
+  %ap2 = getelementptr i8, i8* %ap, i64 32
+  %apv2 = bitcast i8* %ap2 to <32 x i8>*
+  %ahi = load <32 x i8>, <32 x i8>* %apv2, align 1
+  %p1 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %lo, <32 x i8> %alo)
+  %p2 = call <16 x i16> @llvm.x86.avx2.pmadd.ub.sw(<32 x i8> %hi, <32 x i8> %ahi)
+  %ps = add <16 x i16> %p1, %p2
+  %p32 = call <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16> %ps, <16 x i16> ONES)
 """.replace("B15", _B15).replace("B4", _B4).replace("ONES", _ONES)
-# the block's scale product and zero-point term: %{P}sc (float) and %{P}zt for block indices %{P}wb / %{P}ab
-_SCALE = r"""
-  %{P}swp = getelementptr float, float* %s, i64 %{P}wb
-  %{P}swv = load float, float* %{P}swp
-  %{P}sap = getelementptr float, float* %sa, i64 %{P}ab
-  %{P}sav = load float, float* %{P}sap
-  %{P}sc = fmul float %{P}swv, %{P}sav
-  %{P}zsp = getelementptr float, float* %zs, i64 %{P}wb
-  %{P}zsv = load float, float* %{P}zsp
-  %{P}asp = getelementptr float, float* %asum, i64 %{P}ab
-  %{P}asv = load float, float* %{P}asp
-  %{P}zt = fmul float %{P}zsv, %{P}asv
+# the end of a row: %y = the scaled sums %accf less the zero-point term, stored at out[m * N + n]
+_STORE = r"""
+  %zt = call float @zterm(float* %s, i8* %zp, float* %asum, i64 %nbi, i64 %zbase, i64 %mbi, i64 %nb)
+  %y0 = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, <8 x float> %accf)
+  %y = fsub float %y0, %zt
+  %oi0 = mul i64 %m, %N
+  %oi = add i64 %oi0, %n
+  %op = getelementptr float, float* %out, i64 %oi
+  store float %y, float* %op
 """
 _PAIR = r"""
-define void @pair32(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, float* %zs, float* %out,
+define void @pair32(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, i8* %zp, float* %out,
                     i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
 entry:
   %np = lshr i64 %nb, 1
   %odd = and i64 %nb, 1
   %hasp = icmp sgt i64 %np, 0
   %isodd = icmp ne i64 %odd, 0
+  %nb1 = add i64 %nb, 1
+  %zrow = lshr i64 %nb1, 1
   br label %nloop
 nloop:
   %n = phi i64 [%n0, %entry], [%n.next, %mend]
@@ -121,11 +191,11 @@ mloop:
 mstart:
   %nbi = mul i64 %n, %nb
   %mbi = mul i64 %m, %nb
+  %zbase = mul i64 %n, %zrow
   br i1 %hasp, label %ploop, label %pdone
 ploop:
   %p = phi i64 [0, %mstart], [%p.next, %ploop]
   %acc = phi <8 x float> [zeroinitializer, %mstart], [%acc.next, %ploop]
-  %z = phi float [0.0, %mstart], [%z.next, %ploop]
   %b = shl i64 %p, 1
   %wb = add i64 %nbi, %b
   %ab = add i64 %mbi, %b
@@ -142,23 +212,11 @@ STEP
   %sc = fmul <2 x float> %swv, %sav
   %scv = shufflevector <2 x float> %sc, <2 x float> undef, <8 x i32> <i32 0, i32 0, i32 0, i32 0, i32 1, i32 1, i32 1, i32 1>
   %acc.next = call <8 x float> @llvm.fma.v8f32(<8 x float> %pf, <8 x float> %scv, <8 x float> %acc)
-  %zsp = getelementptr float, float* %zs, i64 %wb
-  %zspv = bitcast float* %zsp to <2 x float>*
-  %zsv = load <2 x float>, <2 x float>* %zspv, align 4
-  %asp = getelementptr float, float* %asum, i64 %ab
-  %aspv = bitcast float* %asp to <2 x float>*
-  %asv = load <2 x float>, <2 x float>* %aspv, align 4
-  %zt = fmul <2 x float> %zsv, %asv
-  %zt0 = extractelement <2 x float> %zt, i32 0
-  %zt1 = extractelement <2 x float> %zt, i32 1
-  %z0 = fadd float %z, %zt0
-  %z.next = fadd float %z0, %zt1
   %p.next = add i64 %p, 1
   %pcond = icmp slt i64 %p.next, %np
   br i1 %pcond, label %ploop, label %pdone
 pdone:
   %accp = phi <8 x float> [zeroinitializer, %mstart], [%acc.next, %ploop]
-  %zp = phi float [0.0, %mstart], [%z.next, %ploop]
   br i1 %isodd, label %tail, label %fin
 tail:
   %tb = sub i64 %nb, 1
@@ -183,21 +241,18 @@ tail:
   %t.p32 = call <4 x i32> @llvm.x86.sse2.pmadd.wd(<8 x i16> %t.ps, <8 x i16> ONESH)
   %t.pf4 = sitofp <4 x i32> %t.p32 to <4 x float>
   %t.pf = shufflevector <4 x float> %t.pf4, <4 x float> zeroinitializer, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>
-TSCALE
+  %t.swp = getelementptr float, float* %s, i64 %t.wb
+  %t.swv = load float, float* %t.swp
+  %t.sap = getelementptr float, float* %sa, i64 %t.ab
+  %t.sav = load float, float* %t.sap
+  %t.sc = fmul float %t.swv, %t.sav
   %t.sc0 = insertelement <8 x float> undef, float %t.sc, i32 0
   %t.scv = shufflevector <8 x float> %t.sc0, <8 x float> undef, <8 x i32> zeroinitializer
   %acct = call <8 x float> @llvm.fma.v8f32(<8 x float> %t.pf, <8 x float> %t.scv, <8 x float> %accp)
-  %zt.t = fadd float %zp, %t.zt
   br label %fin
 fin:
   %accf = phi <8 x float> [%accp, %pdone], [%acct, %tail]
-  %zf = phi float [%zp, %pdone], [%zt.t, %tail]
-  %y0 = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, <8 x float> %accf)
-  %y = fsub float %y0, %zf
-  %oi0 = mul i64 %m, %N
-  %oi = add i64 %oi0, %n
-  %op = getelementptr float, float* %out, i64 %oi
-  store float %y, float* %op
+STORE
   %m.next = add i64 %m, 1
   br label %mloop
 mend:
@@ -206,12 +261,14 @@ mend:
 exit:
   ret void
 }
-""".replace("STEP", _STEP.replace("{P}", "")).replace("TSCALE", _SCALE.replace("{P}", "t.")) \
-    .replace("B15H", _B15H).replace("B4H", _B4H).replace("ONESH", _ONESH)
+""".replace("STEP", _STEP).replace("STORE", _STORE).replace("B15H", _B15H).replace("B4H", _B4H) \
+    .replace("ONESH", _ONESH)
 _WIDE = r"""
-define void @wide{S}(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, float* %zs, float* %out,
+define void @wide{S}(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, i8* %zp, float* %out,
                      i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
 entry:
+  %nb1 = add i64 %nb, 1
+  %zrow = lshr i64 %nb1, 1
   br label %nloop
 nloop:
   %n = phi i64 [%n0, %entry], [%n.next, %mend]
@@ -220,14 +277,16 @@ nloop:
 mloop:
   %m = phi i64 [0, %nloop], [%m.next, %bend]
   %mcond = icmp slt i64 %m, %M
-  br i1 %mcond, label %bloop, label %mend
-bloop:
-  %b = phi i64 [0, %mloop], [%b.next, %cend]
-  %acc = phi <8 x float> [zeroinitializer, %mloop], [%acc.next, %cend]
-  %z = phi float [0.0, %mloop], [%z.next, %cend]
+  br i1 %mcond, label %mstart, label %mend
+mstart:
   %nbi = mul i64 %n, %nb
-  %wb = add i64 %nbi, %b
   %mbi = mul i64 %m, %nb
+  %zbase = mul i64 %n, %zrow
+  br label %bloop
+bloop:
+  %b = phi i64 [0, %mstart], [%b.next, %cend]
+  %acc = phi <8 x float> [zeroinitializer, %mstart], [%acc.next, %cend]
+  %wb = add i64 %nbi, %b
   %ab = add i64 %mbi, %b
   %wbase = mul i64 %wb, {WB}
   %abase = mul i64 %ab, {AB}
@@ -246,21 +305,20 @@ STEP
   br i1 %ccond, label %cloop, label %cend
 cend:
   %pf = sitofp <8 x i32> %iacc.next to <8 x float>
-SCALE
+  %swp = getelementptr float, float* %s, i64 %wb
+  %swv = load float, float* %swp
+  %sap = getelementptr float, float* %sa, i64 %ab
+  %sav = load float, float* %sap
+  %sc = fmul float %swv, %sav
   %sc0 = insertelement <8 x float> undef, float %sc, i32 0
   %scv = shufflevector <8 x float> %sc0, <8 x float> undef, <8 x i32> zeroinitializer
   %acc.next = call <8 x float> @llvm.fma.v8f32(<8 x float> %pf, <8 x float> %scv, <8 x float> %acc)
-  %z.next = fadd float %z, %zt
   %b.next = add i64 %b, 1
   %bcond = icmp slt i64 %b.next, %nb
   br i1 %bcond, label %bloop, label %bend
 bend:
-  %y0 = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, <8 x float> %acc.next)
-  %y = fsub float %y0, %z.next
-  %oi0 = mul i64 %m, %N
-  %oi = add i64 %oi0, %n
-  %op = getelementptr float, float* %out, i64 %oi
-  store float %y, float* %op
+  %accf = phi <8 x float> [%acc.next, %cend]
+STORE
   %m.next = add i64 %m, 1
   br label %mloop
 mend:
@@ -269,7 +327,7 @@ mend:
 exit:
   ret void
 }
-""".replace("STEP", _STEP.replace("{P}", "")).replace("SCALE", _SCALE.replace("{P}", ""))
+""".replace("STEP", _STEP).replace("STORE", _STORE)
 #: block size -> the kernel's name (``wide{S}``: S = block_size / 64 steps a block)
 _KERNELS = {32: "pair32", 64: "wide1", 128: "wide2", 256: "wide4"}
 _IR = _HEAD + _PAIR + "".join(_WIDE.replace("{S}", str(bs // 64)).replace("{WB}", str(bs // 2)).replace(
@@ -320,16 +378,16 @@ def eligible(block_size: int) -> bool:
 
 
 @intrinsic
-def _call_rows(typingctx, addr, w, a, sa, asum, s, zs, out, n0, n1, nb, M, N):
+def _call_rows(typingctx, addr, w, a, sa, asum, s, zp, out, n0, n1, nb, M, N):
     """Call the compiled ``rows`` function at address ``addr`` (an integer, so that numba's dispatch of ``_product``
     stays on its fast path: a ctypes function argument cost about 5 us a call) with the arrays' data addresses."""
-    args = (addr, w, a, sa, asum, s, zs, out, n0, n1, nb, M, N)
+    args = (addr, w, a, sa, asum, s, zp, out, n0, n1, nb, M, N)
     if not all(isinstance(t, types.Integer) for t in args):
         return None
 
     def codegen(context, builder, signature, llargs):
         i8p, f32p, i64 = ir.IntType(8).as_pointer(), ir.FloatType().as_pointer(), ir.IntType(64)
-        pointers = (i8p, i8p, f32p, f32p, f32p, f32p, f32p)
+        pointers = (i8p, i8p, f32p, f32p, f32p, i8p, f32p)
         fn = builder.inttoptr(llargs[0], ir.FunctionType(ir.VoidType(), [*pointers, i64, i64, i64, i64, i64])
                               .as_pointer())
         call = [builder.inttoptr(v, t) for v, t in zip(llargs[1:8], pointers)]
@@ -357,7 +415,7 @@ def _permute(q, qp):  # pragma: no cover - compiled by numba
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def _product(addr, w, a, block_size, s, zs, N, chunks):  # pragma: no cover - compiled by numba
+def _product(addr, w, a, block_size, s, zp, N, chunks):  # pragma: no cover - compiled by numba
     """float32 ``a`` [M, K] quantized to int8 per block (``quantize_int8``), then the compiled ``rows`` function at
     ``addr`` over rows of N in ``chunks`` parts on numba's threads: float32 [M, N]. One call from Python."""
     M, K = a.shape
@@ -375,28 +433,30 @@ def _product(addr, w, a, block_size, s, zs, N, chunks):  # pragma: no cover - co
         n1 = min(N, n0 + per)
         if n0 < n1:
             _call_rows(addr, w.ctypes.data, qp.ctypes.data, sa.ctypes.data, asum.ctypes.data, s.ctypes.data,
-                       zs.ctypes.data, out.ctypes.data, n0, n1, nb, M, N)
+                       zp.ctypes.data, out.ctypes.data, n0, n1, nb, M, N)
     return out
 
 
 def scales_zero_points(scales: torch.Tensor, zero_points: torch.Tensor | None, N: int,
                        n_blocks: int) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's per-block weight scales and scales times zero points (float32 [N * n_blocks] each) from
-    MatMulNBits' scales and packed uint8 zero points (or None: 8)."""
-    s = scales.reshape(N, n_blocks).to(torch.float32)
-    z = (torch.full((N, n_blocks), 8.0) if zero_points is None
-         else unpack_bits(zero_points.reshape(N, -1), 4)[:, :n_blocks].to(torch.float32))
-    return s.contiguous().reshape(-1).numpy(), (s * z).reshape(-1).numpy()
+    """The kernel's per-block weight scales (float32 [N * n_blocks]) and packed zero points (uint8 [N * ((n_blocks +
+    1) // 2)]) from MatMulNBits' scales and packed uint8 zero points (or None: 8 in every nibble): views of them where
+    they are float32 and uint8 already, so the kernel reads what onnxruntime reads (a copy of the scales times the
+    zero points in float32 had added half of B's bytes again at 32-value blocks)."""
+    s = scales.reshape(-1).to(torch.float32).contiguous()
+    rows = (n_blocks + 1) // 2
+    z = torch.full((N * rows,), 0x88, dtype=torch.uint8) if zero_points is None else zero_points.reshape(-1)
+    return s.numpy(), z.contiguous().numpy()
 
 
-def matmul(a: torch.Tensor, B: torch.Tensor, s: np.ndarray, zs: np.ndarray, *, K: int, N: int,
+def matmul(a: torch.Tensor, B: torch.Tensor, s: np.ndarray, zp: np.ndarray, *, K: int, N: int,
            block_size: int) -> torch.Tensor:
     """``a @ dequant(B).T`` for float32 ``a`` [..., K], a quantized to int8 per block first as onnxruntime does at
     accuracy level 4; MatMulNBits' 4-bit B with ``scales_zero_points``' arrays (sizes checked by the caller;
     ``eligible(block_size)``). float32 [..., N]."""
     a = (a if a.is_contiguous() else a.contiguous()).numpy()
     B = B if B.is_contiguous() else B.contiguous()
-    out = _parallel(_product, _addresses[block_size], B.numpy(), a.reshape(-1, K), block_size, s, zs, N,
+    out = _parallel(_product, _addresses[block_size], B.numpy(), a.reshape(-1, K), block_size, s, zp, N,
                     _threads() * CHUNKS_PER_THREAD)
     return torch.from_numpy(out if a.ndim == 2 else out.reshape(a.shape[:-1] + (N,)))
 
@@ -406,5 +466,5 @@ def warm() -> None:
     if not AVAILABLE:
         return
     K, N = 32, 2
-    s, zs = scales_zero_points(torch.ones(N), None, N, 1)
-    matmul(torch.zeros(1, K), torch.zeros(N, 1, 16, dtype=torch.uint8), s, zs, K=K, N=N, block_size=32)
+    s, zp = scales_zero_points(torch.ones(N), None, N, 1)
+    matmul(torch.zeros(1, K), torch.zeros(N, 1, 16, dtype=torch.uint8), s, zp, K=K, N=N, block_size=32)

@@ -333,8 +333,8 @@ _CPU_INT8 = "_crossml_cpu_int8"  # attribute of B holding (the int8 kernel's sca
 def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
               block_size: int):
     """For a product ``_cpu_decode`` admits on the int8 path: (the module ``crossml.kernels.cpu_int8``, its scale
-    arrays, K, N, block_size), kept on B (x86 integer dot products on B as it is; the scales times the zero points are
-    a quarter of B's bytes at 32-value blocks), or None where that kernel does not take the product: no AVX2, numba
+    arrays (views of float32 scales and packed zero points), K, N, block_size), kept on B (x86 integer dot products on
+    B, scales and zero points as they are), or None where that kernel does not take the product: no AVX2, numba
     or llvmlite, blocks not of 32-256 values, float zero points, other sizes."""
     def make(n_blocks: int):
         kernels = load("cpu_int8")
