@@ -1,10 +1,12 @@
-"""Shared by the rule tests: why a rule refuses the match it makes at a model's first node of a type."""
+"""Shared by the rule tests: why a rule refuses the match it makes at a model's first node of a type; a session
+without the provider's fusions."""
 
 from __future__ import annotations
 
 import onnx
 from onnx import helper
 
+import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, Rule
 from tests.conftest import make_model
@@ -25,3 +27,11 @@ def contrib_model(nodes: list, inputs: list, outputs: list, inits: list, *domain
     m = make_model(nodes, inputs, outputs, inits)
     m.opset_import.extend(helper.make_opsetid(d, 1) for d in ("com.microsoft", *domains))
     return prepare(m)
+
+
+def unfused_session(m: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> crossml.InferenceSession:
+    """A session of ``m`` with the graph rewrites off (session entry ep.dml.disable_graph_fusion=1): the reference a
+    fused graph is compared with (CPU sessions fuse some 4-bit patterns themselves)."""
+    so = crossml.SessionOptions()
+    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
+    return crossml.InferenceSession(m, so, providers=[provider])

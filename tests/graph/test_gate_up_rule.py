@@ -22,12 +22,12 @@ from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
-from crossml.graph.passes.norm_matmul import NORM_MATMUL
+from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
-from tests.graph._rules import rule_reason
+from tests.graph._rules import rule_reason, unfused_session
 from tests.graph.test_swiglu_rule import HIDDEN, INTER, feeds, mlp
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
 
@@ -83,12 +83,6 @@ def test_merged_node_reads_the_concatenated_weight_and_the_old_ones_are_gone():
     assert len(after) == len(before) - 2
 
 
-def _unfused_session(m: onnx.ModelProto) -> crossml.InferenceSession:
-    so = crossml.SessionOptions()
-    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
-    return crossml.InferenceSession(m, so, providers=["CPUExecutionProvider"])
-
-
 def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
     rules = fusion_rules(None, torch.device("cpu"))
     assert GATE_UP not in rules and rules[rules.index(SWIGLU) + 1] is GATE_UP_NBITS
@@ -97,8 +91,8 @@ def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
         GELU, SWIGLU, GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM]
-    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [GELU, SWIGLU,
-                                                                                              GATE_UP_NBITS]
+    assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
+        GELU, SWIGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 
 
 def test_cpu_session_keeps_the_two_products():
@@ -230,7 +224,7 @@ def test_nbits_merged_equals_unfused_exactly(block_size: int, zp_kind: str | Non
                                       np.concatenate([before[f"gate_{what}"], before[f"up_{what}"]]))
     assert set(after) == set(merged.input[1:])  # the four (six) old tensors are gone
     f = {"x": RNG.standard_normal((2, 3, K)).astype(np.float32)}
-    want = _unfused_session(m).run(None, f)
+    want = unfused_session(m).run(None, f)
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     # columns of a product are independent: dequantization and accumulation per column are the same. Blocks of 32
     # take the CPU's packed int4 kernel at these few rows, whose arithmetic depends on a column's lane in its
@@ -246,7 +240,7 @@ def test_nbits_fp16_merged_equals_unfused_exactly():
     fused, fired = _fused(m)
     assert fired == {"FuseSwiGLU": 1, "MergeGateUp": 1}
     f = {"x": RNG.standard_normal((1, 4, K)).astype(np.float16)}
-    want = _unfused_session(m).run(None, f)
+    want = unfused_session(m).run(None, f)
     got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
     np.testing.assert_array_equal(got[0], want[0])
 
@@ -264,7 +258,7 @@ def test_cpu_session_merges_4bit_products_exactly(block_size: int, level: int, r
     assert ops.count("MatMulNBits") == 1 and ops.count("SiluMul") == 1
     f = {"x": RNG.standard_normal((*rows, K)).astype(np.float32)}
     for _ in range(2):  # the first run keeps the kernels' per-weight data, the second reads it
-        np.testing.assert_array_equal(sess.run(None, f)[0], _unfused_session(m).run(None, f)[0])
+        np.testing.assert_array_equal(sess.run(None, f)[0], unfused_session(m).run(None, f)[0])
 
 
 @pytest.mark.parametrize(("kw", "says"), [

@@ -18,11 +18,11 @@ from onnx import numpy_helper
 import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
-from crossml.graph.passes.gate_up import GATE_UP
-from crossml.graph.passes.norm_matmul import NORM_MATMUL
+from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
+from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
-from tests.graph._rules import rule_reason
+from tests.graph._rules import rule_reason, unfused_session
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
 
 MS = "com.microsoft"
@@ -66,21 +66,47 @@ def _feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {vi.name: RNG.standard_normal((2, 3, K)).astype(np.float32) for vi in m.graph.input}
 
 
+@pytest.mark.parametrize("rows", [(2, 3), (1, 1), (1, 12)], ids=["6-rows", "decode", "prompt"])
+@pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("skip", [True, False], ids=["skip", "first-layer"])
-def test_fused_model_equals_unfused(skip: bool) -> None:
-    m = layer(skip=skip)
-    f = _feeds(m)
-    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
+def test_fused_model_equals_unfused(skip: bool, level: int, rows: tuple[int, int],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused node's values are the two ops' bit for bit on the CPU: at accuracy level 4 (the CPU's rule) with a
+    skip, decode-sized rows run the skip norm's kernel and the int8 kernel from the fused node once the first run has
+    kept the weight's arrays (two runs; checked with a spy where that kernel runs here)."""
+    calls = _spy_int8(monkeypatch, "norm_matmul")
+    m = layer(skip=skip, level=level)
     fused = onnx.ModelProto()
     fused.CopyFrom(m)
-    assert apply_rules(fused, [NORM_MATMUL]) == {"NormMatMulNBits": 1}
+    assert apply_rules(fused, [NORM_MATMUL_CPU if level == 4 else NORM_MATMUL]) == {"NormMatMulNBits": 1}
     (node,) = fused.graph.node
     assert node.op_type == "NormMatMulNBits" and node.domain == "com.crossml"
     assert list(node.output) == (["y", "sum"] if skip else ["y"])
     assert list(node.input[:3]) == (["x", "skip", "gamma"] if skip else ["x", "", "gamma"])
-    got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
-    for a, b in zip(got, want, strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert {a.name: h.get_attribute_value(a) for a in node.attribute}.get("accuracy_level", 0) == level
+    sess = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"])
+    for _ in range(2):
+        f = {vi.name: RNG.standard_normal((*rows, K)).astype(np.float32) for vi in m.graph.input}
+        want = unfused_session(m).run(None, f)
+        for a, b in zip(sess.run(None, f), want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    if calls is not None:
+        assert len(calls) == (1 if skip and level == 4 and rows[0] * rows[1] <= 8 else 0)
+
+
+def _spy_int8(monkeypatch: pytest.MonkeyPatch, name: str) -> list | None:
+    """Calls of ``crossml.kernels.cpu_int8.<name>`` from here on; None where that kernel does not run here (no numba,
+    no AVX2)."""
+    try:
+        from crossml.kernels import cpu_int8
+    except ImportError:
+        return None
+    if not cpu_int8.AVAILABLE:
+        return None
+    calls = []
+    real = getattr(cpu_int8, name)
+    monkeypatch.setattr(cpu_int8, name, lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
 
 
 def _reason(m: onnx.ModelProto) -> str | None:
@@ -102,8 +128,13 @@ def test_refuses_with_a_reason_and_leaves_the_graph(kw: dict, says: str) -> None
     assert m.SerializeToString() == before
 
 
-def test_registered_after_gate_up_off_the_cpu_only() -> None:
-    assert NORM_MATMUL not in fusion_rules(None, torch.device("cpu"))
+def test_cpu_rule_takes_level_4() -> None:
+    assert rule_reason(NORM_MATMUL_CPU, layer(level=4), "MatMulNBits") is None
+
+
+def test_registered_after_gate_up_the_cpu_taking_level_4() -> None:
+    rules = fusion_rules(None, torch.device("cpu"))
+    assert NORM_MATMUL not in rules and rules.index(NORM_MATMUL_CPU) == rules.index(GATE_UP_NBITS) + 1
     for gpu in (None, SimpleNamespace(disable_metacommands=False), SimpleNamespace(disable_metacommands=True)):
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules.index(NORM_MATMUL) == rules.index(GATE_UP) + 1

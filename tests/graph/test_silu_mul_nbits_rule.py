@@ -20,7 +20,7 @@ import crossml
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.matmul_norm import SILU_MUL_NBITS, SILU_MUL_NORM
 from crossml.runtime.session import fusion_rules
-from tests.graph._rules import contrib_model, rule_reason
+from tests.graph._rules import contrib_model, rule_reason, unfused_session
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
 
 MS = "com.microsoft"
@@ -28,7 +28,7 @@ RNG = np.random.default_rng(11)
 
 
 def gated_down(*, k: int = 64, n: int = 40, dtype: type = np.float32, h_twice: bool = False, g_idx: bool = False,
-               zero_points: bool = False, bias: bool = False) -> onnx.ModelProto:
+               zero_points: bool = False, bias: bool = False, level: int = 0) -> onnx.ModelProto:
     """gu [.., 2k] -> com.crossml SiluMul -> h -> MatMulNBits (k -> n, block 32) -> y."""
     et = T.FLOAT if dtype == np.float32 else T.FLOAT16
     B, scales, zp = quantized_weight(n, k, 4, 32, "packed" if zero_points else None)
@@ -46,7 +46,8 @@ def gated_down(*, k: int = 64, n: int = 40, dtype: type = np.float32, h_twice: b
     while ins[-1] == "":
         ins.pop()
     nodes = [h.make_node("SiluMul", ["gu"], ["h"], name="gate", domain="com.crossml"),
-             h.make_node("MatMulNBits", ins, ["y"], name="down", domain=MS, K=k, N=n, bits=4, block_size=32)]
+             h.make_node("MatMulNBits", ins, ["y"], name="down", domain=MS, K=k, N=n, bits=4, block_size=32,
+                         **({"accuracy_level": level} if level else {}))]
     inputs = [h.make_tensor_value_info("gu", et, ["batch", "seq", 2 * k])]
     outputs = [h.make_tensor_value_info("y", et, None)]
     if h_twice:
@@ -55,22 +56,26 @@ def gated_down(*, k: int = 64, n: int = 40, dtype: type = np.float32, h_twice: b
     return contrib_model(nodes, inputs, outputs, inits, "com.crossml")
 
 
-@pytest.mark.parametrize("kw", [{}, {"zero_points": True, "bias": True}], ids=["plain", "zero-points-bias"])
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("kw", [{}, {"zero_points": True, "bias": True}, {"level": 4}, {"level": 4, "zero_points": True}],
+                         ids=["plain", "zero-points-bias", "int8", "int8-zero-points"])
+@pytest.mark.parametrize("rows", [1, 3, 12])
 def test_fused_model_equals_unfused(kw: dict, rows: int) -> None:
+    """The fused node's values are the two ops' bit for bit on the CPU; at accuracy level 4, decode-sized rows run the
+    SiluMul kernel and the int8 kernel from the fused node once the first run has kept the weight's arrays (the
+    second run)."""
     m = gated_down(**kw)
-    f = {"gu": RNG.standard_normal((1, rows, 128)).astype(np.float32)}
-    want = crossml.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, f)
     fused = onnx.ModelProto()
     fused.CopyFrom(m)
     assert apply_rules(fused, [SILU_MUL_NBITS]) == {"SiluMulMatMulNBits": 1}
     (node,) = fused.graph.node
     assert node.op_type == "SiluMulMatMulNBits" and node.domain == "com.crossml"
     assert list(node.input[:3]) == ["gu", "B", "scales"] and list(node.output) == ["y"]
-    assert {a.name: h.get_attribute_value(a) for a in node.attribute} == {"K": 64, "N": 40, "bits": 4,
-                                                                          "block_size": 32}
-    got = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"]).run(None, f)
-    np.testing.assert_array_equal(got[0], want[0])
+    assert {a.name: h.get_attribute_value(a) for a in node.attribute} == {
+        "K": 64, "N": 40, "bits": 4, "block_size": 32, **({"accuracy_level": 4} if kw.get("level") else {})}
+    sess = crossml.InferenceSession(fused, providers=["CPUExecutionProvider"])
+    for _ in range(2):
+        f = {"gu": RNG.standard_normal((1, rows, 128)).astype(np.float32)}
+        np.testing.assert_array_equal(sess.run(None, f)[0], unfused_session(m).run(None, f)[0])
 
 
 @pytest.mark.parametrize(("kw", "says"), [({"h_twice": True}, "used elsewhere"), ({"g_idx": True}, "g_idx")])
@@ -81,8 +86,8 @@ def test_refuses_with_a_reason_and_leaves_the_graph(kw: dict, says: str) -> None
     assert says in rule_reason(SILU_MUL_NBITS, m, "MatMulNBits")
 
 
-def test_registered_on_gpu_sessions_after_the_gate_rules() -> None:
-    assert SILU_MUL_NBITS not in fusion_rules(None, torch.device("cpu"))
+def test_registered_after_the_gate_rules() -> None:
+    assert fusion_rules(None, torch.device("cpu"))[-1] is SILU_MUL_NBITS
     assert SILU_MUL_NBITS not in fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda"))
     rules = fusion_rules(None, torch.device("cuda"))
     assert rules.index(SILU_MUL_NBITS) == rules.index(SILU_MUL_NORM) + 1
@@ -105,9 +110,7 @@ def test_gpu_session_matches_unfused(rows: int, k: int, n: int, monkeypatch: pyt
     f = {"gu": (RNG.standard_normal((1, rows, 2 * k)) * 0.5).astype(np.float16)}
     sess = crossml.InferenceSession(m, providers=["GPUExecutionProvider"])
     assert [n.op_type for n in sess._model.graph.node] == ["SiluMulMatMulNBits"]
-    so = crossml.SessionOptions()
-    so.add_session_config_entry("ep.dml.disable_graph_fusion", "1")
-    plain = crossml.InferenceSession(m, so, providers=["GPUExecutionProvider"])
+    plain = unfused_session(m, "GPUExecutionProvider")
     (y,), (y0,) = sess.run(None, f), plain.run(None, f)
     np.testing.assert_allclose(y.astype(np.float32), y0.astype(np.float32), rtol=2e-2, atol=2e-2)
     if rows == 1:

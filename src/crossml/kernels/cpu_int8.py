@@ -42,8 +42,9 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from crossml.kernels.cpu_nbits import CHUNKS_PER_THREAD, _parallel, _threads, quantize_int8
+from crossml.kernels.cpu_norm import normalize as _normalize
 
-__all__ = ["AVAILABLE", "eligible", "matmul", "scales_zero_points", "warm"]
+__all__ = ["AVAILABLE", "eligible", "matmul", "norm_matmul", "scales_zero_points", "warm"]
 
 log = logging.getLogger("crossml")
 
@@ -455,10 +456,23 @@ def matmul(a: torch.Tensor, B: torch.Tensor, s: np.ndarray, zp: np.ndarray, *, K
     accuracy level 4; MatMulNBits' 4-bit B with ``scales_zero_points``' arrays (sizes checked by the caller;
     ``eligible(block_size)``). float32 [..., N]."""
     a = (a if a.is_contiguous() else a.contiguous()).numpy()
+    return torch.from_numpy(_matmul(a, B, s, zp, K, N, block_size))
+
+
+def norm_matmul(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, epsilon: float, B: torch.Tensor,
+                s: np.ndarray, zp: np.ndarray, *, K: int, N: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``matmul`` of SkipSimplifiedLayerNormalization(x, skip, gamma) (``crossml.kernels.cpu_norm.normalize``, the
+    op's values), and the sum x + skip: the fused NormMatMulNBits node's outputs."""
+    normed, total = _normalize(x, skip, gamma, None, epsilon)
+    return torch.from_numpy(_matmul(normed, B, s, zp, K, N, block_size)), torch.from_numpy(total)
+
+
+def _matmul(a: np.ndarray, B: torch.Tensor, s: np.ndarray, zp: np.ndarray, K: int, N: int,
+            block_size: int) -> np.ndarray:
     B = B if B.is_contiguous() else B.contiguous()
     out = _parallel(_product, _addresses[block_size], B.numpy(), a.reshape(-1, K), block_size, s, zp, N,
                     _threads() * CHUNKS_PER_THREAD)
-    return torch.from_numpy(out if a.ndim == 2 else out.reshape(a.shape[:-1] + (N,)))
+    return out if a.ndim == 2 else out.reshape(a.shape[:-1] + (N,))
 
 
 def warm() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["skip_rms_norm", "warm"]
+__all__ = ["normalize", "skip_rms_norm", "warm"]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
@@ -47,6 +47,14 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias
                   epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized, sum) of float32 x [..., H] and skip broadcast to it over leading dims; gamma and bias of H
     values (the caller checks shapes and dtypes)."""
+    y, s = normalize(x, skip, gamma, bias, epsilon)
+    return torch.from_numpy(y), torch.from_numpy(s)
+
+
+def normalize(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | None,
+              epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """``skip_rms_norm``'s results as numpy arrays of x's shape (``crossml.kernels.cpu_int8.norm_matmul`` multiplies
+    the normalized rows next)."""
     H = x.shape[-1]
     xn = _array(x)
     y = np.empty(xn.shape, np.float32)
@@ -54,7 +62,7 @@ def skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, gamma: torch.Tensor, bias
     _skip_rms_norm(xn.reshape(-1, H), _array(skip).reshape(-1, H), _array(gamma).reshape(H),
                    _NONE if bias is None else _array(bias).reshape(H), bias is not None, np.float32(epsilon),
                    y.reshape(-1, H), s.reshape(-1, H))
-    return torch.from_numpy(y), torch.from_numpy(s)
+    return y, s
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

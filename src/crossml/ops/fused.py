@@ -29,7 +29,14 @@ from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import sdpa
-from crossml.ops.contrib.matmul_nbits import KERNEL_MAX_M, constant_weight, int8_activations, matmul_nbits
+from crossml.ops.contrib.matmul_nbits import (
+    CPU_PACKED_MAX_M,
+    KERNEL_MAX_M,
+    constant_weight,
+    cpu_int8_kept,
+    int8_activations,
+    matmul_nbits,
+)
 from crossml.ops.contrib.matmul_nbits import _use_kernel as _nbits_kernel
 from crossml.ops.contrib.norm import (
     _kernel_vector,
@@ -227,15 +234,28 @@ def _dot_rows(x: torch.Tensor, rows: int, N: int, K: int, block_size: int, zero_
 def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.Tensor, B: torch.Tensor,
                       scales: torch.Tensor, zero_points: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                       *, epsilon: float = 1e-5, K: int, N: int, block_size: int, bits: int = 4,
-                      ctx: OpContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      accuracy_level: int = 0, ctx: OpContext) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(MatMulNBits(RMSNorm(x (+ skip)) * gamma), x + skip): SimplifiedLayerNormalization (no skip) or
     SkipSimplifiedLayerNormalization feeding a 4-bit MatMulNBits (graph rule NormMatMulNBits). At decode sizes
     on a GPU where ``norm_fuses`` one Triton launch, which normalizes as it multiplies
     (``crossml.kernels.matmul_nbits``); elsewhere, and for rows the matrix-unit kernel takes (``_dot_rows``), the two
-    ops (each on its own kernel on a GPU)."""
+    ops (each on its own kernel on a GPU). ``accuracy_level``: the product's (graph rule NormMatMulNBitsCPU, the
+    CPU's, fuses level-4 products too): at level 4 the product quantizes the normalized rows to int8 first, which the
+    GPU's fused launch does not do, so there the two ops run. On the CPU, with a skip, once the weight has taken the
+    int8 kernel (decode-sized rows: ``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the skip norm's kernel and
+    the product straight from here (``crossml.kernels.cpu_int8.norm_matmul``: the two ops' values)."""
     want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
+    if (skip is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() and x.shape[-1] == K
+            and x.numel() <= K * CPU_PACKED_MAX_M and skip.shape == x.shape and skip.dtype == torch.float32
+            and skip.device.type == "cpu" and gamma.dtype == torch.float32 and gamma.device.type == "cpu"
+            and gamma.numel() == K
+            and (kept := cpu_int8_kept(B, scales, zero_points, None, bias, K, N, block_size, bits,
+                                       accuracy_level)) is not None):
+        y, s = kept[0].norm_matmul(x, skip, gamma, epsilon, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
+        return y, s if want_sum else None
     rows = math.prod(x.shape[:-1]) if x.dim() else 0
-    if (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
+    if not int8_activations(accuracy_level, None, zero_points) \
+            and (skip is None or skip.shape == x.shape) and gamma.numel() == K and 0 < K == x.shape[-1] \
             and rows <= KERNEL_MAX_M and _nbits_kernel(x, B, scales, zero_points, None, bias, bits) \
             and all(t.device == x.device and t.is_floating_point() for t in (skip, gamma) if t is not None) \
             and not _dot_rows(x, rows, N, K, block_size, zero_points) \
@@ -260,7 +280,7 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
                         const_inputs=(False, *(ctx.constant(i) for i in (3, 4, 5)), False, ctx.constant(6))) \
         if x.device.type == "cpu" else None
     y = matmul_nbits(normed, B, scales, zero_points, None, bias, K=K, N=N, block_size=block_size, bits=bits,
-                     ctx=product)
+                     accuracy_level=accuracy_level, ctx=product)
     return y, s
 
 
@@ -276,7 +296,15 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
     launch them, but the SiluMul kernel lets the product launch before its own PDL wait (``crossml.kernels._launch.
     pdl``'s ``early``: the product reads nothing but its constant weight before its wait), so the product's programs
     request their first K step while the gate/up product still runs, and a long K takes longer steps
-    (``crossml.kernels.matmul_nbits.pick_pair_tiles``' ``early_input``). Elsewhere the SiluMul and MatMulNBits ops."""
+    (``crossml.kernels.matmul_nbits.pick_pair_tiles``' ``early_input``). On the CPU, once the weight has taken the
+    int8 kernel (accuracy level 4, decode-sized rows: ``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the SiluMul
+    op's torch calls and the int8 kernel straight from here (the two ops' values, one node).
+    Elsewhere the SiluMul and MatMulNBits ops."""
+    if (gu.device.type == "cpu" and gu.dtype == torch.float32 and gu.dim() and gu.shape[-1] == 2 * K
+            and gu.numel() <= 2 * K * CPU_PACKED_MAX_M
+            and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
+                                       accuracy_level)) is not None):
+        return kept[0].matmul(silu_mul_op(gu), B, kept[1], kept[2], K=K, N=N, block_size=block_size)
     rows = math.prod(gu.shape[:-1]) if gu.dim() else 0
     if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None \
             and not int8_activations(accuracy_level, g_idx, zero_points) and gu.dtype in _SILU_MUL_DTYPES \

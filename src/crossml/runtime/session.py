@@ -35,7 +35,7 @@ from crossml.graph.passes.matmul_norm import (
     SILU_MUL_NBITS,
     SILU_MUL_NORM,
 )
-from crossml.graph.passes.norm_matmul import NORM_MATMUL
+from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
@@ -602,15 +602,20 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM; then MATMUL_SILU_MUL
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
     projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
-    its output projection's fused node; not with disable_metacommands); the CPU keeps the
-    model's ops (its results stay bit-close to onnxruntime's), but for merging 4-bit gate and up products
-    (GATE_UP_NBITS), whose columns are computed alone: the merged product's values are the two products'."""
-    merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else [GATE_UP_NBITS]
+    its output projection's fused node; not with disable_metacommands). The CPU keeps the model's ops (its
+    results stay bit-close to onnxruntime's) but for fusions whose values are the unfused ops': 4-bit gate and up
+    products merged (GATE_UP_NBITS: columns are computed alone), skip norms fused into the 4-bit product they feed
+    (NORM_MATMUL_CPU) and the gate into the 4-bit down projection (SILU_MUL_NBITS); on the int8 kernel the fused
+    nodes run the ops' kernels in one node (a decode step's nodes cost 20-50 us each in Python)."""
+    merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else [
+        GATE_UP_NBITS, NORM_MATMUL_CPU]
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
     if device.type != "cpu":
         rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM]
+    else:
+        rules.append(SILU_MUL_NBITS)
     if device.type == "cuda":
         rules.append(CONV_RELU)
     return rules

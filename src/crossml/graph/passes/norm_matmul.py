@@ -11,11 +11,13 @@ launches, see crossml.ops.fused.norm_fuses).
 The rule needs the norm's normalized output read by this product alone (after MergeGateUp the gate
 and up products are one), its statistics outputs unused, the last axis normalized (stash_type 1),
 no bias on the skip norm, a 1-D gamma of K values, and a 4-bit product without g_idx or
-accuracy_level 4 (whose int8 activation quantization needs the rounded normalized values). It runs
-on GPU sessions only; the CPU keeps the two ops.
+accuracy_level 4 (whose int8 activation quantization needs the rounded normalized values). CPU sessions
+run NORM_MATMUL_CPU, which takes level-4 products too (the fused node's CPU path runs the two ops' kernels).
 """
 
 from __future__ import annotations
+
+import functools
 
 import onnx
 from onnx import helper
@@ -40,7 +42,8 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     return Match([norm, node], {"skip": norm.op_type.startswith("Skip")})
 
 
-def check(view: GraphView, m: Match) -> str | None:
+def check(view: GraphView, m: Match, *, int8: bool = False) -> str | None:
+    """Why the match is refused (None: accepted); ``int8`` accepts products at accuracy level 4 (the CPU's rule)."""
     norm, product = m.nodes
     h = norm.output[0]
     if not view.read_once(h):
@@ -55,7 +58,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if m.info["skip"] and len(norm.input) > 3 and norm.input[3]:
         return f"'{norm.name}' has a bias input"
     pa = node_attrs(product)
-    if pa.get("bits", 4) != 4 or pa.get("accuracy_level", 0) == 4 or pa.get("weight_prepacked", 0):
+    if pa.get("bits", 4) != 4 or (pa.get("accuracy_level", 0) == 4 and not int8) or pa.get("weight_prepacked", 0):
         return (f"'{product.name}' has bits={pa.get('bits', 4)}, accuracy_level={pa.get('accuracy_level', 0)}, "
                 f"weight_prepacked={pa.get('weight_prepacked', 0)} (needs 4, not 4, 0)")
     if len(product.input) > 4 and product.input[4]:
@@ -81,9 +84,14 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     pa = node_attrs(product)
     attrs = {k: pa[k] for k in ("K", "N", "block_size") if k in pa}
     attrs["bits"] = pa.get("bits", 4)
+    if pa.get("accuracy_level", 0):
+        attrs["accuracy_level"] = pa["accuracy_level"]
     attrs["epsilon"] = float(node_attrs(norm).get("epsilon", 1e-12 if skip else 1e-5))
     return [helper.make_node("NormMatMulNBits", inputs, outputs, name=f"{norm.name}_{product.name}_fused",
                              domain=DOMAIN, **attrs)]
 
 
 NORM_MATMUL = Rule("NormMatMulNBits", match, check, rewrite, domains=((DOMAIN, 1),))
+#: NORM_MATMUL for CPU sessions, level-4 products included: on the CPU the fused node runs the skip norm's kernel
+#: and the int8 product (``crossml.ops.fused.norm_matmul_nbits``), the two ops' values, in one node
+NORM_MATMUL_CPU = Rule("NormMatMulNBits", match, functools.partial(check, int8=True), rewrite, domains=((DOMAIN, 1),))

@@ -196,9 +196,11 @@ def matmul_nbits(
     weight_prepacked: int = 0,
     ctx: OpContext | None = None,
 ) -> torch.Tensor:
-    if A.device.type == "cpu" and (y := _cpu_int8_again(A, B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
-                                                         accuracy_level)) is not None:
-        return y
+    if (A.device.type == "cpu" and A.dtype == torch.float32 and A.dim() and A.shape[-1] == K
+            and A.numel() <= K * CPU_PACKED_MAX_M
+            and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
+                                       accuracy_level)) is not None):
+        return kept[0].matmul(A, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
     _check_block_size(block_size)
     if weight_prepacked:
         raise ValueError("MatMulNBits: weight_prepacked (EP-specific CUDA layouts) is not supported; use the plain layout")
@@ -346,23 +348,21 @@ def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor |
     return _kept(B, _CPU_INT8, scales, zero_points, K, N, block_size, make)
 
 
-def _cpu_int8_again(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                    g_idx: torch.Tensor | None, bias: torch.Tensor | None, K: int, N: int, block_size: int, bits: int,
-                    accuracy_level: int) -> torch.Tensor | None:
-    """A decode product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only a
-    model constant's B gets, after the op's checks), with the same scales, zero points and attributes, float32 A of at
-    most CPU_PACKED_MAX_M rows, no bias or g_idx: the product, straight to the kernel; None otherwise (the op's full
-    route then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4 model runs 121 of these; the checks of
-    the full route had cost about 15 us a call."""
+def cpu_int8_kept(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, g_idx: torch.Tensor | None,
+                  bias: torch.Tensor | None, K: int, N: int, block_size: int, bits: int,
+                  accuracy_level: int) -> tuple | None:
+    """For a decode product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only
+    a model constant's B gets, after the op's checks), with the same scales, zero points and attributes and no bias
+    or g_idx: (the module ``crossml.kernels.cpu_int8``, its two arrays), so the call goes straight to the kernel (the
+    caller checks A: float32 on the CPU, K wide, at most CPU_PACKED_MAX_M rows); None otherwise (the op's full route
+    then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4 model runs about a hundred of these; the checks
+    of the full route had cost about 15 us a call."""
     kept = getattr(B, _CPU_INT8, None)
     if (kept is None or kept[1] is not scales or kept[2] is not zero_points or g_idx is not None or bias is not None
-            or accuracy_level != 4 or bits != 4 or A.dtype != torch.float32 or A.shape[-1] != K
-            or A.numel() > K * CPU_PACKED_MAX_M):
+            or accuracy_level != 4 or bits != 4):
         return None
-    kernels, s, zs, k, n, bs = kept[0]
-    if k != K or n != N or bs != block_size:
-        return None
-    return kernels.matmul(A, B, s, zs, K=K, N=N, block_size=block_size)
+    kernels, s, zp, k, n, bs = kept[0]
+    return (kernels, s, zp) if k == K and n == N and bs == block_size else None
 
 
 def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, K: int, N: int,
