@@ -170,6 +170,31 @@ _STORE = r"""
   %op = getelementptr float, float* %out, i64 %oi
   store float %y, float* %op
 """
+# the loops over rows n in [n0, n1) and m in [0, M) around a kernel's body, which starts at %mstart (block indices
+# %nbi, %mbi and zero-point byte %zbase of the rows) and ends at {LAST}, whose store goes back to the m loop
+_OPEN = r"""  %nb1 = add i64 %nb, 1
+  %zrow = lshr i64 %nb1, 1
+  br label %nloop
+nloop:
+  %n = phi i64 [%n0, %entry], [%n.next, %mend]
+  %ncond = icmp slt i64 %n, %n1
+  br i1 %ncond, label %mloop, label %exit
+mloop:
+  %m = phi i64 [0, %nloop], [%m.next, %{LAST}]
+  %mcond = icmp slt i64 %m, %M
+  br i1 %mcond, label %mstart, label %mend
+mstart:
+  %nbi = mul i64 %n, %nb
+  %mbi = mul i64 %m, %nb
+  %zbase = mul i64 %n, %zrow"""
+_CLOSE = r"""  %m.next = add i64 %m, 1
+  br label %mloop
+mend:
+  %n.next = add i64 %n, 1
+  br label %nloop
+exit:
+  ret void
+}"""
 _PAIR = r"""
 define void @pair32(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, i8* %zp, float* %out,
                     i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
@@ -178,21 +203,7 @@ entry:
   %odd = and i64 %nb, 1
   %hasp = icmp sgt i64 %np, 0
   %isodd = icmp ne i64 %odd, 0
-  %nb1 = add i64 %nb, 1
-  %zrow = lshr i64 %nb1, 1
-  br label %nloop
-nloop:
-  %n = phi i64 [%n0, %entry], [%n.next, %mend]
-  %ncond = icmp slt i64 %n, %n1
-  br i1 %ncond, label %mloop, label %exit
-mloop:
-  %m = phi i64 [0, %nloop], [%m.next, %fin]
-  %mcond = icmp slt i64 %m, %M
-  br i1 %mcond, label %mstart, label %mend
-mstart:
-  %nbi = mul i64 %n, %nb
-  %mbi = mul i64 %m, %nb
-  %zbase = mul i64 %n, %zrow
+OPEN
   br i1 %hasp, label %ploop, label %pdone
 ploop:
   %p = phi i64 [0, %mstart], [%p.next, %ploop]
@@ -254,35 +265,14 @@ tail:
 fin:
   %accf = phi <8 x float> [%accp, %pdone], [%acct, %tail]
 STORE
-  %m.next = add i64 %m, 1
-  br label %mloop
-mend:
-  %n.next = add i64 %n, 1
-  br label %nloop
-exit:
-  ret void
-}
-""".replace("STEP", _STEP).replace("STORE", _STORE).replace("B15H", _B15H).replace("B4H", _B4H) \
-    .replace("ONESH", _ONESH)
+CLOSE
+""".replace("OPEN", _OPEN.replace("{LAST}", "fin")).replace("CLOSE", _CLOSE).replace("STEP", _STEP) \
+    .replace("STORE", _STORE).replace("B15H", _B15H).replace("B4H", _B4H).replace("ONESH", _ONESH)
 _WIDE = r"""
 define void @wide{S}(i8* %w, i8* %a, float* %sa, float* %asum, float* %s, i8* %zp, float* %out,
                      i64 %n0, i64 %n1, i64 %nb, i64 %M, i64 %N) {
 entry:
-  %nb1 = add i64 %nb, 1
-  %zrow = lshr i64 %nb1, 1
-  br label %nloop
-nloop:
-  %n = phi i64 [%n0, %entry], [%n.next, %mend]
-  %ncond = icmp slt i64 %n, %n1
-  br i1 %ncond, label %mloop, label %exit
-mloop:
-  %m = phi i64 [0, %nloop], [%m.next, %bend]
-  %mcond = icmp slt i64 %m, %M
-  br i1 %mcond, label %mstart, label %mend
-mstart:
-  %nbi = mul i64 %n, %nb
-  %mbi = mul i64 %m, %nb
-  %zbase = mul i64 %n, %zrow
+OPEN
   br label %bloop
 bloop:
   %b = phi i64 [0, %mstart], [%b.next, %cend]
@@ -320,15 +310,9 @@ cend:
 bend:
   %accf = phi <8 x float> [%acc.next, %cend]
 STORE
-  %m.next = add i64 %m, 1
-  br label %mloop
-mend:
-  %n.next = add i64 %n, 1
-  br label %nloop
-exit:
-  ret void
-}
-""".replace("STEP", _STEP).replace("STORE", _STORE)
+CLOSE
+""".replace("OPEN", _OPEN.replace("{LAST}", "bend")).replace("CLOSE", _CLOSE).replace("STEP", _STEP) \
+    .replace("STORE", _STORE)
 #: block size -> the kernel's name (``wide{S}``: S = block_size / 64 steps a block)
 _KERNELS = {32: "pair32", 64: "wide1", 128: "wide2", 256: "wide4"}
 _IR = _HEAD + _PAIR + "".join(_WIDE.replace("{S}", str(bs // 64)).replace("{WB}", str(bs // 2)).replace(
