@@ -30,10 +30,10 @@ from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops._util import sdpa
 from crossml.ops.contrib.matmul_nbits import (
-    CPU_PACKED_MAX_M,
     KERNEL_MAX_M,
     constant_weight,
     cpu_int8_kept,
+    cpu_int8_rows,
     int8_activations,
     matmul_nbits,
 )
@@ -246,7 +246,7 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     the product straight from here (``crossml.kernels.cpu_int8.norm_matmul``: the two ops' values)."""
     want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
     if (skip is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() and x.shape[-1] == K
-            and x.numel() <= K * CPU_PACKED_MAX_M and skip.shape == x.shape and skip.dtype == torch.float32
+            and cpu_int8_rows(x.numel(), K, block_size) and skip.shape == x.shape and skip.dtype == torch.float32
             and skip.device.type == "cpu" and gamma.dtype == torch.float32 and gamma.device.type == "cpu"
             and gamma.numel() == K
             and (kept := cpu_int8_kept(B, scales, zero_points, None, bias, K, N, block_size, bits,
@@ -301,7 +301,7 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
     op's torch calls and the int8 kernel straight from here (the two ops' values, one node).
     Elsewhere the SiluMul and MatMulNBits ops."""
     if (gu.device.type == "cpu" and gu.dtype == torch.float32 and gu.dim() and gu.shape[-1] == 2 * K
-            and gu.numel() <= 2 * K * CPU_PACKED_MAX_M
+            and cpu_int8_rows(gu.numel() // 2, K, block_size)
             and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
                                        accuracy_level)) is not None):
         return kept[0].matmul(silu_mul_op(gu), B, kept[1], kept[2], K=K, N=N, block_size=block_size)

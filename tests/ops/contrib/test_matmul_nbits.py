@@ -190,6 +190,38 @@ def test_matmul_nbits_cpu_int8_kernel(case, M, monkeypatch):
     assert calls and all(calls), "the product did not take the int8 kernel"
 
 
+@pytest.mark.parametrize("rows", [(2, 9), (1, 33)])
+@pytest.mark.parametrize("case", [(4, 32, 96, 40, "packed"), (4, 32, 64, 24, None), (4, 32, 896, 37, "packed")],
+                         ids=lambda c: f"bs{c[1]}_K{c[2]}_N{c[3]}_{c[4]}")
+def test_matmul_nbits_cpu_int8_kernel_prompt_rows(case, rows, monkeypatch):
+    """At accuracy level 4 with blocks of 32 values, prompt-sized products take the int8 kernel too (its two-by-two
+    tiles, ``CPU_INT8_ANY_ROWS``; checked with a spy), within the same tolerance of onnxruntime, and each row's values
+    are those of that row's product alone, bit for bit (odd row counts included)."""
+    pytest.importorskip("numba", reason="the int8 kernel is called from numba (the test extra installs it)")
+    import torch
+
+    from crossml.kernels import cpu_int8
+    from crossml.ops.contrib import matmul_nbits as module
+
+    if not cpu_int8.AVAILABLE:
+        pytest.skip("the int8 kernel needs an x86-64 CPU with AVX2")
+    calls = _spy(monkeypatch, module, "_cpu_int8", module._CPU_INT8)
+    LEVEL4_DIFFS[f"int8 prompt {case} M{rows}"] = _run(*case, level=4, M=rows)
+    assert calls and all(calls), "the product did not take the int8 kernel"
+    bits, bs, K, N, zp_kind = case
+    B, scales, zp = (None if t is None else torch.from_numpy(t) for t in quantized_weight(N, K, bits, bs, zp_kind))
+    A = torch.from_numpy(RNG.standard_normal((*rows, K)).astype(np.float32))
+    from crossml.ops.registry import OpContext
+
+    ctx = OpContext("proj", "MatMulNBits", 1, 1, (None,), (True,), const_inputs=(False, True, True, True))
+    kw = {"K": K, "N": N, "block_size": bs, "accuracy_level": 4, "ctx": ctx}
+    taken = len(calls)
+    whole = module.matmul_nbits(A, B, scales, zp, **kw)
+    assert len(calls) == taken + 1 and calls[-1]
+    each = torch.cat([module.matmul_nbits(A[:, i:i + 1], B, scales, zp, **kw) for i in range(rows[1])], dim=1)
+    assert torch.equal(whole, each)
+
+
 def test_int8_kernel_only_where_it_applies():
     """``_cpu_int8`` declines (the op then tries the numba float kernel): float zero points, blocks of 16 values,
     sizes that do not fit; it keeps its arrays on B for the next call."""
@@ -297,6 +329,7 @@ def test_matmul_nbits_cpu_chunks(case, level, path, monkeypatch):
 
     bits, bs, K, N, zp_kind = case
     calls = []
+    monkeypatch.setattr(module, "CPU_INT8_ANY_ROWS", ())  # level 4's prompt rows on the dequantizing path here
     if path == "numba":
         pytest.importorskip("numba", reason="the numba path needs numba (the test extra installs it)")
         from crossml.kernels import cpu_nbits

@@ -18,7 +18,7 @@ matrix-unit kernel, which dequantizes each weight tile in registers for a ``tl.d
 one-pass dequantization, then a dense matmul. On the CPU, a 4-bit
 product of a model constant with at most ``CPU_PACKED_MAX_M`` rows of A (an LLM's decode step) takes, on the int8
 path with blocks of 32-256 values on an x86 CPU with AVX2, the int8 kernel (``crossml.kernels.cpu_int8``: integer
-dot products on B as it is, ``_cpu_int8``); otherwise crossml's numba kernel (``crossml.kernels.cpu_nbits``, where
+dot products on B as it is, ``_cpu_int8``; with blocks of 32 values any number of rows, ``CPU_INT8_ANY_ROWS``); otherwise crossml's numba kernel (``crossml.kernels.cpu_nbits``, where
 numba is installed: the packed weight read as it is, laid out once and kept on B; a Qwen2.5-0.5B-shaped builder int4
 CPU model's decode 716.5 -> 86.3 ms a token on a 2-core AVX2 host, results/cpu_genai.md). Without numba it takes
 torch's packed int4 kernel
@@ -197,7 +197,7 @@ def matmul_nbits(
     ctx: OpContext | None = None,
 ) -> torch.Tensor:
     if (A.device.type == "cpu" and A.dtype == torch.float32 and A.dim() and A.shape[-1] == K
-            and A.numel() <= K * CPU_PACKED_MAX_M
+            and cpu_int8_rows(A.numel(), K, block_size)
             and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
                                        accuracy_level)) is not None):
         return kept[0].matmul(A, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
@@ -213,14 +213,16 @@ def matmul_nbits(
         return load("matmul_nbits").matmul_nbits(a, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                                  const_w=constant_weight(ctx, 1, zero_points))
     compute = torch.float32 if A.device.type == "cpu" else A.dtype
-    if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points)):
+    if _cpu_decode(A, B, scales, zero_points, g_idx, bits, constant_weight(ctx, 1, zero_points),
+                   any_rows=int8_path and block_size in CPU_INT8_ANY_ROWS):
         a = A.reshape(-1, K).to(compute)
         y = None
+        few = a.shape[0] <= CPU_PACKED_MAX_M
         if int8_path and (kept := _cpu_int8(B, scales, zero_points, K, N, block_size)) is not None:
             y = kept[0].matmul(a, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
-        elif (laid_out := _cpu_laid_out(B, scales, zero_points, K, N, block_size)) is not None:
+        elif few and (laid_out := _cpu_laid_out(B, scales, zero_points, K, N, block_size)) is not None:
             y = load("cpu_nbits").matmul(a, laid_out, int8=int8_path)
-        elif (packed := _cpu_packed(B, scales, zero_points, K, N, block_size)) is not None:
+        elif few and (packed := _cpu_packed(B, scales, zero_points, K, N, block_size)) is not None:
             if int8_path:
                 a = quantize_dequantize_int8_blocks(a, block_size)
             y = torch._weight_int4pack_mm_for_cpu(a.contiguous(), packed[0], block_size, packed[1])[:, :N]
@@ -301,12 +303,12 @@ _CPU_NBITS = "_crossml_cpu_nbits"  # attribute of B holding (``cpu_nbits.Packed`
 
 
 def _cpu_decode(A: torch.Tensor, B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None,
-                g_idx: torch.Tensor | None, bits: int, constant: bool) -> bool:
-    """Whether a product may take one of the CPU's decode kernels (``_cpu_laid_out``, else ``_cpu_packed``): on the
-    CPU, a model constant's 4-bit uint8 B with float scales, uint8 / float / no zero points and no g_idx, at most
-    CPU_PACKED_MAX_M rows of A."""
+                g_idx: torch.Tensor | None, bits: int, constant: bool, any_rows: bool = False) -> bool:
+    """Whether a product may take one of the CPU's decode kernels (``_cpu_int8``, ``_cpu_laid_out``, else
+    ``_cpu_packed``): on the CPU, a model constant's 4-bit uint8 B with float scales, uint8 / float / no zero points
+    and no g_idx, at most CPU_PACKED_MAX_M rows of A (``any_rows``: any number, for the int8 kernel only)."""
     if (A.device.type != "cpu" or not constant or bits != 4 or g_idx is not None or B.dtype != torch.uint8
-            or not scales.is_floating_point() or math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M):
+            or not scales.is_floating_point() or (not any_rows and math.prod(A.shape[:-1]) > CPU_PACKED_MAX_M)):
         return False
     return zero_points is None or zero_points.dtype == torch.uint8 or zero_points.is_floating_point()
 
@@ -354,7 +356,7 @@ def cpu_int8_kept(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
     """For a decode product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only
     a model constant's B gets, after the op's checks), with the same scales, zero points and attributes and no bias
     or g_idx: (the module ``crossml.kernels.cpu_int8``, its two arrays), so the call goes straight to the kernel (the
-    caller checks A: float32 on the CPU, K wide, at most CPU_PACKED_MAX_M rows); None otherwise (the op's full route
+    caller checks A: float32 on the CPU, K wide, ``cpu_int8_rows``); None otherwise (the op's full route
     then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4 model runs about a hundred of these; the checks
     of the full route had cost about 15 us a call."""
     kept = getattr(B, _CPU_INT8, None)
@@ -374,6 +376,20 @@ def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
         return None if kernels is None else kernels.prepare(B, scales, zero_points, K=K, N=N, block_size=block_size)
 
     return _kept(B, _CPU_NBITS, scales, zero_points, K, N, block_size, make)
+
+
+#: block sizes whose products on the int8 path take ``crossml.kernels.cpu_int8`` at any number of rows: its
+#: ``tile32`` kernel multiplies two rows of A by two of B a step, which for a 128-token prompt is level with or ahead
+#: of dequantizing the weight for torch's float32 BLAS (Qwen2.5-0.5B's shapes on a 2-core AVX2 host: gate+up 19.2
+#: against 20.4 ms, down 9.7 against 11.1, the lm_head 319 against 344), with onnxruntime's integer arithmetic and
+#: each row's values those of a one-row product
+CPU_INT8_ANY_ROWS = (32,)
+
+
+def cpu_int8_rows(numel: int, K: int, block_size: int) -> bool:
+    """Whether A of ``numel`` values (rows of K) may take the int8 kernel: at most CPU_PACKED_MAX_M rows, or any
+    number for CPU_INT8_ANY_ROWS' block sizes."""
+    return numel <= K * CPU_PACKED_MAX_M or block_size in CPU_INT8_ANY_ROWS
 
 
 #: most rows of A (prod of its leading dims) that take the CPU's packed int4 kernel: its time grows with the rows
