@@ -179,6 +179,12 @@ def test_matmul_nbits_cpu_int8_kernel(case, M, monkeypatch):
     """At accuracy level 4, decode-sized products of constant 4-bit weights on an AVX2 CPU take the int8 kernel
     (``crossml.kernels.cpu_int8``, checked with a spy), within the same tolerance of onnxruntime as the other paths;
     its scale arrays are made once, on the first run."""
+    _int8_run(case, M, "int8", monkeypatch)
+
+
+def _int8_run(case, M, tag: str, monkeypatch):
+    """``_run`` at accuracy level 4 (its difference from onnxruntime kept under ``tag``), checking with a spy that the
+    product took the int8 kernel; skips without numba or AVX2. Returns the op's module and the spy's calls."""
     pytest.importorskip("numba", reason="the int8 kernel is called from numba (the test extra installs it)")
     from crossml.kernels import cpu_int8
     from crossml.ops.contrib import matmul_nbits as module
@@ -186,8 +192,9 @@ def test_matmul_nbits_cpu_int8_kernel(case, M, monkeypatch):
     if not cpu_int8.AVAILABLE:
         pytest.skip("the int8 kernel needs an x86-64 CPU with AVX2")
     calls = _spy(monkeypatch, module, "_cpu_int8", module._CPU_INT8)
-    LEVEL4_DIFFS[f"int8 {case} M{M}"] = _run(*case, level=4, M=M)
+    LEVEL4_DIFFS[f"{tag} {case} M{M}"] = _run(*case, level=4, M=M)
     assert calls and all(calls), "the product did not take the int8 kernel"
+    return module, calls
 
 
 @pytest.mark.parametrize("rows", [(2, 9), (1, 33)])
@@ -197,17 +204,9 @@ def test_matmul_nbits_cpu_int8_kernel_prompt_rows(case, rows, monkeypatch):
     """At accuracy level 4 with blocks of 32 values, prompt-sized products take the int8 kernel too (its two-by-two
     tiles, ``CPU_INT8_ANY_ROWS``; checked with a spy), within the same tolerance of onnxruntime, and each row's values
     are those of that row's product alone, bit for bit (odd row counts included)."""
-    pytest.importorskip("numba", reason="the int8 kernel is called from numba (the test extra installs it)")
     import torch
 
-    from crossml.kernels import cpu_int8
-    from crossml.ops.contrib import matmul_nbits as module
-
-    if not cpu_int8.AVAILABLE:
-        pytest.skip("the int8 kernel needs an x86-64 CPU with AVX2")
-    calls = _spy(monkeypatch, module, "_cpu_int8", module._CPU_INT8)
-    LEVEL4_DIFFS[f"int8 prompt {case} M{rows}"] = _run(*case, level=4, M=rows)
-    assert calls and all(calls), "the product did not take the int8 kernel"
+    module, calls = _int8_run(case, rows, "int8 prompt", monkeypatch)
     bits, bs, K, N, zp_kind = case
     B, scales, zp = (None if t is None else torch.from_numpy(t) for t in quantized_weight(N, K, bits, bs, zp_kind))
     A = torch.from_numpy(RNG.standard_normal((*rows, K)).astype(np.float32))
