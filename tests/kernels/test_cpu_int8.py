@@ -82,3 +82,55 @@ def test_concurrent_calls_from_threads_agree():
 
 def test_eligible_block_sizes():
     assert [cpu_int8.eligible(bs) for bs in (16, 32, 64, 128, 256, 512)] == [False, True, True, True, True, False]
+
+
+def _built_product(built, A, B, s, zp, N):
+    """``cpu_int8._product`` of float32 A [M, K] through the kernels of one ``_build``'s result."""
+    import ctypes
+
+    import numpy as np
+
+    kernels, tile, _ = built
+    pair, tile = (ctypes.cast(f, ctypes.c_void_p).value for f in (kernels[32], tile))
+    return cpu_int8._product(pair, tile, B.numpy(), A.numpy().astype(np.float32), 32, s, zp, N, 4)
+
+
+def test_machine_code_is_kept_and_read_back(tmp_path):
+    """The kernels' machine code is written to the cache directory on the first build and read back by the next
+    (no LLVM passes or code generation); both give the module's results bit for bit, for one row and for tiles."""
+    B, scales, zp = _weight(37, 896, 32, "packed")
+    s, z = cpu_int8.scales_zero_points(scales, zp, 37, 28)
+    A = torch.randn(3, 896, generator=torch.Generator().manual_seed(5))
+    want = [cpu_int8.matmul(A[:m], B, s, z, K=896, N=37, block_size=32).numpy() for m in (1, 3)]
+    fresh = cpu_int8._build(str(tmp_path))
+    (kept,) = tmp_path.glob("cpu_int8.*.o")
+    again = cpu_int8._build(str(tmp_path))
+    assert list(tmp_path.glob("cpu_int8.*")) == [kept]
+    for built in (fresh, again):
+        for m, w in zip((1, 3), want):
+            assert (_built_product(built, A[:m], B, s, z, 37) == w).all()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty"])
+def test_damaged_machine_code_is_built_again(tmp_path, damage):
+    """A kept file that does not check out (a torn write, a flipped byte) is ignored: the kernels are built again
+    and the file rewritten whole."""
+    cpu_int8._build(str(tmp_path))
+    (kept,) = tmp_path.glob("cpu_int8.*.o")
+    good = kept.read_bytes()
+    bad = {"truncated": good[:len(good) // 2], "flipped": good[:-1] + bytes([good[-1] ^ 1]), "empty": b""}[damage]
+    kept.write_bytes(bad)
+    assert cpu_int8._read_object(str(kept)) is None
+    built = cpu_int8._build(str(tmp_path))
+    assert kept.read_bytes() == good
+    B, scales, zp = _weight(16, 64, 32, None)
+    s, z = cpu_int8.scales_zero_points(scales, zp, 16, 2)
+    A = torch.randn(2, 64, generator=torch.Generator().manual_seed(6))
+    assert (_built_product(built, A, B, s, z, 16) == cpu_int8.matmul(A, B, s, z, K=64, N=16, block_size=32).numpy()).all()
+
+
+def test_unwritable_cache_builds_without_keeping(tmp_path, monkeypatch):
+    """Where no cache directory is writable the kernels are built in memory each time."""
+    monkeypatch.setattr(cpu_int8.os, "access", lambda *a: False)
+    assert cpu_int8._build(str(tmp_path)) is not None
+    assert not list(tmp_path.glob("cpu_int8.*"))

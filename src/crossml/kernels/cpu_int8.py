@@ -32,15 +32,20 @@ a time, level with or ahead of dequantizing for torch's float32 BLAS (20.4 ms); 
 alternated in one process (``crossml.ops.contrib.matmul_nbits.CPU_INT8_ANY_ROWS``).
 
 Blocks of 32, 64, 128 or 256 values (``eligible``); rows of N split over numba's threads (``cpu_nbits._parallel``).
-``AVAILABLE`` is False where the CPU has no AVX2 or LLVM cannot build the kernel (llvmlite without LLVM's new pass
+The machine code is built once per IR, CPU and LLVM version and kept beside numba's cache (``_object_cache``; a later
+process reads it in about 10 ms instead of 0.3-0.6 s of LLVM passes and code generation). ``AVAILABLE`` is False
+where the CPU has no AVX2 or LLVM cannot build the kernel (llvmlite without LLVM's new pass
 manager API included: logged once): the products then take ``cpu_nbits.matmul``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
+import os
 import platform
+import tempfile
 
 import numpy as np
 import torch
@@ -445,9 +450,10 @@ _I = ctypes.c_int64
 _SIGNATURE = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I)
 
 
-def _build():
-    """The compiled ``rows`` functions by block size and the engine that holds their code, or None without AVX2 on
-    x86-64."""
+def _build(cache_dir: str | None = None):
+    """The compiled ``rows`` functions by block size, ``tile32`` and the engine that holds their code, or None without
+    AVX2 on x86-64. The machine code is kept in ``_object_cache(cache_dir)`` and read from there by later processes:
+    LLVM's optimization and code generation took 0.3-0.45 s of a process's first CPU session."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     import llvmlite.binding as llvm
@@ -456,16 +462,70 @@ def _build():
     llvm.initialize_native_asmprinter()
     if not llvm.get_host_cpu_features().get("avx2"):
         return None
+    cpu, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
     module = llvm.parse_assembly(_IR)
     module.verify()
-    machine = llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
-    passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
-    passes.getModulePassManager().run(module, passes)
+    machine = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
+    path = _object_cache(cache_dir, cpu, features, llvm)
+    cached = _read_object(path)
+    if cached is None:
+        passes = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(3))
+        passes.getModulePassManager().run(module, passes)
     engine = llvm.create_mcjit_compiler(module, machine)
+    engine.set_object_cache(notify_func=lambda _module, obj: cached is None and _write_object(path, obj),
+                            getbuffer_func=lambda _module: cached)
     engine.finalize_object()
     kernels = {bs: _SIGNATURE(engine.get_function_address(name)) for bs, name in _KERNELS.items()}
     return kernels, _SIGNATURE(engine.get_function_address("tile32")), engine
+
+
+def _object_cache(cache_dir: str | None, cpu: str, features: str, llvm) -> str | None:
+    """Where the kernels' machine code for this IR, CPU and LLVM is kept: ``cache_dir``, else numba's cache directory
+    (NUMBA_CACHE_DIR) where set, else this package's ``__pycache__`` (where numba keeps its own) where writable, else
+    ``~/.cache/crossml``; None where none is writable."""
+    import llvmlite
+
+    key = hashlib.sha256("\n".join([_IR, cpu, features, llvmlite.__version__, str(llvm.llvm_version_info)])
+                         .encode()).hexdigest()[:32]
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    for d in ([cache_dir] if cache_dir else [os.environ.get("NUMBA_CACHE_DIR"), here,
+                                              os.path.join(os.path.expanduser("~"), ".cache", "crossml")]):
+        if not d:
+            continue
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(d, os.W_OK):
+            return os.path.join(d, f"cpu_int8.{key}.o")
+    return None
+
+
+def _read_object(path: str | None) -> bytes | None:
+    """The machine code kept at ``path`` (after its SHA-256), or None where there is none or it does not check out (a
+    torn write: the kernels are built again)."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    digest, obj = data[:32], data[32:]
+    return obj if obj and hashlib.sha256(obj).digest() == digest else None
+
+
+def _write_object(path: str | None, obj: bytes) -> None:
+    """Keep the machine code at ``path``, written whole to a temporary file first, then renamed."""
+    if path is None:
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+            f.write(hashlib.sha256(obj).digest() + obj)
+        os.chmod(f.name, 0o644)
+        os.replace(f.name, path)
+    except OSError as e:  # a read-only or full disk: the next process builds the kernels again
+        log.debug("crossml.kernels.cpu_int8: machine code not kept at %s (%s)", path, e)
 
 
 try:
