@@ -86,13 +86,10 @@ def test_eligible_block_sizes():
 
 def _built_product(built, A, B, s, zp, N):
     """``cpu_int8._product`` of float32 A [M, K] through the kernels of one ``_build``'s result."""
-    import ctypes
-
     import numpy as np
 
-    kernels, tile, _ = built
-    pair, tile = (ctypes.cast(f, ctypes.c_void_p).value for f in (kernels[32], tile))
-    return cpu_int8._product(pair, tile, B.numpy(), A.numpy().astype(np.float32), 32, s, zp, N, 4)
+    addresses, tile, _ = built
+    return cpu_int8._product(addresses[32], tile, B.numpy(), A.numpy().astype(np.float32), 32, s, zp, N, 4)
 
 
 def test_machine_code_is_kept_and_read_back(tmp_path):

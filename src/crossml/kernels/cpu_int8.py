@@ -40,7 +40,6 @@ manager API included: logged once): the products then take ``cpu_nbits.matmul``.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -445,14 +444,9 @@ _KERNELS = {32: "pair32", 64: "wide1", 128: "wide2", 256: "wide4"}
 _IR = _HEAD + _PAIR + _tile_ir() + "".join(_WIDE.replace("{S}", str(bs // 64)).replace("{WB}", str(bs // 2)).replace(
     "{AB}", str(bs)) for bs in (64, 128, 256))
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int64
-_SIGNATURE = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I)
-
-
 def _build(cache_dir: str | None = None):
-    """The compiled ``rows`` functions by block size, ``tile32`` and the engine that holds their code, or None without
-    AVX2 on x86-64. The machine code is kept in ``_object_cache(cache_dir)`` and read from there by later processes:
+    """The compiled ``rows`` functions' addresses by block size, ``tile32``'s, and the engine that holds their code,
+    or None without AVX2 on x86-64. The machine code is kept in ``_object_cache(cache_dir)`` and read from there by later processes:
     LLVM's optimization and code generation took 0.3-0.45 s of a process's first CPU session."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
@@ -475,8 +469,8 @@ def _build(cache_dir: str | None = None):
     engine.set_object_cache(notify_func=lambda _module, obj: cached is None and _write_object(path, obj),
                             getbuffer_func=lambda _module: cached)
     engine.finalize_object()
-    kernels = {bs: _SIGNATURE(engine.get_function_address(name)) for bs, name in _KERNELS.items()}
-    return kernels, _SIGNATURE(engine.get_function_address("tile32")), engine
+    return ({bs: engine.get_function_address(name) for bs, name in _KERNELS.items()},
+            engine.get_function_address("tile32"), engine)
 
 
 def _object_cache(cache_dir: str | None, cpu: str, features: str, llvm) -> str | None:
@@ -536,15 +530,14 @@ except Exception as e:  # noqa: BLE001 - an LLVM that cannot build the kernel he
     _built = None
 #: whether the kernel runs on this CPU (x86-64 with AVX2, the kernel built)
 AVAILABLE = _built is not None
-_rows = _built[0] if _built is not None else {}
-_addresses = {bs: ctypes.cast(f, ctypes.c_void_p).value for bs, f in _rows.items()}
-#: blocks of 32 values: ``tile32``'s address, for products of two rows or more (0: none)
-_TILE = {32: ctypes.cast(_built[1], ctypes.c_void_p).value} if _built is not None else {}
+#: block size -> its ``rows`` function's address; blocks of 32 values -> ``tile32``'s, for two rows or more
+_addresses = _built[0] if _built is not None else {}
+_TILE = {32: _built[1]} if _built is not None else {}
 
 
 def eligible(block_size: int) -> bool:
     """Whether products of this block size take the kernel here: AVX2, blocks of 32 to 256 values."""
-    return block_size in _rows
+    return block_size in _addresses
 
 
 @intrinsic

@@ -33,7 +33,6 @@ from crossml.ops.contrib.matmul_nbits import (
     KERNEL_MAX_M,
     constant_weight,
     cpu_int8_kept,
-    cpu_int8_rows,
     int8_activations,
     matmul_nbits,
 )
@@ -239,17 +238,15 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
     SkipSimplifiedLayerNormalization feeding a 4-bit MatMulNBits (graph rule NormMatMulNBits). At decode sizes
     on a GPU where ``norm_fuses`` one Triton launch, which normalizes as it multiplies
     (``crossml.kernels.matmul_nbits``); elsewhere, and for rows the matrix-unit kernel takes (``_dot_rows``), the two
-    ops (each on its own kernel on a GPU). ``accuracy_level``: the product's (graph rule NormMatMulNBitsCPU, the
-    CPU's, fuses level-4 products too): at level 4 the product quantizes the normalized rows to int8 first, which the
-    GPU's fused launch does not do, so there the two ops run. On the CPU, with a skip, once the weight has taken the
-    int8 kernel (decode-sized rows: ``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the skip norm's kernel and
-    the product straight from here (``crossml.kernels.cpu_int8.norm_matmul``: the two ops' values)."""
+    ops (each on its own kernel on a GPU). ``accuracy_level``: the product's (the CPU's rule, NORM_MATMUL_CPU, fuses
+    level-4 products too): at level 4 the product quantizes the normalized rows to int8 first, which the GPU's fused
+    launch does not do, so there the two ops run. On the CPU, with a skip, once the weight has taken the int8 kernel
+    (``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the skip norm's kernel and the product straight from here
+    (``crossml.kernels.cpu_int8.norm_matmul``: the two ops' values)."""
     want_sum = skip is not None and len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
-    if (skip is not None and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() and x.shape[-1] == K
-            and cpu_int8_rows(x.numel(), K, block_size) and skip.shape == x.shape and skip.dtype == torch.float32
-            and skip.device.type == "cpu" and gamma.dtype == torch.float32 and gamma.device.type == "cpu"
-            and gamma.numel() == K
-            and (kept := cpu_int8_kept(B, scales, zero_points, None, bias, K, N, block_size, bits,
+    if (skip is not None and skip.shape == x.shape and skip.dtype == torch.float32 and skip.device.type == "cpu"
+            and gamma.dtype == torch.float32 and gamma.device.type == "cpu" and gamma.numel() == K
+            and (kept := cpu_int8_kept(x, K, B, scales, zero_points, None, bias, K, N, block_size, bits,
                                        accuracy_level)) is not None):
         y, s = kept[0].norm_matmul(x, skip, gamma, epsilon, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
         return y, s if want_sum else None
@@ -297,13 +294,11 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
     pdl``'s ``early``: the product reads nothing but its constant weight before its wait), so the product's programs
     request their first K step while the gate/up product still runs, and a long K takes longer steps
     (``crossml.kernels.matmul_nbits.pick_pair_tiles``' ``early_input``). On the CPU, once the weight has taken the
-    int8 kernel (accuracy level 4, decode-sized rows: ``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the SiluMul
-    op's torch calls and the int8 kernel straight from here (the two ops' values, one node).
+    int8 kernel (accuracy level 4: ``crossml.ops.contrib.matmul_nbits.cpu_int8_kept``), the SiluMul op's torch calls
+    and the int8 kernel straight from here (the two ops' values, one node).
     Elsewhere the SiluMul and MatMulNBits ops."""
-    if (gu.device.type == "cpu" and gu.dtype == torch.float32 and gu.dim() and gu.shape[-1] == 2 * K
-            and cpu_int8_rows(gu.numel() // 2, K, block_size)
-            and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
-                                       accuracy_level)) is not None):
+    if (kept := cpu_int8_kept(gu, 2 * K, B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
+                              accuracy_level)) is not None:
         return kept[0].matmul(silu_mul_op(gu), B, kept[1], kept[2], K=K, N=N, block_size=block_size)
     rows = math.prod(gu.shape[:-1]) if gu.dim() else 0
     if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None \

@@ -196,10 +196,8 @@ def matmul_nbits(
     weight_prepacked: int = 0,
     ctx: OpContext | None = None,
 ) -> torch.Tensor:
-    if (A.device.type == "cpu" and A.dtype == torch.float32 and A.dim() and A.shape[-1] == K
-            and cpu_int8_rows(A.numel(), K, block_size)
-            and (kept := cpu_int8_kept(B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
-                                       accuracy_level)) is not None):
+    if (kept := cpu_int8_kept(A, K, B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
+                              accuracy_level)) is not None:
         return kept[0].matmul(A, B, kept[1], kept[2], K=K, N=N, block_size=block_size)
     _check_block_size(block_size)
     if weight_prepacked:
@@ -350,18 +348,21 @@ def _cpu_int8(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor |
     return _kept(B, _CPU_INT8, scales, zero_points, K, N, block_size, make)
 
 
-def cpu_int8_kept(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, g_idx: torch.Tensor | None,
-                  bias: torch.Tensor | None, K: int, N: int, block_size: int, bits: int,
-                  accuracy_level: int) -> tuple | None:
-    """For a decode product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only
-    a model constant's B gets, after the op's checks), with the same scales, zero points and attributes and no bias
-    or g_idx: (the module ``crossml.kernels.cpu_int8``, its two arrays), so the call goes straight to the kernel (the
-    caller checks A: float32 on the CPU, K wide, ``cpu_int8_rows``); None otherwise (the op's full route
-    then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4 model runs about a hundred of these; the checks
-    of the full route had cost about 15 us a call."""
+def cpu_int8_kept(A: torch.Tensor, width: int, B: torch.Tensor, scales: torch.Tensor,
+                  zero_points: torch.Tensor | None, g_idx: torch.Tensor | None, bias: torch.Tensor | None, K: int,
+                  N: int, block_size: int, bits: int, accuracy_level: int) -> tuple | None:
+    """For a product whose weight already took the int8 kernel (``_cpu_int8`` kept its arrays on B, which only a model
+    constant's B gets, after the op's checks), with the same scales, zero points and attributes, no bias or g_idx, and
+    float32 CPU activations A of ``width`` values a row (K; 2K for a fused node's ``[g | up]``) in rows the kernel
+    takes (``_int8_rows``): (the module ``crossml.kernels.cpu_int8``, its two arrays), so the call goes straight to
+    the kernel; None otherwise (the op's full route then runs). A decode step of the Qwen2.5-0.5B-shaped builder int4
+    model runs about a hundred of these; the checks of the full route had cost about 15 us a call."""
     kept = getattr(B, _CPU_INT8, None)
     if (kept is None or kept[1] is not scales or kept[2] is not zero_points or g_idx is not None or bias is not None
             or accuracy_level != 4 or bits != 4):
+        return None
+    if (A.device.type != "cpu" or A.dtype != torch.float32 or not A.dim() or A.shape[-1] != width
+            or not _int8_rows(A.numel() // width, block_size)):
         return None
     kernels, s, zp, k, n, bs = kept[0]
     return (kernels, s, zp) if k == K and n == N and bs == block_size else None
@@ -386,10 +387,10 @@ def _cpu_laid_out(B: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tens
 CPU_INT8_ANY_ROWS = (32,)
 
 
-def cpu_int8_rows(numel: int, K: int, block_size: int) -> bool:
-    """Whether A of ``numel`` values (rows of K) may take the int8 kernel: at most CPU_PACKED_MAX_M rows, or any
-    number for CPU_INT8_ANY_ROWS' block sizes."""
-    return numel <= K * CPU_PACKED_MAX_M or block_size in CPU_INT8_ANY_ROWS
+def _int8_rows(rows: int, block_size: int) -> bool:
+    """Whether this many rows of A may take the int8 kernel: at most CPU_PACKED_MAX_M, or any number for
+    CPU_INT8_ANY_ROWS' block sizes."""
+    return rows <= CPU_PACKED_MAX_M or block_size in CPU_INT8_ANY_ROWS
 
 
 #: most rows of A (prod of its leading dims) that take the CPU's packed int4 kernel: its time grows with the rows
