@@ -49,6 +49,10 @@ MORE_CLASSES = {
     "phi": ("PhiConfig", "PhiForCausalLM", dict(hidden_size=128, partial_rotary_factor=0.5)),
     "ernie": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(head_dim=16)),
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(head_dim=16)),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {}),
+    # a short-convolution layer (com.microsoft CausalConvWithState, a carried past.0.conv state) and an attention one
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
+             dict(layer_types=["conv", "full_attention"], block_ff_dim=128, conv_L_cache=3)),
     "phi3long": ("Phi3Config", "Phi3ForCausalLM",
                  dict(max_position_embeddings=512, original_max_position_embeddings=128,
                       rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
@@ -63,7 +67,9 @@ MORE_CLASSES = {
                     layer_types=["sliding_attention", "full_attention"])),
 }
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
-MORE_INT4 = ("gptoss",)
+MORE_INT4 = ("gptoss", "lfm2")
+#: architectures of MORE_CLASSES whose layers carry convolution states (tests/genai/test_conv_states.py)
+CONV_STATE_ARCHS = ("lfm2",)
 #: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}

@@ -17,7 +17,7 @@ import onnx
 import pytest
 
 import crossml.genai as xg
-from tests.genai._build import MORE_CLASSES, MORE_INT4
+from tests.genai._build import CONV_STATE_ARCHS, MORE_CLASSES, MORE_INT4
 from tests.genai._generation import assert_greedy_match, generate_with, run_steps
 
 PROMPT = "Hello world! How are you"
@@ -51,8 +51,15 @@ def _windowed_layers(folder: str) -> list[int]:
         return json.load(f)["model"]["decoder"].get("sliding_window", {}).get("layers", [])
 
 
-@pytest.mark.parametrize("arch", list(MORE_CLASSES) + [f"{a}:int4" for a in MORE_INT4])
-@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+#: (arch, prompts): every architecture with one prompt and with a batch of two of different lengths, except the batch
+#: for those carrying convolution states, which onnxruntime-genai 0.18 runs through the pad tokens
+#: (tests/genai/test_conv_states.py checks those batches)
+CASES = [pytest.param(a, p, id=f"{a}-{name}") for a in list(MORE_CLASSES) + [f"{a}:int4" for a in MORE_INT4]
+         for name, p in (("batch1", [PROMPT]), ("batch2", BATCH))
+         if name == "batch1" or a.split(":")[0] not in CONV_STATE_ARCHS]
+
+
+@pytest.mark.parametrize("arch,prompts", CASES)
 def test_more_architectures_match_onnxruntime_genai(more_models, og_ref, arch: str, prompts: list[str],
                                                      tmp_path) -> None:
     folder = more_models[arch]
@@ -63,8 +70,10 @@ def test_more_architectures_match_onnxruntime_genai(more_models, og_ref, arch: s
     # int4 batch: the padded batch's logits differ from onnxruntime-genai's by about 1e-2 (also on the same model
     # with full-length caches), while its QMoE nodes alone match onnxruntime to 2e-6 (tests/ops/contrib/test_moe.py).
     # Likely source, as traced for olmo: MatMulNBits' int8 activations (accuracy_level 4) flipping a rounding on
-    # 1-ulp differences before them. The tokens must still be the same up to a rounding-decided fork
-    atol = 5e-2 if arch.endswith(":int4") and len(prompts) > 1 else 1e-4
+    # 1-ulp differences before them. The tokens must still be the same up to a rounding-decided fork. lfm2 int4, one
+    # prompt: every step within 3e-6 but step 57, 0.037 apart; with the model's MatMulNBits set to accuracy_level 0
+    # (float activations) all 64 steps agree within 2e-5
+    atol = 5e-2 if arch.endswith(":int4") else 1e-4
     assert_greedy_match(got, generate_with(og_ref, og_ref.Model(ref_folder), prompts, MAX_LENGTH), atol)
 
 

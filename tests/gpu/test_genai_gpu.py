@@ -27,7 +27,8 @@ pytestmark = pytest.mark.gpu
 
 ARCHS = ("llama", "qwen2")
 SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + [
-    "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda"]
+    "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda",
+    "lfm2:fp32", "lfm2:fp16:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -383,3 +384,26 @@ def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build:
     assert seq[0][:first] == cpu_seq[0][:first]
     scale = float(np.abs(cpu_logits[0]).max())
     np.testing.assert_allclose(logits[0], cpu_logits[0], atol=0.02 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
+def test_convolution_states_on_the_gpu(models: Path, prompts: list[str]) -> None:
+    """lfm2's short-convolution layer carries its state in the lent decode buffers: the decode steps replay one
+    recorded graph, give the eager decode's tokens, and start with the fp32 CPU run's tokens (a batch of prompts of
+    different lengths too, whose shorter prompt's state comes from its run alone)."""
+    folder = str(models / "lfm2_fp16_cuda")
+    static = og.Model(folder)
+    assert static.io.state_names == ["past.0.conv"] and static._capture and not static._run_ahead
+    seq, logits = _generate(static, prompts, new=24)
+    assert len(_decode_recordings(static)) == 1
+    ref_seq, ref_logits = _generate(_captured(folder, "0"), prompts, new=24)
+    assert seq == ref_seq
+    for a, b in zip(logits, ref_logits):
+        np.testing.assert_allclose(a, b, atol=1e-2 * max(1.0, float(np.abs(b).max())), rtol=0)
+    cpu_seq, cpu_logits = _generate(og.Model(str(models / "lfm2_fp32")), prompts, new=24)
+    first = len(cpu_seq[0]) - 24 + 4
+    assert [s[:first] for s in seq] == [s[:first] for s in cpu_seq]
+    for step in range(4):
+        scale = float(np.abs(cpu_logits[step]).max())
+        np.testing.assert_allclose(logits[step], cpu_logits[step], atol=0.02 * scale, rtol=0,
+                                   err_msg=f"logits of step {step}")

@@ -35,7 +35,7 @@ CONFIG_FILE = "genai_config.json"
 #: logits / present out: the layout the model builder writes for text-only decoder models.
 DECODER_ONLY_TYPES = (
     "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss", "granite", "hunyuandensev1", "internlm2",
-    "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "phi3small", "phimoe", "qwen2", "qwen3", "smollm3",
+    "lfm2", "llama", "mistral", "nemotron", "olmo", "phi", "phi3", "phi3small", "phimoe", "qwen2", "qwen3", "smollm3",
 )
 
 #: provider names genai_config.json / Config.append_provider accept, and crossml's provider for each.
@@ -105,6 +105,11 @@ class DecoderConfig:
     num_hidden_layers: int = 0
     num_key_value_heads: int = 0
     sliding_window: dict[str, Any] | None = None
+    #: each layer's kind where layers differ ("conv": a short-convolution layer with a carried state and no KV
+    #: cache, as LFM2's; any other kind has a KV cache); empty: every layer attends
+    layer_types: list[str] = field(default_factory=list)
+    #: positions a convolution layer's carried state holds (its kernel size - 1)
+    conv_cache_size: int = 0
     session_options: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
@@ -168,11 +173,11 @@ DECODER_INPUTS = (
     "past_key_scale_names", "past_value_scale_names", "past_names", "cross_past_key_names",
     "cross_past_value_names", "past_sequence_length", "current_sequence_length", "total_sequence_length",
     "encoder_hidden_states", "encoder_attention_mask", "rnn_states_prev", "past_key_values_length",
-    "cache_indirection", "hidden_states",
+    "cache_indirection", "hidden_states", "past_conv_names",
 )
 DECODER_OUTPUTS = (
     "logits", "present_key_names", "present_value_names", "present_key_scale_names", "present_value_scale_names",
-    "present_names", "output_cross_qk_names", "rnn_states", "hidden_states",
+    "present_names", "output_cross_qk_names", "rnn_states", "hidden_states", "present_conv_names",
 )
 SLIDING_WINDOW_KEYS: dict[str, Any] = {
     "window_size": int, "pad_value": int, "alignment": str, "slide_key_value_cache": bool, "slide_inputs": bool,
@@ -282,6 +287,7 @@ class Config:
                 raise ConfigError(f"'{file}': model.decoder.{k} must be a positive integer, got {v!r}")
             setattr(decoder, k, int(v))
         self._check_window(decoder, file)
+        self._check_layer_types(decoder, file)
         eos = m.get("eos_token_id", [])
         eos_list = eos if isinstance(eos, list) else [eos]
         if not all(_is(e, int) for e in eos_list):
@@ -309,6 +315,19 @@ class Config:
         marks = dict(MARK_DEFAULTS.get(mtype, {}))
         marks.update({name: int(m[name]) for name in MARK_IDS if name in m})  # types checked by check_keys
         return marks
+
+    @staticmethod
+    def _check_layer_types(decoder: DecoderConfig, file: str) -> None:
+        """model.decoder.layer_types: one kind (a string) per layer, and conv_cache_size where a layer is "conv"."""
+        kinds, n = decoder.layer_types, decoder.num_hidden_layers
+        if kinds and (len(kinds) != n or not all(isinstance(k, str) for k in kinds)):
+            raise ConfigError(f"'{file}': model.decoder.layer_types takes one string per layer "
+                              f"(num_hidden_layers = {n}), got {kinds!r}")
+        if "conv" in kinds and int(decoder.conv_cache_size) <= 0:
+            raise ConfigError(f"'{file}': model.decoder.conv_cache_size must be a positive integer (the positions a "
+                              f"convolution layer's state holds) when layer_types has \"conv\" layers, got "
+                              f"{decoder.conv_cache_size!r}")
+        decoder.conv_cache_size = int(decoder.conv_cache_size)
 
     @staticmethod
     def _check_window(decoder: DecoderConfig, file: str) -> None:

@@ -45,7 +45,7 @@ from crossml.genai import logs, search
 from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
-from crossml.genai.kv_cache import GrowingKVCache, KVCache, StaticKVCache
+from crossml.genai.kv_cache import GrowingKVCache, KVCache, LayerStates, StaticKVCache
 from crossml.genai.model import Model, PromptBuffers, chunk_bucket, prompt_bucket
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
@@ -181,7 +181,11 @@ class Generator:
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
         self._finished_step = False
         self._cache = self._make_cache()
-        self._names = [io.logits, *self._cache.present_names]  # the decoder outputs every run asks for
+        # the "conv" layers' carried states (LFM2): at the lent buffers' fixed addresses on the static path
+        self._states = LayerStates(io.state_names, io.state_present_names, self._rows, io.state_shape, io.state_dtype,
+                                   dev, self._bufs.states if self._bufs is not None else None)
+        # the decoder outputs every run asks for
+        self._names = [io.logits, *self._cache.present_names, *self._states.present_names]
         self._rng: torch.Generator | None = None
         if s.do_sample:
             self._rng = torch.Generator(device=dev)
@@ -195,7 +199,9 @@ class Generator:
         self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
         # run ahead (see the module docstring): the static decode path of a recording session, not beam search
         # (not with window-sized KV caches: a step run ahead and then dropped may already have evicted positions)
-        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers
+        # (nor with carried layer states, which a dropped step would already have advanced)
+        self._ahead = (model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers
+                       and not io.state_names)
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
@@ -310,7 +316,8 @@ class Generator:
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
-        padded = bufs is not None and model._prompt_graphs and model._logits_per_position
+        padded = (bufs is not None and model._prompt_graphs and model._logits_per_position
+                  and not self._states.tensors)
         if padded and start == 0:
             slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
         elif padded and end - start > 1 and not model.window_layers:
@@ -353,7 +360,11 @@ class Generator:
         if width != end - start and logits.dim() == 3:
             logits = logits[:, :end - start]  # the bucket's pad columns are not the user's
         outputs = dict(zip(names, [logits, *outs[1:]]))
-        self._cache.update(outs[1:])
+        kv = len(self._cache.present_names)
+        self._cache.update(outs[1:1 + kv])
+        self._states.update(outs[1 + kv:])
+        if start == 0 and self._states.tensors and self._prompt_last is not None:
+            self._restate_short_prompts(end)
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
             last = logits
         elif start == 0 and self._prompt_last is not None and logits.shape[1] == end:
@@ -379,6 +390,33 @@ class Generator:
             self._outputs, self._ahead_outputs = outputs, None
             self._run, self._ahead_run = (start, end), None
         self._kv_len = end
+
+    def _restate_short_prompts(self, width: int) -> None:
+        """A batch of prompts of different lengths runs right-padded, ``width`` columns: the pad columns come after
+        each shorter prompt's real ones, so its logits and KV rows are those of the prompt alone, but its carried
+        layer states took the pad columns in. Each shorter prompt runs alone once more (eager, a batch of one,
+        empty KV pasts and zero states), and its present states replace its rows'."""
+        io = self._model.io
+        lengths = (self._prompt_last + 1).tolist()
+        beams = self._s.num_beams
+        for row in range(0, self._rows, beams):
+            n = lengths[row]
+            if n == width:
+                continue
+            mask = self._mask[row:row + 1, :n]
+            feed = {io.input_ids: self._seq[row:row + 1, :n].to(io.input_ids_dtype)}
+            if io.attention_mask is not None:
+                feed[io.attention_mask] = mask
+            if io.position_ids is not None:
+                feed[io.position_ids] = _positions(mask).to(io.position_dtype)
+            for name, t in zip(self._cache.past_names, self._cache.tensors):
+                feed[name] = t.new_zeros((1, t.shape[1], 0, t.shape[3]))
+            for name, t in zip(self._states.past_names, self._states.tensors):
+                feed[name] = t.new_zeros((1, *t.shape[1:]))
+            feed.update(self._extra)
+            outs = self._model.run(feed, self._states.present_names, eager=True)
+            for t, p in zip(self._states.tensors, outs):
+                t[row:row + beams].copy_(p.expand(beams, *p.shape[1:]))
 
     def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
         """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run
@@ -438,6 +476,7 @@ class Generator:
         if io.position_ids is not None:
             feed[io.position_ids] = pos.to(io.position_dtype)
         feed.update(self._cache.feed())
+        feed.update(self._states.feed())
         feed.update(self._extra)
         return feed
 
@@ -476,7 +515,8 @@ class Generator:
         io = self._model.io
         if name not in io.extra:
             managed = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
-            hint = (f"'{name}' is fed by the generator (append_tokens)" if name in managed or name in io.past_names
+            fed = managed + io.past_names + io.state_names
+            hint = (f"'{name}' is fed by the generator (append_tokens)" if name in fed
                     else f"'{name}' is not an input of '{self._model.config.model.decoder.filename}'")
             raise NameNotFoundError(f"set_model_input: {hint}; inputs it takes from the caller: "
                                     f"{', '.join(io.extra) or 'none'}")
@@ -636,6 +676,7 @@ class Generator:
         self._seq[:, :self._len] = self._seq[src, :self._len]
         self._mask[:, :self._len] = self._mask[src, :self._len]
         self._cache.reorder(src)
+        self._states.reorder(src)
         self._append(token)
         if self._beam.done() or self._len >= self._s.max_length:
             self._final = self._beam.finalize(self._seq[:, :self._len], self._s.num_return_sequences)
@@ -732,7 +773,7 @@ class Generator:
         io = self._model.io
         run = self._run
         known = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
-        known += self._cache.past_names + list(self._extra)
+        known += self._cache.past_names + self._states.past_names + list(self._extra)
         if name not in known or run is None:
             have = ", ".join(known) if run is not None else "none yet: call append_tokens first"
             raise NameNotFoundError(f"get_input: '{name}' is not an input of the last run; inputs: {have}")
@@ -745,6 +786,8 @@ class Generator:
             value = _positions(self._mask[:, :end])[:, start:end].to(io.position_dtype)
         elif name in self._extra:
             value = self._extra[name]
+        elif name in self._states.past_names:
+            value = self._states.feed()[name]  # the state the next run takes in (the last run's present)
         else:
             value = self._cache.feed()[name]
             if not self._s.past_present_share_buffer:
@@ -787,6 +830,12 @@ class Generator:
         self._len = new_length
         self._staged = None
         self._kv_len = max(new_length - 1, 0)
+        if self._states.tensors:
+            # a carried state holds no positions to cut back to: the next run takes the kept tokens again from a
+            # zero state (the KV cache's rows are then written again)
+            self._kv_len = 0
+            self._states.reset()
+            self._prompt_last = None
         self._cache.rewind(self._kv_len)
         self._done.zero_()
         self._next = None

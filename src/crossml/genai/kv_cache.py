@@ -11,6 +11,11 @@ back a different tensor (an op that copies, or a recorded graph's output copy), 
 the buffer, so the buffers keep their addresses for the whole generation: still no growth, no host sync.
 
 ``GrowingKVCache``: ``past`` starts with length 0 and each ``present`` becomes the next ``past``.
+
+``LayerStates``: the carried state of layers without a KV cache (LFM2's short convolutions, ``past.i.conv``:
+[rows, channels, conv_cache_size]), which each run replaces whole. Its buffers keep their addresses (each present is
+copied into them), so a recorded decode step reads them in place. Such a state cannot be cut back to an earlier
+position: the generator rewinds by running the kept tokens again, and pads no prompt.
 """
 
 from __future__ import annotations
@@ -86,3 +91,34 @@ class GrowingKVCache(KVCache):
 
     def rewind(self, length: int) -> None:
         self.tensors = [t[:, :, :length].contiguous() for t in self.tensors]
+
+
+class LayerStates:
+    """Per-layer states a run replaces whole (no sequence axis to grow or cut), at fixed addresses."""
+
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, shape: tuple[int, ...],
+                 dtype: torch.dtype, device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
+        self.past_names = past_names
+        self.present_names = present_names
+        self.tensors = tensors if tensors is not None else [
+            torch.zeros((rows, *shape), dtype=dtype, device=device) for _ in past_names]
+
+    def feed(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.past_names, self.tensors))
+
+    def update(self, presents: list[torch.Tensor]) -> None:
+        for name, buf, p in zip(self.present_names, self.tensors, presents):
+            if p.shape != buf.shape:
+                raise RuntimeError(f"layer state: '{name}' came back with shape {tuple(p.shape)}, expected "
+                                   f"{tuple(buf.shape)} (model.decoder.conv_cache_size and the decoder's inputs)")
+            if p.data_ptr() != buf.data_ptr():
+                buf.copy_(p)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Beam search: row i becomes old row ``rows[i]``."""
+        for t in self.tensors:
+            t.copy_(t.index_select(0, rows))
+
+    def reset(self) -> None:
+        for t in self.tensors:
+            t.zero_()

@@ -85,6 +85,14 @@ class DecoderIO:
     mask_dtype: torch.dtype
     position_dtype: torch.dtype
     input_ids_dtype: torch.dtype
+    #: the layer of each KV pair of past_names (every layer, or those not of kind "conv" in layer_types)
+    kv_layers: list[int]
+    #: carried states of the "conv" layers (``crossml.genai.kv_cache.LayerStates``): past and present names, and
+    #: one row's shape and the element type
+    state_names: list[str]
+    state_present_names: list[str]
+    state_shape: tuple[int, ...]
+    state_dtype: torch.dtype
     #: the decoder's other inputs (name -> ONNX element type): fed by LoRA adapters (Adapters), by
     #: Generator.set_model_input, or by a preset (PRESET_INPUTS); ``required`` ones have no default value
     extra: dict[str, int]
@@ -149,6 +157,9 @@ class DecodeBuffers:
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
         self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
                    for n in kv_lengths]
+        #: the "conv" layers' carried states (``crossml.genai.kv_cache.LayerStates``)
+        self.states = [torch.zeros((rows, *io.state_shape), dtype=io.state_dtype, device=device)
+                       for _ in io.state_names]
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
         self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly
@@ -220,14 +231,16 @@ class Model:
         self._static_decode = capture_supported(self.device) and self.config.search.past_present_share_buffer
         #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers); internal:
         #: tests force it on the CPU
-        self._prompt_graphs = self._capture and self._static_decode
+        self._prompt_graphs = self._capture and self._static_decode and not self.io.state_names
+        # (not with carried layer states: a padded prompt's pad columns would run through them)
         #: a padded run's logits can be cut to its real columns: the decoder gives logits per position ([batch,
         #: sequence, vocab], as the builder's do). Padded prompts and chunks need it.
         logits_shape = next((a.shape for a in self.session.get_outputs() if a.name == self.io.logits), None)
         self._logits_per_position = logits_shape is not None and len(logits_shape) == 3
         #: generators run the next decode step as soon as a token is appended, before the host reads it (see
         #: crossml.genai.generator); internal: tests force it on the CPU
-        self._run_ahead = self._capture and self._static_decode
+        self._run_ahead = self._capture and self._static_decode and not self.io.state_names
+        # (not with carried layer states: a step run ahead and then dropped would already have advanced them)
         #: the first prompt compiles the Triton kernels of its run and of the decode step side by side before
         #: running (see Generator._compile_ahead); CROSSML_COMPILE_AHEAD=0 turns it off
         self._compile_ahead = os.environ.get("CROSSML_COMPILE_AHEAD", "1") != "0"
@@ -302,8 +315,8 @@ class Model:
         """Rows of each past KV buffer (``io.past_names`` order: key and value of layer 0, then layer 1, ...) in a
         static cache for ``max_length`` tokens: max_length, or a window-sized layer's capacity (at most
         max_length), as onnxruntime-genai allocates them."""
-        return [min(self.window_capacity, max_length) if i // 2 in self.window_layers else max_length
-                for i in range(len(self.io.past_names))]
+        return [min(self.window_capacity, max_length) if self.io.kv_layers[i // 2] in self.window_layers
+                else max_length for i in range(len(self.io.past_names))]
 
     # -- fixed-address decode inputs ----------------------------------------------------------
     def _acquire_buffers(self, rows: int, max_length: int) -> DecodeBuffers:
@@ -317,7 +330,7 @@ class Model:
                                  dec.head_size, self.device)
         else:
             bufs.mask.zero_()
-            for t in bufs.kv:
+            for t in bufs.kv + bufs.states:
                 t.zero_()
         return bufs
 
@@ -330,23 +343,29 @@ class Model:
         inputs = {a.name: a for a in self.session.get_inputs()}
         outputs = {a.name for a in self.session.get_outputs()}
         n = dec.num_hidden_layers
+        conv = [i for i in range(n) if dec.layer_types and dec.layer_types[i] == "conv"]
+        kv_layers = [i for i in range(n) if i not in conv]
         pk = dec.input_name("past_key_names", "past_key_values.%d.key")
         pv = dec.input_name("past_value_names", "past_key_values.%d.value")
         ok = dec.output_name("present_key_names", "present.%d.key")
         ov = dec.output_name("present_value_names", "present.%d.value")
-        past = [name % i for i in range(n) for name in (pk, pv)]
-        present = [name % i for i in range(n) for name in (ok, ov)]
+        past = [name % i for i in kv_layers for name in (pk, pv)]
+        present = [name % i for i in kv_layers for name in (ok, ov)]
+        state_past = [dec.input_name("past_conv_names", "past.%d.conv") % i for i in conv]
+        state_present = [dec.output_name("present_conv_names", "present.%d.conv") % i for i in conv]
+        past_all, present_all = past + state_past, present + state_present
         ids = dec.input_name("input_ids", "input_ids")
         logits = dec.output_name("logits", "logits")
         where = f"{self.config.path}/{dec.filename}"
-        missing = [x for x in [ids, *past] if x not in inputs] + [x for x in [logits, *present] if x not in outputs]
+        missing = ([x for x in [ids, *past_all] if x not in inputs]
+                   + [x for x in [logits, *present_all] if x not in outputs])
         if missing:
             raise UnsupportedModelError(
                 f"'{where}' lacks {', '.join(missing)} named by genai_config.json (model.decoder.inputs/outputs); "
                 f"its inputs are {', '.join(inputs)} and outputs {', '.join(sorted(outputs))}")
         mask = dec.input_name("attention_mask", "attention_mask")
         pos = dec.input_name("position_ids", "position_ids")
-        managed = {ids, *past, mask, pos}
+        managed = {ids, *past_all, mask, pos}
         extra = {a.name: a._tp.tensor_type.elem_type for a in
                  self.session.get_inputs() + self.session.get_overridable_initializers() if a.name not in managed}
 
@@ -355,9 +374,22 @@ class Model:
                 return default
             return _torch_dtype(inputs[name].type)
 
+        state_shape: tuple[int, ...] = ()
+        if state_past:
+            dims = inputs[state_past[0]].shape[1:]
+            state_shape = (dec.hidden_size, dec.conv_cache_size)
+            if len(dims) == 2 and all(isinstance(d, int) and d > 0 for d in dims):
+                state_shape = tuple(dims)
+            elif len(dims) != 2 or dec.hidden_size <= 0:
+                raise UnsupportedModelError(
+                    f"'{where}': the convolution state '{state_past[0]}' has shape {inputs[state_past[0]].shape}; "
+                    "expected [batch, channels, conv_cache_size] (channels fixed, or model.decoder.hidden_size given)")
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
-                         logits=logits, kv_dtype=dtype(past[0], torch.float32), mask_dtype=dtype(mask, torch.int64),
+                         kv_layers=kv_layers, state_names=state_past, state_present_names=state_present,
+                         state_shape=state_shape,
+                         state_dtype=dtype(state_past[0] if state_past else None, torch.float32), logits=logits,
+                         kv_dtype=dtype(past[0] if past else None, torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),
                          extra=extra, required={n for n in extra if n in inputs})
 

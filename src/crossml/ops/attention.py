@@ -341,28 +341,46 @@ def linear_attention(
     return out, state.to(state_dtype)
 
 
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past_state: torch.Tensor | None,
+                activation: str, dilation: int = 1, op_name: str = "CausalConvWithState",
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Depthwise causal 1-D convolution of channels-first ``x`` (B, C, L) with ``weight`` (C, 1, k) after the
+    carried ``past_state`` (B, C, (k - 1) * dilation; zeros when None), in float32 (float64 for float64 input);
+    returns (output, present_state, the carried-and-new sequence ``padded`` the state is cut from)."""
+    if activation not in ("none", "silu", "swish"):
+        raise ValueError(f"{op_name}: unsupported activation '{activation}'; expected none, silu or swish")
+    if x.dim() != 3 or weight.dim() != 3 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
+        raise ValueError(f"{op_name} expects input (B, C, L) and weight (C, 1, k), got "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if dilation < 1:
+        raise ValueError(f"{op_name}: dilation must be >= 1, got {dilation}")
+    bsz, channels, _ = x.shape
+    span = (weight.shape[2] - 1) * dilation
+    if past_state is None:
+        past_state = torch.zeros((bsz, channels, span), dtype=x.dtype, device=x.device)
+    elif tuple(past_state.shape) != (bsz, channels, span):
+        raise ValueError(f"{op_name}: past_state must have shape {(bsz, channels, span)} (batch, channels, "
+                         f"(k - 1) * dilation), got {tuple(past_state.shape)}")
+    if bias is not None and tuple(bias.shape) != (channels,):
+        raise ValueError(f"{op_name}: bias must have shape ({channels},), got {tuple(bias.shape)}")
+    padded = torch.cat((past_state.to(x.dtype), x), dim=2)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = F.conv1d(padded.to(wide), weight.to(wide), None if bias is None else bias.to(wide), groups=channels,
+                   dilation=dilation)
+    out = out.to(x.dtype)
+    if activation != "none":
+        w = out.to(torch.float32)
+        out = (w * torch.sigmoid(w)).to(x.dtype)
+    return out, padded[:, :, padded.shape[2] - span:], padded
+
+
 @op("CausalConvWithState", since=27)
 def causal_conv_with_state(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None, *, activation: str = "none",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if activation not in ("none", "silu", "swish"):
-        raise ValueError(f"CausalConvWithState: unsupported activation '{activation}'; expected none, silu or swish")
-    if x.dim() != 3 or weight.dim() != 3:
-        raise ValueError(f"CausalConvWithState expects input (B, C, L) and weight (C, 1, k), got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    bsz, channels, _ = x.shape
-    k = weight.shape[2]
-    if past_state is None:
-        past_state = torch.zeros((bsz, channels, k - 1), dtype=x.dtype, device=x.device)
-    padded = torch.cat((past_state, x), dim=2)
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
-    out = F.conv1d(padded.to(wide), weight.to(wide), None if bias is None else bias.to(wide), groups=channels)
-    out = out.to(x.dtype)
-    if activation != "none":
-        w = out.to(torch.float32)
-        out = (w * torch.sigmoid(w)).to(x.dtype)
-    return out, padded[:, :, padded.shape[2] - (k - 1):]
+    out, present, _ = causal_conv(x, weight, bias, past_state, activation)
+    return out, present
 
 
 @op("SwiGLU", since=28)
