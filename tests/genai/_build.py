@@ -53,6 +53,10 @@ MORE_CLASSES = {
     # a short-convolution layer (com.microsoft CausalConvWithState, a carried past.0.conv state) and an attention one
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
              dict(layer_types=["conv", "full_attention"], block_ff_dim=128, conv_L_cache=3)),
+    # LFM2's mixture-of-experts variant: model type lfm2_moe, a dense first layer, then MoE nodes
+    "lfm2moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM",
+                dict(layer_types=["conv", "full_attention"], moe_intermediate_size=64, num_experts=4,
+                     num_experts_per_tok=2, num_dense_layers=1, conv_L_cache=3)),
     "phi3long": ("Phi3Config", "Phi3ForCausalLM",
                  dict(max_position_embeddings=512, original_max_position_embeddings=128,
                       rope_scaling={"type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(8)],
@@ -69,7 +73,7 @@ MORE_CLASSES = {
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
 MORE_INT4 = ("gptoss", "lfm2")
 #: architectures of MORE_CLASSES whose layers carry convolution states (tests/genai/test_conv_states.py)
-CONV_STATE_ARCHS = ("lfm2",)
+CONV_STATE_ARCHS = ("lfm2", "lfm2moe")
 #: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}

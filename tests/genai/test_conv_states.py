@@ -76,9 +76,10 @@ def test_batch_of_one_length_matches_onnxruntime_genai(lfm2, og_ref) -> None:
     assert got[1] == got[0]
 
 
-@pytest.mark.parametrize("share", [True, False], ids=["shared", "growing"])
-def test_ragged_batch_rows_equal_their_prompts_alone(lfm2, og_ref, share) -> None:
-    model = xg.Model(lfm2)
+@pytest.mark.parametrize("arch,share", [("lfm2", True), ("lfm2", False), ("lfm2moe", True)])
+def test_ragged_batch_rows_equal_their_prompts_alone(more_models, og_ref, arch, share) -> None:
+    folder = more_models[arch]
+    model = xg.Model(folder)
     tok = xg.Tokenizer(model)
     lens = [len(tok.encode(p)) for p in BATCH]
     width, pad = max(lens), model.config.model.pad_token_id
@@ -87,7 +88,7 @@ def test_ragged_batch_rows_equal_their_prompts_alone(lfm2, og_ref, share) -> Non
         alone = _tokens(xg, model, [prompt], past_present_share_buffer=share)[0]
         assert _strip_pads(batch[row], lens[row], width, pad) == alone[:len(batch[row]) - (width - lens[row])]
     # the longest prompt has no padding: its row is onnxruntime-genai's too
-    ref = _tokens(og_ref, og_ref.Model(lfm2), BATCH)
+    ref = _tokens(og_ref, og_ref.Model(folder), BATCH)
     longest = int(np.argmax(lens))
     assert batch[longest] == ref[longest]
 
