@@ -281,19 +281,37 @@ def linear_attention(
     decay: torch.Tensor | None = None, beta: torch.Tensor | None = None, *, q_num_heads: int,
     kv_num_heads: int, chunk_size: int = 64, scale: float = 0.0, update_rule: str = "gated_delta",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
-        raise ValueError(f"LinearAttention: unsupported update_rule '{update_rule}'; "
-                         "expected linear, gated, delta or gated_delta")
     if q_num_heads <= 0 or kv_num_heads <= 0 or q_num_heads % kv_num_heads:
         raise ValueError(f"LinearAttention: q_num_heads ({q_num_heads}) must be a positive multiple "
                          f"of kv_num_heads ({kv_num_heads})")
+    out, state, _ = linear_recurrence(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads, scale,
+                                      update_rule)
+    return out, state
+
+
+def linear_recurrence(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
+    decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
+    update_rule: str, keep_states: bool = False, op_name: str = "LinearAttention",
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """LinearAttention's recurrence, token by token in float32 (the spec's sequential semantics). Query heads share
+    a KV head in groups (GQA), or with more KV heads than query heads each query head serves a group of KV heads
+    (inverse GQA: output head h of KV head h reads query head h // (kv_num_heads / q_num_heads)). Returns the
+    output, the final state (in the past state's dtype, else the query's) and, with ``keep_states``, the state
+    after each token (float32)."""
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"{op_name}: unsupported update_rule '{update_rule}'; "
+                         "expected linear, gated, delta or gated_delta")
+    if q_num_heads <= 0 or kv_num_heads <= 0 or (q_num_heads % kv_num_heads and kv_num_heads % q_num_heads):
+        raise ValueError(f"{op_name}: one of q_num_heads ({q_num_heads}) and kv_num_heads ({kv_num_heads}) must be "
+                         "a positive multiple of the other")
     gating = update_rule in ("gated", "gated_delta")
     delta = update_rule in ("delta", "gated_delta")
     if gating != (decay is not None):
-        raise ValueError(f"LinearAttention: update_rule '{update_rule}' {'requires' if gating else 'forbids'} "
+        raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if gating else 'forbids'} "
                          "the decay input")
     if delta != (beta is not None):
-        raise ValueError(f"LinearAttention: update_rule '{update_rule}' {'requires' if delta else 'forbids'} "
+        raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if delta else 'forbids'} "
                          "the beta input")
     f32 = torch.float32
     q = _unpack(query, q_num_heads, "query").to(f32)
@@ -301,31 +319,37 @@ def linear_attention(
     v = _unpack(value, kv_num_heads, "value").to(f32)
     b, _, t, d_k = q.shape
     d_v = v.shape[-1]
-    groups = q_num_heads // kv_num_heads
+    if k.shape[-1] != d_k or k.shape[:3] != (b, kv_num_heads, t) or v.shape[:3] != (b, kv_num_heads, t):
+        raise ValueError(f"{op_name}: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                         f"{tuple(value.shape)} do not agree on batch, length and head size for {q_num_heads} query "
+                         f"and {kv_num_heads} key/value heads")
     g = None
     if decay is not None:
         last = decay.shape[-1]
         if decay.dim() != 3 or last not in (kv_num_heads, kv_num_heads * d_k):
-            raise ValueError(f"LinearAttention: decay must be (B, T, {kv_num_heads}) or "
+            raise ValueError(f"{op_name}: decay must be (B, T, {kv_num_heads}) or "
                              f"(B, T, {kv_num_heads * d_k}), got {tuple(decay.shape)}")
         g = torch.exp(decay.reshape(b, t, kv_num_heads, -1).transpose(1, 2).to(f32))  # (B, Hkv, T, 1|d_k)
     bt = None
     if beta is not None:
         if beta.dim() != 3 or beta.shape[-1] not in (kv_num_heads, 1):
-            raise ValueError(f"LinearAttention: beta must be (B, T, {kv_num_heads}) or (B, T, 1), "
+            raise ValueError(f"{op_name}: beta must be (B, T, {kv_num_heads}) or (B, T, 1), "
                              f"got {tuple(beta.shape)}")
         bt = beta.reshape(b, t, beta.shape[-1], 1).transpose(1, 2).to(f32)  # (B, Hkv|1, T, 1)
     if past_state is not None:
         if tuple(past_state.shape) != (b, kv_num_heads, d_k, d_v):
-            raise ValueError(f"LinearAttention: past_state has shape {tuple(past_state.shape)}, "
+            raise ValueError(f"{op_name}: past_state has shape {tuple(past_state.shape)}, "
                              f"expected {(b, kv_num_heads, d_k, d_v)}")
         state_dtype = past_state.dtype
         state = past_state.to(f32)
     else:
         state_dtype = query.dtype
         state = torch.zeros((b, kv_num_heads, d_k, d_v), dtype=f32, device=query.device)
+    if kv_num_heads > q_num_heads:
+        q = q.repeat_interleave(kv_num_heads // q_num_heads, dim=1)
+    groups = max(q_num_heads // kv_num_heads, 1)
     scale_v = float(scale) if scale else 1.0 / math.sqrt(d_k)
-    outs = []
+    outs, states = [], []
     for i in range(t):
         k_t, v_t = k[:, :, i], v[:, :, i]  # (B, Hkv, d_k), (B, Hkv, d_v)
         if g is not None:
@@ -334,11 +358,14 @@ def linear_attention(
             retrieved = torch.einsum("bhdm,bhd->bhm", state, k_t)
             v_t = bt[:, :, i] * (v_t - retrieved)
         state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        if keep_states:
+            states.append(state)
         read = state.repeat_interleave(groups, dim=1) if groups > 1 else state
         outs.append(scale_v * torch.einsum("bhd,bhdm->bhm", q[:, :, i], read))
-    out = torch.stack(outs, dim=2) if outs else q.new_zeros((b, q_num_heads, 0, d_v))
-    out = out.transpose(1, 2).reshape(b, t, q_num_heads * d_v).to(query.dtype)
-    return out, state.to(state_dtype)
+    heads = max(q_num_heads, kv_num_heads)
+    out = torch.stack(outs, dim=2) if outs else q.new_zeros((b, heads, 0, d_v))
+    out = out.transpose(1, 2).reshape(b, t, heads * d_v).to(query.dtype)
+    return out, state.to(state_dtype), states
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past_state: torch.Tensor | None,

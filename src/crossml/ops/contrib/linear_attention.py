@@ -1,0 +1,81 @@
+"""com.microsoft ops of linear-attention layers (Gated DeltaNet, as in Qwen3.5's exports), as onnxruntime's contrib
+spec defines them: LinearAttention, LinearAttentionGate and GatedRMSNorm.
+
+LinearAttention runs the recurrence of the ONNX-domain op of opset 27 (``crossml.ops.attention.linear_recurrence``,
+token by token in float32), and adds inverse GQA (more key/value heads than query heads: each query head serves a
+group of them, one output head per KV head) and ``state_window`` (W > 0: past and present states gain a leading axis
+of W slots, slot j the state after token T - W + j, slots before the call's first token zeros; the past state is read
+from slot W - 1). ``chunk_size`` is a tuning hint of the spec and changes nothing here.
+
+LinearAttentionGate and GatedRMSNorm compute in float32 whatever their tensor type, as the spec says, and round once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from crossml.ops.attention import linear_recurrence
+from crossml.ops.registry import MS_DOMAIN, op
+
+_LA = "LinearAttention (com.microsoft)"
+
+
+@op("LinearAttention", domain=MS_DOMAIN)
+def linear_attention_ms(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None = None,
+    decay: torch.Tensor | None = None, beta: torch.Tensor | None = None, *, q_num_heads: int,
+    kv_num_heads: int, chunk_size: int = 64, scale: float = 0.0, update_rule: str = "gated_delta",
+    state_window: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not 0 <= state_window <= 8:
+        raise ValueError(f"{_LA}: state_window must be within [0, 8], got {state_window}")
+    past = past_state
+    if past is not None and state_window:
+        if past.dim() != 5 or past.shape[0] != state_window:
+            raise ValueError(f"{_LA}: with state_window={state_window} past_state must be (W, B, H_kv, d_k, d_v) "
+                             f"with W = {state_window}, got shape {tuple(past.shape)}")
+        past = past[state_window - 1]
+    out, state, states = linear_recurrence(query, key, value, past, decay, beta, q_num_heads, kv_num_heads, scale,
+                                           update_rule, keep_states=bool(state_window), op_name=_LA)
+    if state_window:
+        t = len(states)
+        slots = [states[t - state_window + j].to(state.dtype) if t - state_window + j >= 0
+                 else torch.zeros_like(state) for j in range(state_window)]
+        state = torch.stack(slots)
+    return out, state
+
+
+@op("LinearAttentionGate", domain=MS_DOMAIN)
+def linear_attention_gate(a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: torch.Tensor,
+                          b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    heads = a.shape[-1] if a.dim() else 0
+    for name, t in (("dt_bias", dt_bias), ("decay_scale", decay_scale)):
+        if tuple(t.shape) != (heads,):
+            raise ValueError(f"LinearAttentionGate: {name} must have shape ({heads},) (one value per head of a "
+                             f"{tuple(a.shape)}), got {tuple(t.shape)}")
+    if b is not None and b.shape != a.shape:
+        raise ValueError(f"LinearAttentionGate: b must have a's shape {tuple(a.shape)}, got {tuple(b.shape)}")
+    f32 = torch.float32
+    decay = (decay_scale.to(f32) * F.softplus(a.to(f32) + dt_bias.to(f32))).to(a.dtype)
+    beta = torch.sigmoid(b.to(f32)).to(b.dtype) if b is not None else None
+    return decay, beta
+
+
+@op("GatedRMSNorm", domain=MS_DOMAIN)
+def gated_rms_norm(X: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor, *, activation: str = "silu",
+                   epsilon: float = 1e-5) -> torch.Tensor:
+    if activation not in ("silu", "swish", "sigmoid"):
+        raise ValueError(f"GatedRMSNorm: unsupported activation '{activation}'; expected silu, swish or sigmoid")
+    if scale.dim() != 1 or X.dim() == 0 or X.shape[-1] % scale.shape[0]:
+        raise ValueError(f"GatedRMSNorm: scale must be 1-D with a length C dividing X's last dimension, got scale "
+                         f"{tuple(scale.shape)} and X {tuple(X.shape)}")
+    if gate.shape != X.shape:
+        raise ValueError(f"GatedRMSNorm: gate must have X's shape {tuple(X.shape)}, got {tuple(gate.shape)}")
+    f32 = torch.float32
+    c = scale.shape[0]
+    x = X.to(f32).reshape(*X.shape[:-1], -1, c)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + epsilon) * scale.to(f32)
+    z = gate.to(f32)
+    act = torch.sigmoid(z) if activation == "sigmoid" else z * torch.sigmoid(z)
+    return (y.reshape(X.shape) * act).to(X.dtype)
