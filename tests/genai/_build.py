@@ -50,6 +50,11 @@ MORE_CLASSES = {
     "ernie": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(head_dim=16)),
     "hunyuan": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(head_dim=16)),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {}),
+    # Granite 4.0's class (model type granitemoehybrid) with attention layers only: the builder converts no Mamba layer
+    "granite4": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+                 dict(layer_types=["attention", "attention"], num_local_experts=0, num_experts_per_tok=0,
+                      position_embedding_type="rope", shared_intermediate_size=128, embedding_multiplier=12.0,
+                      residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0)),
     # a short-convolution layer (com.microsoft CausalConvWithState, a carried past.0.conv state) and an attention one
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM",
              dict(layer_types=["conv", "full_attention"], block_ff_dim=128, conv_L_cache=3)),
