@@ -41,6 +41,10 @@ MORE_CLASSES = {
                dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
                     final_logit_softcapping=30.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    # local (window-sized cache, its own rope base) and global layers, q/k norms (see _flat_gemma3_rope)
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                    layer_types=["sliding_attention", "full_attention"])),
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.015625,
                      logits_scaling=8.0)),
@@ -147,9 +151,31 @@ def add_mxfp4_experts(out: str, config) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def _flat_gemma3_rope() -> None:
+    """The builder (onnxruntime-genai 0.18) reads a Gemma-3 config's rope settings in transformers 4's layout: a flat
+    ``rope_parameters`` (the global layers') and ``rope_local_base_freq``. Transformers 5 nests them per layer type,
+    on which the builder fails (KeyError 'rope_type'), so the configs it loads are put back into the old layout."""
+    import transformers
+
+    load = transformers.AutoConfig.from_pretrained
+
+    def flat(*args, **kwargs):
+        config = load(*args, **kwargs)
+        rope = getattr(config, "rope_parameters", None)
+        if getattr(config, "model_type", "") == "gemma3_text" and isinstance(rope, dict) and "full_attention" in rope:
+            config.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
+            config.rope_parameters = dict(rope["full_attention"])
+            config.rope_theta = config.rope_parameters["rope_theta"]
+        return config
+
+    transformers.AutoConfig.from_pretrained = flat
+
+
 def main(out_dir: str, specs: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
+
+    _flat_gemma3_rope()
 
     for spec in specs:
         arch, precision, *rest = spec.split(":")
