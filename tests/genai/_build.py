@@ -79,6 +79,14 @@ MORE_CLASSES = {
                dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"])),
 }
+#: vision-language checkpoints whose text decoder the builder exports alone (model types mistral3_text, ...):
+#: arch -> (transformers config class, model class, text config values beyond the common ones, vision config)
+VLM_CLASSES = {
+    "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", dict(model_type="mistral", sliding_window=None),
+                 dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, head_dim=16, image_size=32, patch_size=16)),
+}
+MORE_CLASSES.update(VLM_CLASSES)
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
 MORE_INT4 = ("gptoss", "lfm2")
 #: architectures of MORE_CLASSES whose layers carry convolution states (tests/genai/test_conv_states.py)
@@ -119,7 +127,12 @@ def make_hf_model(arch: str, out: str) -> None:
                   bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
     classes = {**CLASSES, **MORE_CLASSES}[arch]
     torch.manual_seed(0)
-    config = getattr(transformers, classes[0])(**{**common, **classes[2]})
+    if arch in VLM_CLASSES:
+        text = {**common, **classes[2]}
+        config = getattr(transformers, classes[0])(text_config=text, vision_config=classes[3],
+                                                   tie_word_embeddings=False)
+    else:
+        config = getattr(transformers, classes[0])(**{**common, **classes[2]})
     model = getattr(transformers, classes[1])(config)
     with torch.no_grad():
         for p in model.parameters():
