@@ -85,12 +85,20 @@ VLM_CLASSES = {
     "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration", dict(model_type="mistral", sliding_window=None),
                  dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, head_dim=16, image_size=32, patch_size=16)),
+    # multimodal RoPE (MRotaryEmbedding, [3, batch, sequence] position ids)
+    "qwen25vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
+                 dict(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}),
+                 dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64)),
 }
 MORE_CLASSES.update(VLM_CLASSES)
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
 MORE_INT4 = ("gptoss", "lfm2")
 #: architectures of MORE_CLASSES whose layers carry convolution states (tests/genai/test_conv_states.py)
 CONV_STATE_ARCHS = ("lfm2", "lfm2moe")
+#: architectures whose batches of prompts of different lengths onnxruntime-genai 0.18 gets wrong (a shorter prompt's
+#: row drifts from the prompt's own run): checked against the prompts run alone instead
+#: (tests/genai/test_architectures.py::test_ragged_batch_rows_equal_their_prompts_alone)
+OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl")
 #: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}

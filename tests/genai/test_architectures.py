@@ -13,11 +13,12 @@ import json
 import os
 import shutil
 
+import numpy as np
 import onnx
 import pytest
 
 import crossml.genai as xg
-from tests.genai._build import CONV_STATE_ARCHS, MORE_CLASSES, MORE_INT4
+from tests.genai._build import MORE_CLASSES, MORE_INT4, OWN_RAGGED_BATCH
 from tests.genai._generation import assert_greedy_match, generate_with, run_steps
 
 PROMPT = "Hello world! How are you"
@@ -52,11 +53,10 @@ def _windowed_layers(folder: str) -> list[int]:
 
 
 #: (arch, prompts): every architecture with one prompt and with a batch of two of different lengths, except the batch
-#: for those carrying convolution states, which onnxruntime-genai 0.18 runs through the pad tokens
-#: (tests/genai/test_conv_states.py checks those batches)
+#: for those whose shorter rows onnxruntime-genai 0.18 gets wrong (test_ragged_batch_rows_equal_their_prompts_alone)
 CASES = [pytest.param(a, p, id=f"{a}-{name}") for a in list(MORE_CLASSES) + [f"{a}:int4" for a in MORE_INT4]
          for name, p in (("batch1", [PROMPT]), ("batch2", BATCH))
-         if name == "batch1" or a.split(":")[0] not in CONV_STATE_ARCHS]
+         if name == "batch1" or a.split(":")[0] not in OWN_RAGGED_BATCH]
 
 
 @pytest.mark.parametrize("arch,prompts", CASES)
@@ -75,6 +75,31 @@ def test_more_architectures_match_onnxruntime_genai(more_models, og_ref, arch: s
     # (float activations) all 64 steps agree within 2e-5
     atol = 5e-2 if arch.endswith(":int4") else 1e-4
     assert_greedy_match(got, generate_with(og_ref, og_ref.Model(ref_folder), prompts, MAX_LENGTH), atol)
+
+
+@pytest.mark.parametrize("arch,share", [*((a, True) for a in OWN_RAGGED_BATCH), ("lfm2", False)])
+def test_ragged_batch_rows_equal_their_prompts_alone(more_models, og_ref, arch: str, share: bool) -> None:
+    """Where onnxruntime-genai 0.18's shorter rows drift from their prompts' own runs (lfm2: it runs the pad tokens
+    through their convolution states; qwen2.5-vl's text decoder: its next positions after the padding), each row of
+    crossml's batch equals its prompt run alone, in the batch's layout (the shorter prompt right-padded with the pad
+    id); the longest prompt, unpadded, gives onnxruntime-genai's row too."""
+    folder = more_models[arch]
+    model = xg.Model(folder)
+    tok = xg.Tokenizer(model)
+    lens = [len(tok.encode(p)) for p in BATCH]
+    width, pad = max(lens), model.config.model.pad_token_id
+    batch = generate_with(xg, model, BATCH, MAX_LENGTH, past_present_share_buffer=share)[0]
+    for row, prompt in enumerate(BATCH):
+        alone = generate_with(xg, model, [prompt], MAX_LENGTH, past_present_share_buffer=share)[0][0]
+        got = batch[row]
+        assert got[lens[row]:width] == [pad] * (width - lens[row])
+        got = got[:lens[row]] + got[width:]
+        # a row that ended has its EOS (a run alone drops the step on which it ends), then pad tokens
+        n = min(len(got), len(alone))
+        assert got[:n] == alone[:n] and set(got[n:]) <= {pad, *model.config.model.eos_token_id}
+    ref = generate_with(og_ref, og_ref.Model(folder), BATCH, MAX_LENGTH)[0]
+    longest = int(np.argmax(lens))
+    assert batch[longest] == ref[longest]
 
 
 def test_window_sized_caches_match_onnxruntime_genai(more_models, og_ref, tmp_path) -> None:
@@ -153,3 +178,29 @@ def test_window_errors(more_models, og_ref, tmp_path) -> None:
     (dst / "genai_config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match=r"sliding_window.layers takes layer indices 0 .. 1, got \[0, 2\]"):
         xg.Config(str(dst))
+
+
+def test_multimodal_rope_positions_on_the_static_path(more_models) -> None:
+    """qwen2.5-vl's text decoder takes [3, batch, sequence] position ids: the fixed-address decode path (a GPU's,
+    forced on the CPU with its prompt buckets and run-ahead) fills all three streams of its position buffers and
+    gives the default path's tokens and logits; every run is fed three equal streams."""
+    folder = more_models["qwen25vl"]
+    ref = generate_with(xg, xg.Model(folder), BATCH, MAX_LENGTH)
+    model = xg.Model(folder)
+    assert model.io.position_streams == 3
+    model._static_decode = model._prompt_graphs = model._run_ahead = True
+    fed = []
+    run = model.run
+
+    def spy(feed, names, **kw):
+        pos = feed[model.io.position_ids]
+        assert pos.shape[0] == 3 and bool((pos == pos[0]).all())
+        fed.append(tuple(pos.shape))
+        return run(feed, names, **kw)
+
+    model.run = spy
+    got = generate_with(xg, model, BATCH, MAX_LENGTH)
+    assert got[0] == ref[0]
+    for a, b in zip(got[1], ref[1]):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert fed[-1] == (3, 2, 1)

@@ -60,6 +60,14 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
+def _streams(pos: torch.Tensor, streams: int) -> torch.Tensor:
+    """[rows, columns] positions as the decoder takes them: the same, or [3, rows, columns] (multimodal RoPE's
+    temporal, height and width streams, equal for text tokens) where ``streams`` is 3 and they are not already."""
+    if streams and pos.dim() == 2:
+        return pos.unsqueeze(0).expand(streams, *pos.shape).contiguous()
+    return pos
+
+
 def _plain_greedy(s: SearchConfig) -> bool:
     """Search options under which a step is argmax plus the end-of-sequence ban (what the greedy kernel does)."""
     return not s.do_sample and s.num_beams == 1 and s.repetition_penalty == 1.0 and s.no_repeat_ngram_size <= 0
@@ -205,7 +213,9 @@ class Generator:
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
-        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+        # (it writes [rows] positions: not for multimodal RoPE's three streams)
+        self._greedy = (_greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s)
+                        and not io.position_streams else None)
         self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
         # ... which the greedy kernel also writes straight into host memory (two slots, used in turn), so the
         # host waits for an event instead of a copy launched behind the kernel
@@ -408,7 +418,7 @@ class Generator:
             if io.attention_mask is not None:
                 feed[io.attention_mask] = mask
             if io.position_ids is not None:
-                feed[io.position_ids] = _positions(mask).to(io.position_dtype)
+                feed[io.position_ids] = _streams(_positions(mask), io.position_streams).to(io.position_dtype)
             for name, t in zip(self._cache.past_names, self._cache.tensors):
                 feed[name] = t.new_zeros((1, t.shape[1], 0, t.shape[3]))
             for name, t in zip(self._states.past_names, self._states.tensors):
@@ -474,7 +484,7 @@ class Generator:
         if io.attention_mask is not None:
             feed[io.attention_mask] = mask
         if io.position_ids is not None:
-            feed[io.position_ids] = pos.to(io.position_dtype)
+            feed[io.position_ids] = _streams(pos, io.position_streams).to(io.position_dtype)
         feed.update(self._cache.feed())
         feed.update(self._states.feed())
         feed.update(self._extra)
@@ -783,7 +793,7 @@ class Generator:
         elif name == io.attention_mask:
             value = self._mask[:, :end]
         elif name == io.position_ids:
-            value = _positions(self._mask[:, :end])[:, start:end].to(io.position_dtype)
+            value = _streams(_positions(self._mask[:, :end])[:, start:end], io.position_streams).to(io.position_dtype)
         elif name in self._extra:
             value = self._extra[name]
         elif name in self._states.past_names:

@@ -93,6 +93,9 @@ class DecoderIO:
     state_present_names: list[str]
     state_shape: tuple[int, ...]
     state_dtype: torch.dtype
+    #: 3 where position_ids is [3, batch, sequence] (multimodal RoPE's temporal, height and width streams, equal for
+    #: text tokens: MRotaryEmbedding), else 0 ([batch, sequence])
+    position_streams: int
     #: the decoder's other inputs (name -> ONNX element type): fed by LoRA adapters (Adapters), by
     #: Generator.set_model_input, or by a preset (PRESET_INPUTS); ``required`` ones have no default value
     extra: dict[str, int]
@@ -133,6 +136,15 @@ def chunk_bucket(n: int) -> int:
     return max(MIN_CHUNK_BUCKET, 1 << (n - 1).bit_length())
 
 
+def _position_buffer(io: DecoderIO, rows: int, width: int, device: torch.device) -> torch.Tensor | None:
+    """Fixed-address position ids: [rows, width], or [3, rows, width] for multimodal RoPE's streams (a [rows, width]
+    value copied in fills all three)."""
+    if not io.position_ids:
+        return None
+    shape = (3, rows, width) if io.position_streams else (rows, width)
+    return torch.zeros(shape, dtype=io.position_dtype, device=device)
+
+
 class PromptBuffers:
     """A first prompt's or continuation chunk's input_ids / position_ids, ``width`` columns at fixed addresses, and
     the replay of the graph recorded on them (with the set's mask columns and KV buffers)."""
@@ -140,7 +152,7 @@ class PromptBuffers:
     def __init__(self, io: DecoderIO, rows: int, width: int, device: torch.device) -> None:
         self.width = width
         self.ids = torch.zeros((rows, width), dtype=io.input_ids_dtype, device=device)
-        self.pos = torch.zeros((rows, width), dtype=io.position_dtype, device=device) if io.position_ids else None
+        self.pos = _position_buffer(io, rows, width, device)
         self.replay: Any = None
         self.warmed = False  # a run on these buffers has run the specialised plan eagerly (see Model.run_bound)
 
@@ -153,7 +165,7 @@ class DecodeBuffers:
                  head_size: int, device: torch.device) -> None:
         self.rows, self.max_length = rows, max_length
         self.ids = torch.zeros((rows, 1), dtype=io.input_ids_dtype, device=device)
-        self.pos = torch.zeros((rows, 1), dtype=io.position_dtype, device=device) if io.position_ids else None
+        self.pos = _position_buffer(io, rows, 1, device)
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
         self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
                    for n in kv_lengths]
@@ -374,6 +386,14 @@ class Model:
                 return default
             return _torch_dtype(inputs[name].type)
 
+        streams = 0
+        if pos in inputs:
+            dims = inputs[pos].shape
+            if len(dims) == 3 and dims[0] == 3:
+                streams = 3
+            elif len(dims) != 2:
+                raise UnsupportedModelError(f"'{where}': position input '{pos}' has shape {dims}; expected [batch, "
+                                            "sequence], or [3, batch, sequence] for multimodal RoPE")
         state_shape: tuple[int, ...] = ()
         if state_past:
             dims = inputs[state_past[0]].shape[1:]
@@ -387,7 +407,7 @@ class Model:
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          kv_layers=kv_layers, state_names=state_past, state_present_names=state_present,
-                         state_shape=state_shape,
+                         state_shape=state_shape, position_streams=streams,
                          state_dtype=dtype(state_past[0] if state_past else None, torch.float32), logits=logits,
                          kv_dtype=dtype(past[0] if past else None, torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),

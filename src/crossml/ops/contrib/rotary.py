@@ -5,6 +5,12 @@
 ``is_packed_batching`` a 1-D ``[num_tokens]`` position per token of a ``[num_tokens, hidden]``
 input. The first ``rotary_embedding_dim`` channels of every head are rotated (halves, or
 interleaved pairs); the rest pass through.
+
+``MRotaryEmbedding`` (com.microsoft, Qwen2-VL ... Qwen3.5's multimodal RoPE): ``position_ids`` ``[3, B, S]`` holds
+a temporal, a height and a width position per token; each picks its cos/sin rows, and ``mrope_section`` says which
+of the ``rot/2`` frequencies come from which stream: in three contiguous chunks (``mrope_layout`` 0) or interleaved
+(1: the temporal stream everywhere, then height at every third frequency from 1 for ``3 * section[1]`` of them,
+width from 2 for ``3 * section[2]``). The rotation is RotaryEmbedding's.
 """
 
 from __future__ import annotations
@@ -42,6 +48,23 @@ def gather_cos_sin(cos_cache: torch.Tensor, sin_cache: torch.Tensor, pos: torch.
     """cos/sin rows for positions ``pos [B, S]`` (int64), each ``[B, S, rot/2]``."""
     p = pos.long().clamp(0, cos_cache.shape[0] - 1)
     return cos_cache[p], sin_cache[p]
+
+
+def _heads(x: torch.Tensor, num_heads: int, half: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [B, S, hidden] or [B, N, S, H] as [B, S, N, H] (and the [B, S, ...] view it came from)."""
+    if x.dim() == 4:
+        x3 = x.transpose(1, 2)  # BNSH -> BSNH
+    elif x.dim() == 3:
+        x3 = x
+    else:
+        raise ValueError(f"{name}: input must have rank 3 or 4, got shape {tuple(x.shape)}")
+    if x3.dim() == 4:
+        return x3, x3
+    B, S, hidden = x3.shape
+    head = hidden // num_heads if num_heads else 2 * half
+    if head <= 0 or hidden % head:
+        raise ValueError(f"{name}: hidden size {hidden} is not a whole number of heads of {head}")
+    return x3.reshape(B, S, hidden // head, head), x3
 
 
 @op("RotaryEmbedding", domain=MS_DOMAIN)
@@ -87,4 +110,55 @@ def rotary_embedding(
     y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
     if packed_tokens:
         return y.squeeze(0)
+    return y.transpose(1, 2) if x.dim() == 4 else y
+
+
+@op("MRotaryEmbedding", domain=MS_DOMAIN)
+def m_rotary_embedding(
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    *,
+    mrope_section: list[int],
+    mrope_layout: int = 0,
+    interleaved: int = 0,
+    is_packed_batching: int = 0,
+    num_heads: int = 0,
+    rotary_embedding_dim: int = 0,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    name = "MRotaryEmbedding"
+    if is_packed_batching:
+        raise ValueError(f"{name}: is_packed_batching=1 (ragged packed tokens) is not supported; give [B, S, hidden] "
+                         "or [B, N, S, H] input")
+    if rotary_embedding_dim > 0 and num_heads == 0:
+        raise ValueError(f"{name}: num_heads must be given with rotary_embedding_dim")
+    h, x3 = _heads(x, num_heads, cos_cache.shape[-1], name)
+    B, S = h.shape[0], h.shape[1]
+    rot = rotary_embedding_dim or h.shape[-1]
+    half = rot // 2
+    section = [int(v) for v in mrope_section]
+    if len(section) != 3 or min(section) < 0 or sum(section) != half:
+        raise ValueError(f"{name}: mrope_section must be 3 non-negative integers adding up to rotary_embedding_dim / 2 "
+                         f"= {half}, got {section}")
+    if mrope_layout not in (0, 1):
+        raise ValueError(f"{name}: mrope_layout must be 0 (sectioned) or 1 (interleaved), got {mrope_layout}")
+    if cos_cache.shape[-1] < half:
+        raise ValueError(f"{name}: cos_cache has {cos_cache.shape[-1]} columns, need rotary_embedding_dim/2={half}")
+    if tuple(position_ids.shape) != (3, B, S):
+        raise ValueError(f"{name}: position_ids must have shape (3, batch, sequence) = {(3, B, S)}, got "
+                         f"{tuple(position_ids.shape)}")
+    stream = torch.zeros(half, dtype=torch.long)
+    if mrope_layout == 0:
+        stream[section[0]:section[0] + section[1]] = 1
+        stream[section[0] + section[1]:] = 2
+    else:
+        stream[1:3 * section[1]:3] = 1
+        stream[2:3 * section[2]:3] = 2
+    cos3, sin3 = gather_cos_sin(cos_cache[:, :half], sin_cache[:, :half], position_ids)  # [3, B, S, half]
+    pick = stream.to(x.device).view(1, 1, 1, half)
+    cos = cos3.gather(0, pick.expand(1, B, S, half)).squeeze(0)
+    sin = sin3.gather(0, pick.expand(1, B, S, half)).squeeze(0)
+    y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
     return y.transpose(1, 2) if x.dim() == 4 else y
