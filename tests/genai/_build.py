@@ -89,6 +89,12 @@ VLM_CLASSES = {
     "qwen25vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration",
                  dict(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0}),
                  dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64)),
+    # the same with interleaved streams (MRotaryEmbedding mrope_layout 1)
+    "qwen3vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration",
+                dict(head_dim=16, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                   "mrope_interleaved": True, "rope_theta": 10000.0}),
+                dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64,
+                     deepstack_visual_indexes=[0])),
 }
 MORE_CLASSES.update(VLM_CLASSES)
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
@@ -98,7 +104,7 @@ CONV_STATE_ARCHS = ("lfm2", "lfm2moe")
 #: architectures whose batches of prompts of different lengths onnxruntime-genai 0.18 gets wrong (a shorter prompt's
 #: row drifts from the prompt's own run): checked against the prompts run alone instead
 #: (tests/genai/test_architectures.py::test_ragged_batch_rows_equal_their_prompts_alone)
-OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl")
+OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl")
 #: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}

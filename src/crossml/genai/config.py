@@ -36,7 +36,7 @@ CONFIG_FILE = "genai_config.json"
 DECODER_ONLY_TYPES = (
     "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss", "granite", "granitemoehybrid",
     "hunyuandensev1", "internlm2", "lfm2", "lfm2_moe", "llama", "mistral", "mistral3_text", "nemotron", "olmo", "phi",
-    "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "smollm3",
+    "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_vl_text", "smollm3",
 )
 
 #: provider names genai_config.json / Config.append_provider accept, and crossml's provider for each.
