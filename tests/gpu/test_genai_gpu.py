@@ -28,7 +28,7 @@ pytestmark = pytest.mark.gpu
 ARCHS = ("llama", "qwen2")
 SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + [
     "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda",
-    "lfm2:fp32", "lfm2:fp16:cuda"]
+    "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -387,20 +387,25 @@ def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build:
 
 
 @pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
-def test_convolution_states_on_the_gpu(models: Path, prompts: list[str]) -> None:
-    """lfm2's short-convolution layer carries its state in the lent decode buffers: the decode steps replay one
-    recorded graph, give the eager decode's tokens, and start with the fp32 CPU run's tokens (a batch of prompts of
-    different lengths too, whose shorter prompt's state comes from its run alone)."""
-    folder = str(models / "lfm2_fp16_cuda")
+@pytest.mark.parametrize("arch", ["lfm2", "qwen25vl", "qwen3vl"])
+def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts: list[str]) -> None:
+    """lfm2's short-convolution layer carries its state in the lent decode buffers; qwen2.5-vl's and qwen3-vl's text
+    decoders take three position streams (MRotaryEmbedding). The decode steps replay one recorded graph, give the
+    eager decode's tokens, and start with the fp32 CPU run's tokens (a batch of prompts of different lengths too)."""
+    folder = str(models / f"{arch}_fp16_cuda")
     static = og.Model(folder)
-    assert static.io.state_names == ["past.0.conv"] and static._capture and not static._run_ahead
+    assert static._capture
+    if arch == "lfm2":
+        assert static.io.state_names == ["past.0.conv"] and not static._run_ahead
+    else:
+        assert static.io.position_streams == 3 and static._run_ahead
     seq, logits = _generate(static, prompts, new=24)
     assert len(_decode_recordings(static)) == 1
     ref_seq, ref_logits = _generate(_captured(folder, "0"), prompts, new=24)
     assert seq == ref_seq
     for a, b in zip(logits, ref_logits):
         np.testing.assert_allclose(a, b, atol=1e-2 * max(1.0, float(np.abs(b).max())), rtol=0)
-    cpu_seq, cpu_logits = _generate(og.Model(str(models / "lfm2_fp32")), prompts, new=24)
+    cpu_seq, cpu_logits = _generate(og.Model(str(models / f"{arch}_fp32")), prompts, new=24)
     first = len(cpu_seq[0]) - 24 + 4
     assert [s[:first] for s in seq] == [s[:first] for s in cpu_seq]
     for step in range(4):
