@@ -149,16 +149,18 @@ def m_rotary_embedding(
     if tuple(position_ids.shape) != (3, B, S):
         raise ValueError(f"{name}: position_ids must have shape (3, batch, sequence) = {(3, B, S)}, got "
                          f"{tuple(position_ids.shape)}")
-    stream = torch.zeros(half, dtype=torch.long)
+    # [3, B, S, half]; the streams' frequencies are picked by slicing (no index tensor made on the host, which a
+    # recorded GPU graph could not take)
+    cos3, sin3 = gather_cos_sin(cos_cache[:, :half], sin_cache[:, :half], position_ids)
+    t_end, h_end = section[0], section[0] + section[1]
     if mrope_layout == 0:
-        stream[section[0]:section[0] + section[1]] = 1
-        stream[section[0] + section[1]:] = 2
+        cos = torch.cat((cos3[0, ..., :t_end], cos3[1, ..., t_end:h_end], cos3[2, ..., h_end:]), dim=-1)
+        sin = torch.cat((sin3[0, ..., :t_end], sin3[1, ..., t_end:h_end], sin3[2, ..., h_end:]), dim=-1)
     else:
-        stream[1:3 * section[1]:3] = 1
-        stream[2:3 * section[2]:3] = 2
-    cos3, sin3 = gather_cos_sin(cos_cache[:, :half], sin_cache[:, :half], position_ids)  # [3, B, S, half]
-    pick = stream.to(x.device).view(1, 1, 1, half)
-    cos = cos3.gather(0, pick.expand(1, B, S, half)).squeeze(0)
-    sin = sin3.gather(0, pick.expand(1, B, S, half)).squeeze(0)
+        cos, sin = cos3[0].clone(), sin3[0].clone()
+        for stream, offset in ((1, 1), (2, 2)):
+            picked = slice(offset, 3 * section[stream], 3)
+            cos[..., picked] = cos3[stream, ..., picked]
+            sin[..., picked] = sin3[stream, ..., picked]
     y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
     return y.transpose(1, 2) if x.dim() == 4 else y
