@@ -55,6 +55,24 @@ def test_the_model_carries_convolution_states(lfm2, og_ref) -> None:
     np.testing.assert_array_equal(gens[1].get_input("past.0.conv"), got)  # what the next step takes in
 
 
+def test_ragged_batch_shows_the_restated_states(lfm2) -> None:
+    """After a batch of prompts of different lengths, present.0.conv shows each row's state after its own prompt: the
+    state the prompt alone leaves."""
+    model = xg.Model(lfm2)
+    tok = xg.Tokenizer(model)
+
+    def state(prompts):
+        params = xg.GeneratorParams(model)
+        params.set_search_options(max_length=MAX_LENGTH, batch_size=len(prompts))
+        gen = xg.Generator(model, params)
+        gen.append_tokens(tok.encode_batch(prompts) if len(prompts) > 1 else tok.encode(prompts[0]))
+        return gen.get_output("present.0.conv")
+
+    batch = state(BATCH)
+    for row, prompt in enumerate(BATCH):
+        np.testing.assert_allclose(batch[row], state([prompt])[0], atol=1e-5, rtol=0)
+
+
 def test_batch_of_one_length_matches_onnxruntime_genai(lfm2, og_ref) -> None:
     prompts = np.array([[5, 6, 7, 8, 9], [9, 10, 11, 12, 13]], dtype=np.int32)
     got = []

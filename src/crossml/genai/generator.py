@@ -373,8 +373,9 @@ class Generator:
         kv = len(self._cache.present_names)
         self._cache.update(outs[1:1 + kv])
         self._states.update(outs[1 + kv:])
-        if start == 0 and self._states.tensors and self._prompt_last is not None:
-            self._restate_short_prompts(end)
+        if start == 0 and self._states.tensors and self._prompt_last is not None and self._restate_short_prompts(end):
+            for name, t in zip(self._states.present_names, self._states.tensors):
+                outputs[name] = t.clone()  # get_output shows the states the next step takes in
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
             last = logits
         elif start == 0 and self._prompt_last is not None and logits.shape[1] == end:
@@ -401,18 +402,20 @@ class Generator:
             self._run, self._ahead_run = (start, end), None
         self._kv_len = end
 
-    def _restate_short_prompts(self, width: int) -> None:
+    def _restate_short_prompts(self, width: int) -> bool:
         """A batch of prompts of different lengths runs right-padded, ``width`` columns: the pad columns come after
         each shorter prompt's real ones, so its logits and KV rows are those of the prompt alone, but its carried
         layer states took the pad columns in. Each shorter prompt runs alone once more (eager, a batch of one,
-        empty KV pasts and zero states), and its present states replace its rows'."""
+        empty KV pasts and zero states), and its present states replace its rows'. Returns whether any did."""
         io = self._model.io
         lengths = (self._prompt_last + 1).tolist()
         beams = self._s.num_beams
+        restated = False
         for row in range(0, self._rows, beams):
             n = lengths[row]
             if n == width:
                 continue
+            restated = True
             mask = self._mask[row:row + 1, :n]
             feed = {io.input_ids: self._seq[row:row + 1, :n].to(io.input_ids_dtype)}
             if io.attention_mask is not None:
@@ -427,6 +430,7 @@ class Generator:
             outs = self._model.run(feed, self._states.present_names, eager=True)
             for t, p in zip(self._states.tensors, outs):
                 t[row:row + beams].copy_(p.expand(beams, *p.shape[1:]))
+        return restated
 
     def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
         """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run
