@@ -83,21 +83,8 @@ def rotary_embedding(
     if rotary_embedding_dim > 0 and num_heads == 0:
         raise ValueError("RotaryEmbedding: num_heads must be given with rotary_embedding_dim")
     packed_tokens = x.dim() == 2
-    if packed_tokens:
-        x3 = x.unsqueeze(0)
-    elif x.dim() == 4:
-        x3 = x.transpose(1, 2)  # BNSH -> BSNH
-    elif x.dim() == 3:
-        x3 = x
-    else:
-        raise ValueError(f"RotaryEmbedding: input must have rank 3 or 4, got shape {tuple(x.shape)}")
-    B, S = x3.shape[0], x3.shape[1]
-    if x3.dim() == 4:
-        h = x3
-    else:
-        hidden = x3.shape[-1]
-        head = hidden // num_heads if num_heads else 2 * cos_cache.shape[1]
-        h = x3.reshape(B, S, hidden // head, head)
+    h, x3 = _heads(x.unsqueeze(0) if packed_tokens else x, num_heads, cos_cache.shape[1], "RotaryEmbedding")
+    B, S = h.shape[0], h.shape[1]
     rot = rotary_embedding_dim or h.shape[-1]
     if cos_cache.shape[-1] * 2 < rot:
         raise ValueError(f"RotaryEmbedding: cos_cache has {cos_cache.shape[-1]} columns, need rotary_embedding_dim/2={rot // 2}")
