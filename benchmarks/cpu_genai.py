@@ -1,6 +1,7 @@
 """LLM generation on the CPU: crossml.genai vs onnxruntime-genai on a builder int4 CPU model.
 
-The GenAI benchmark's Qwen2.5-0.5B-shaped random-weight model (``genai_bench.make_hf``) converted by onnxruntime-genai's
+The GenAI benchmark's Qwen2.5-0.5B-shaped random-weight model (``genai_bench.make_hf``; ``--model lfm2-350m``: an
+LFM2-350M-shaped one, 10 short-convolution and 6 attention layers) converted by onnxruntime-genai's
 model builder for the CPU (``-p int4 -e cpu``: MatMulNBits with accuracy_level 4), built under --workdir on first
 use. Each runtime in its own process: ``Model()``, a --prompt-token prompt, then --new greedy tokens (EOS held off
 with min_length), the host reading each token; ms for the prompt (until its logits), for the first two
@@ -8,7 +9,7 @@ with min_length), the host reading each token; ms for the prompt (until its logi
 decode kernel there) and per decode token after them.
 
     python benchmarks/cpu_genai.py [--workdir W] [--prompt 128] [--new 64] [--repeats 3] [--runtimes R1,R2]
-                                   [--max-length N] [--tag T] [--out DIR]
+                                   [--max-length N] [--tag T] [--out DIR] [--model NAME]
 
 ``--max-length``: the generator's max_length (default prompt + new; 0 keeps genai_config.json's, 32768 for this
 model, as a user who sets none gets). Writes OUT/cpu_genai[_T].{json,md}. Needs onnxruntime-genai (the builder, and
@@ -28,6 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import child_result, machine, write  # noqa: E402
 
+#: the default model shape (``--model``: any of genai_bench.SHAPES)
 MODEL = "qwen2.5-0.5b"
 #: runtime name -> module the child imports; "crossml-torch-int4" runs crossml with numba hidden, so its 4-bit decode
 #: products take torch's packed int4 kernel (what runs where numba is not installed)
@@ -35,16 +37,16 @@ RUNTIMES = {"crossml": "crossml.genai", "crossml-torch-int4": "crossml.genai:no-
             "onnxruntime-genai": "onnxruntime_genai"}
 
 
-def build(work: str) -> str:
+def build(work: str, model: str = MODEL) -> str:
     """The builder's int4 CPU folder of the benchmark model under ``work`` (made on first use)."""
     import genai_bench
 
-    hf, dst = os.path.join(work, f"hf_{MODEL}"), os.path.join(work, f"{MODEL}_int4_cpu")
+    hf, dst = os.path.join(work, f"hf_{model}"), os.path.join(work, f"{model}_int4_cpu")
     if not os.path.isfile(os.path.join(dst, "genai_config.json")):
-        genai_bench.make_hf(MODEL, hf)
+        genai_bench.make_hf(model, hf)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
         subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", "int4",
-                        "-e", "cpu", "-c", os.path.join(work, f"cache_{MODEL}_int4_cpu")], env=env, check=True,
+                        "-e", "cpu", "-c", os.path.join(work, f"cache_{model}_int4_cpu")], env=env, check=True,
                        capture_output=True)
     return dst
 
@@ -97,9 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-length", type=int, default=None,
                     help="the generator's max_length (default prompt + new; 0: genai_config.json's)")
     ap.add_argument("--tag", default="", help="results file suffix: cpu_genai_TAG.{json,md}")
+    ap.add_argument("--model", default=MODEL, help="the model shape (genai_bench.SHAPES)")
     args = ap.parse_args(argv)
     max_length = args.prompt + args.new if args.max_length is None else args.max_length
-    folder = build(args.workdir)
+    folder = build(args.workdir, args.model)
     names = args.runtimes.split(",")
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(args.repeats):  # the runtimes alternate, so drift on a shared host falls on each alike
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
              "runs": runs[name]} for name in names]
     m = machine()
     lines = ["# LLM generation on the CPU: crossml.genai vs onnxruntime-genai", "",
-             f"{m['platform']}, {m['cpu_count']} CPUs; torch {m['torch']}. {MODEL}-shaped random-weight model, builder "
+             f"{m['platform']}, {m['cpu_count']} CPUs; torch {m['torch']}. {args.model}-shaped random-weight model, builder "
              f"`-p int4 -e cpu` (MatMulNBits, accuracy_level 4); batch 1, greedy, prompt {args.prompt} tokens, "
              f"{args.new} new tokens, max_length {max_length or 'of genai_config.json (32768)'}; each runtime in its "
              f"own process, the runtimes alternated {args.repeats} times "

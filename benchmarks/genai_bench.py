@@ -43,7 +43,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-#: published shapes (config.json of Qwen/Qwen2.5-0.5B and meta-llama/Llama-3.2-1B)
+#: published shapes (config.json of Qwen/Qwen2.5-0.5B, meta-llama/Llama-3.2-1B and LiquidAI/LFM2-350M; LFM2's
+#: feed-forward width is its block_ff_dim after the checkpoint's auto-adjustment: 2/3 of 6656, rounded up to 256s)
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(arch="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True,
@@ -53,6 +54,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                          max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5, head_dim=64,
                          rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                                        "original_max_position_embeddings": 8192, "rope_type": "llama3"}),
+    "lfm2-350m": dict(arch="lfm2", hidden_size=1024, num_hidden_layers=16, num_attention_heads=16,
+                      num_key_value_heads=8, block_ff_dim=4608, block_auto_adjust_ff_dim=False, vocab_size=65536,
+                      tie_word_embeddings=True, max_position_embeddings=128000, conv_L_cache=3, norm_eps=1e-5,
+                      layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]),
 }
 RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager")
 #: crossml records each decode step into a device graph by default; crossml-eager turns that off
@@ -83,7 +88,8 @@ def make_hf(name: str, dst: str) -> None:
                    "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}, f)
     shape = dict(SHAPES[name])
     arch = shape.pop("arch")
-    cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM")}[arch]
+    cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
+           "lfm2": ("Lfm2Config", "Lfm2ForCausalLM")}[arch]
     config = getattr(transformers, cls[0])(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2,
                                            torch_dtype="float16")
     torch.manual_seed(0)

@@ -95,3 +95,24 @@ def test_bad_past_state_shape():
     inputs["past_state"] = inputs["past_state"][:, :, :1].copy()
     with pytest.raises(Exception, match=r"past_state must have shape \(1, 2, 2\)"):
         _run(inputs)
+
+
+@pytest.mark.parametrize("length,dilation,bias", [(1, 1, True), (1, 2, False), (9, 1, True), (9, 3, True)])
+def test_cpu_kernel_matches_the_torch_path(length, dilation, bias):
+    """float32 CPU tensors take numba's kernel (crossml.kernels.cpu_conv); the torch path (kept where the caller
+    needs the padded sequence) gives the same outputs within a rounding."""
+    import torch
+
+    from crossml.kernels import load
+    from crossml.ops.attention import causal_conv
+
+    if load("cpu_conv") is None:
+        pytest.skip("numba is not installed: the torch path is the only one")
+    x, w = torch.randn(2, 6, length), torch.randn(6, 1, 4)
+    b = torch.randn(6) if bias else None
+    past = torch.randn(2, 6, 3 * dilation)
+    out, present, padded = causal_conv(x, w, b, past, "silu", dilation)
+    assert padded is None  # the kernel ran
+    ref_out, ref_present, _ = causal_conv(x, w, b, past, "silu", dilation, keep_padded=True)
+    torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(present, ref_present, atol=0, rtol=0)

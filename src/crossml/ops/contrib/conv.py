@@ -66,7 +66,7 @@ def causal_conv_with_state_ms(
         past = past[state_window - 1]
     if past is not None and channels_last:
         past = _channels_first(past, "past_state")
-    out, present, padded = causal_conv(xc, weight, bias, past, activation, dilation, _NAME)
+    out, present, padded = causal_conv(xc, weight, bias, past, activation, dilation, _NAME, bool(state_window))
     if state_window:
         span, length = present.shape[2], xc.shape[2]
         slots = []
