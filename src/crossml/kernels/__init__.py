@@ -355,7 +355,8 @@ class CompileAhead:
 #: ops whose CPU paths run numba kernels, and those kernels' modules (each with a ``warm()``)
 CPU_KERNEL_OPS = {"MatMulNBits": ("cpu_nbits", "cpu_int8"), "GroupQueryAttention": ("cpu_attention",),
                   "SkipSimplifiedLayerNormalization": ("cpu_norm",), "SiluMulMatMulNBits": ("cpu_nbits", "cpu_int8"),
-                  "NormMatMulNBits": ("cpu_norm", "cpu_nbits", "cpu_int8"), "CausalConvWithState": ("cpu_conv",)}
+                  "NormMatMulNBits": ("cpu_norm", "cpu_nbits", "cpu_int8"), "CausalConvWithState": ("cpu_conv",),
+                  "ShortConv": ("cpu_conv",)}
 
 
 def warm_cpu(op_types: set[str]) -> None:

@@ -429,3 +429,31 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
                     const_inputs=(False, *ctx.const_inputs[gqa_inputs:]))
     normed, s = matmul_skip_norm(out, w, bias, residual, gamma, epsilon=epsilon, ctx=msn)
     return normed, s, present_key, present_value
+
+
+@op("ShortConv", since=1, domain=DOMAIN)
+def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               past_state: torch.Tensor | None = None, *, activation: str = "none",
+               dilation: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """LFM2's short-convolution block (graph rule SHORT_CONV, ``crossml.graph.passes.short_conv``): h [B, L, 3C] is
+    split along its channels into b, c and x; the causal depthwise convolution of b * x after ``past_state``
+    (com.microsoft CausalConvWithState with ``activation`` and ``dilation``), times c, is the output [B, L, C], and
+    the convolution's present state the second output. On the CPU, float32 and no activation: numba's kernel
+    (``crossml.kernels.cpu_conv.short_conv``), the same products and sums as the six nodes; elsewhere their ops."""
+    from crossml.ops.attention import causal_conv
+
+    if h.dim() != 3 or h.shape[2] % 3:
+        raise ValueError(f"ShortConv: h must be [batch, length, 3 * channels], got {tuple(h.shape)}")
+    B, L, C3 = h.shape
+    C = C3 // 3
+    span = (weight.shape[-1] - 1) * dilation if weight.dim() == 3 else 0
+    past = past_state if past_state is not None else torch.zeros((B, C, span), dtype=h.dtype, device=h.device)
+    f32 = torch.float32
+    if (activation == "none" and h.device.type == "cpu" and h.dtype == f32 and weight.dtype == f32
+            and weight.shape == (C, 1, weight.shape[-1]) and past.dtype == f32 and tuple(past.shape) == (B, C, span)
+            and (bias is None or bias.dtype == f32 and tuple(bias.shape) == (C,))
+            and (kernels := load("cpu_conv")) is not None):
+        return kernels.short_conv(h, weight, bias, past, dilation)
+    b, c, x = h.transpose(1, 2).split(C, dim=1)
+    out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, "ShortConv")
+    return (c * out).transpose(1, 2), present
