@@ -19,57 +19,45 @@ __all__ = ["causal_conv", "short_conv", "warm"]
 
 
 @njit(cache=True, nogil=True, boundscheck=False)
-def _conv(x, past, w, bias, has_bias, dilation, out, present):  # pragma: no cover - compiled by numba
-    """x [B, C, L], past [B, C, S], w [C, k], bias [C] float32; out [B, C, L] and present [B, C, S] outputs."""
-    B, C, L = x.shape
+def _conv(h, past, w, bias, has_bias, dilation, gated, y, present):  # pragma: no cover - compiled by numba
+    """The convolution of channel c after its carried positions past [B, C, S] with w [C, k] (bias [C]), float32.
+    Plain: the input is h [B, C, L] and y [B, C, L] the output. ``gated`` (LFM2's block,
+    ``crossml.graph.passes.short_conv``): h is [B, L, 3C] (b | c | x along the channels), the input b * x, and y
+    [B, L, C] the output times c. present [B, C, S]: the last S positions of past followed by the input."""
+    B = h.shape[0]
+    C = past.shape[1]
+    L = h.shape[1] if gated else h.shape[2]
     S = past.shape[2]
     k = w.shape[1]
     for b in range(B):
         for c in range(C):
-            for t in range(L):
+            for t in range(L + S):
                 acc = np.float32(0.0)
-                for j in range(k):
-                    p = t + j * dilation
-                    acc += w[c, j] * (past[b, c, p] if p < S else x[b, c, p - S])
-                if has_bias:
-                    acc += bias[c]
-                out[b, c, t] = acc
-            for i in range(S):
-                p = L + i
-                present[b, c, i] = past[b, c, p] if p < S else x[b, c, p - S]
-
-
-@njit(cache=True, nogil=True, boundscheck=False)
-def _short_conv(h, past, w, bias, has_bias, dilation, y, present):  # pragma: no cover - compiled by numba
-    """LFM2's block (``crossml.graph.passes.short_conv``) on h [B, L, 3C] (b | c | x along the channels), past
-    [B, C, S], w [C, k], bias [C] float32: the convolution of b * x (as ``_conv``), times c, into y [B, L, C];
-    present [B, C, S] the last S positions of past followed by b * x."""
-    B, L, C3 = h.shape
-    C = C3 // 3
-    S = past.shape[2]
-    k = w.shape[1]
-    for b in range(B):
-        for c in range(C):
-            for t in range(L):
-                acc = np.float32(0.0)
-                for j in range(k):
-                    p = t + j * dilation
-                    if p < S:
-                        v = past[b, c, p]
+                if t < L:
+                    for j in range(k):
+                        p = t + j * dilation
+                        if p < S:
+                            v = past[b, c, p]
+                        elif gated:
+                            v = h[b, p - S, c] * h[b, p - S, 2 * C + c]
+                        else:
+                            v = h[b, c, p - S]
+                        acc += w[c, j] * v
+                    if has_bias:
+                        acc += bias[c]
+                    if gated:
+                        y[b, t, c] = h[b, t, C + c] * acc
                     else:
-                        q = p - S
-                        v = h[b, q, c] * h[b, q, 2 * C + c]
-                    acc += w[c, j] * v
-                if has_bias:
-                    acc += bias[c]
-                y[b, t, c] = h[b, t, C + c] * acc
-            for i in range(S):
-                p = L + i
+                        y[b, c, t] = acc
+                if t >= S:
+                    continue
+                p = L + t  # present position t: the padded sequence's position L + t
                 if p < S:
-                    present[b, c, i] = past[b, c, p]
+                    present[b, c, t] = past[b, c, p]
+                elif gated:
+                    present[b, c, t] = h[b, p - S, c] * h[b, p - S, 2 * C + c]
                 else:
-                    q = p - S
-                    present[b, c, i] = h[b, q, c] * h[b, q, 2 * C + c]
+                    present[b, c, t] = h[b, c, p - S]
 
 
 _NONE = np.zeros(1, np.float32)  # the kernel's input for an absent bias
@@ -82,8 +70,8 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     B, C, L = x.shape
     out = np.empty((B, C, L), np.float32)
     present = np.empty(tuple(past.shape), np.float32)
-    _conv(_array(x), _array(past), _array(weight).reshape(C, -1), _NONE if bias is None else _array(bias), bias is not None,
-          dilation, out, present)
+    _conv(_array(x), _array(past), _array(weight).reshape(C, -1), _NONE if bias is None else _array(bias),
+          bias is not None, dilation, False, out, present)
     return torch.from_numpy(out), torch.from_numpy(present)
 
 
@@ -95,8 +83,8 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     C = C3 // 3
     y = np.empty((B, L, C), np.float32)
     present = np.empty(tuple(past.shape), np.float32)
-    _short_conv(_array(h), _array(past), _array(weight).reshape(C, -1), _NONE if bias is None else _array(bias),
-                bias is not None, dilation, y, present)
+    _conv(_array(h), _array(past), _array(weight).reshape(C, -1), _NONE if bias is None else _array(bias),
+          bias is not None, dilation, True, y, present)
     return torch.from_numpy(y), torch.from_numpy(present)
 
 
