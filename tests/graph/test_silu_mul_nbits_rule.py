@@ -18,7 +18,9 @@ from onnx import numpy_helper
 
 import crossml
 from crossml.graph.passes import apply_rules
+from crossml.graph.passes.gate_up import GATE_UP_NBITS
 from crossml.graph.passes.matmul_norm import SILU_MUL_NBITS, SILU_MUL_NORM
+from crossml.graph.passes.swiglu import SWIGLU
 from crossml.runtime.session import fusion_rules
 from tests.graph._rules import contrib_model, rule_reason, unfused_session
 from tests.ops.contrib.test_matmul_nbits import quantized_weight
@@ -87,7 +89,8 @@ def test_refuses_with_a_reason_and_leaves_the_graph(kw: dict, says: str) -> None
 
 
 def test_registered_after_the_gate_rules() -> None:
-    assert fusion_rules(None, torch.device("cpu"))[-1] is SILU_MUL_NBITS
+    cpu = fusion_rules(None, torch.device("cpu"))
+    assert cpu.index(SILU_MUL_NBITS) > max(cpu.index(SWIGLU), cpu.index(GATE_UP_NBITS))
     assert SILU_MUL_NBITS not in fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda"))
     rules = fusion_rules(None, torch.device("cuda"))
     assert rules.index(SILU_MUL_NBITS) == rules.index(SILU_MUL_NORM) + 1
