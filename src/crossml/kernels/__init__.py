@@ -356,7 +356,7 @@ class CompileAhead:
 CPU_KERNEL_OPS = {"MatMulNBits": ("cpu_nbits", "cpu_int8"), "GroupQueryAttention": ("cpu_attention",),
                   "SkipSimplifiedLayerNormalization": ("cpu_norm",), "SiluMulMatMulNBits": ("cpu_nbits", "cpu_int8"),
                   "NormMatMulNBits": ("cpu_norm", "cpu_nbits", "cpu_int8"), "CausalConvWithState": ("cpu_conv",),
-                  "ShortConv": ("cpu_conv",)}
+                  "ShortConv": ("cpu_conv",), "GatherBlockQuantized": ("cpu_gather",)}
 
 
 def warm_cpu(op_types: set[str]) -> None:

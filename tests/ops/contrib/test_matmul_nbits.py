@@ -426,3 +426,33 @@ def test_constant_weight_needs_b_scales_and_zero_points_constant() -> None:
     assert constant_weight(ctx(False, False, False, True, True, True), 3, zp)
     assert not constant_weight(ctx(False, False, False, True, False, True), 3, zp)
     assert not constant_weight(None, 1, None)
+
+
+@pytest.mark.parametrize("with_zp", [False, True])
+def test_gather_4bit_rows_cpu_kernel_equals_torch_path(with_zp, monkeypatch):
+    """4-bit rows with float32 scales take numba's CPU gather (crossml.kernels.cpu_gather): the torch path's values
+    bit for bit, zeros for indices outside [-V, V)."""
+    import torch
+
+    from crossml.kernels import load
+    from crossml.ops.contrib import matmul_nbits as mnb
+
+    kernels = load("cpu_gather")
+    if kernels is None:
+        pytest.skip("numba is not installed: the torch path is the only one")
+    vocab, hidden, block = 40, 128, 32
+    nb = hidden // block
+    data = torch.from_numpy(pack(RNG.integers(0, 16, size=(vocab, hidden)), 4))
+    scales = torch.from_numpy((RNG.random((vocab, nb)) * 0.1 + 0.01).astype(np.float32))
+    zp = torch.from_numpy(pack(RNG.integers(0, 16, size=(vocab, nb)), 4)) if with_zp else None
+    idx = torch.tensor([[0, 39, -1, -40], [7, 40, -41, 12]])
+    calls = []
+    real = kernels.gather_rows
+    monkeypatch.setattr(kernels, "gather_rows", lambda *a: calls.append(1) or real(*a))
+    got = mnb.gather_block_quantized(data, idx, scales, zp, bits=4, block_size=block)
+    assert calls
+    monkeypatch.setattr(mnb, "_cpu_gather", lambda *a: False)
+    want = mnb.gather_block_quantized(data, idx, scales, zp, bits=4, block_size=block)
+    assert got.shape == want.shape == (2, 4, hidden)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert not got[1, 1].any() and not got[1, 2].any()  # 40 and -41 are outside the 40 rows

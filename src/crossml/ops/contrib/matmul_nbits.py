@@ -463,6 +463,20 @@ def _gather_kernel(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tens
     return load("matmul_nbits") is not None  # imported on the first eligible call only
 
 
+def _cpu_gather(data: torch.Tensor, indices: torch.Tensor, scales: torch.Tensor,
+                zero_points: torch.Tensor | None) -> bool:
+    """numba's CPU gather (``crossml.kernels.cpu_gather``) takes 4-bit rows: CPU tensors, integer indices, float32
+    scales of [V, n_blocks], packed uint8 zero points of [V, ceil(n_blocks / 2)] or none, numba installed."""
+    if data.device.type != "cpu" or scales.dtype != torch.float32 or scales.dim() != 2 or indices.is_floating_point():
+        return False
+    if scales.shape[0] != data.shape[0] or indices.device.type != "cpu" or scales.device.type != "cpu":
+        return False
+    if zero_points is not None and (zero_points.dtype != torch.uint8 or zero_points.device.type != "cpu"
+                                    or tuple(zero_points.shape) != (data.shape[0], (scales.shape[1] + 1) // 2)):
+        return False
+    return load("cpu_gather") is not None
+
+
 @op("GatherBlockQuantized", domain=MS_DOMAIN)
 def gather_block_quantized(
     data: torch.Tensor,
@@ -486,6 +500,8 @@ def gather_block_quantized(
     if packed and bits == 4 and rank == 2 and ga == 0 and qa == 1 and _gather_kernel(data, indices, scales,
                                                                                       zero_points, block_size):
         return load("matmul_nbits").gather_rows(data, indices, scales, zero_points, block_size=block_size)
+    if packed and bits == 4 and rank == 2 and ga == 0 and qa == 1 and _cpu_gather(data, indices, scales, zero_points):
+        return load("cpu_gather").gather_rows(data, indices, scales, zero_points, block_size)
     per = 8 // bits if packed else 1
     logical = list(data.shape)
     logical[-1] *= per
