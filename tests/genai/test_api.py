@@ -61,6 +61,19 @@ def test_unsupported_model_type(folder, tmp_path) -> None:
         og.Model(path)
 
 
+def test_qwen3_5_text_is_refused_with_the_reason(folder, tmp_path) -> None:
+    """The builder's Qwen3.5 text export: its genai_config.json keys (recurrent state names) are known, and the model
+    type is refused with why."""
+    def qwen35(c):
+        c["model"]["type"] = "qwen3_5_text"
+        c["model"]["decoder"]["inputs"]["past_recurrent_names"] = "past.%d.recurrent"
+        c["model"]["decoder"]["outputs"]["present_recurrent_names"] = "present.%d.recurrent"
+
+    path = _copy(folder, tmp_path, qwen35)
+    with pytest.raises(og.UnsupportedModelError, match="'qwen3_5_text'.*3, batch, sequence.*RotaryEmbedding"):
+        og.Model(path)
+
+
 def test_unknown_search_option(model) -> None:
     params = og.GeneratorParams(model)
     with pytest.raises(og.SearchOptionError, match="unknown search option 'bogus'.*Accepted options: .*max_length"):

@@ -39,6 +39,15 @@ DECODER_ONLY_TYPES = (
     "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_vl_text", "smollm3",
 )
 
+#: model types onnxruntime-genai knows that crossml.genai refuses, and why (Model names the reason)
+UNSUPPORTED_TYPES = {
+    "qwen3_5_text": "the model builder's Qwen3.5 text export feeds [3, batch, sequence] position ids to com.microsoft "
+                    "RotaryEmbedding, which onnxruntime 1.32's spec does not define (onnxruntime-genai 0.18 fails on "
+                    "it too); its Gated DeltaNet layers' recurrent states are not run either",
+    "qwen3_5_moe_text": "as qwen3_5_text (Qwen3.5's text export: RotaryEmbedding fed 3-D position ids, Gated DeltaNet "
+                        "recurrent states)",
+}
+
 #: provider names genai_config.json / Config.append_provider accept, and crossml's provider for each.
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -174,11 +183,12 @@ DECODER_INPUTS = (
     "past_key_scale_names", "past_value_scale_names", "past_names", "cross_past_key_names",
     "cross_past_value_names", "past_sequence_length", "current_sequence_length", "total_sequence_length",
     "encoder_hidden_states", "encoder_attention_mask", "rnn_states_prev", "past_key_values_length",
-    "cache_indirection", "hidden_states", "past_conv_names",
+    "cache_indirection", "hidden_states", "past_conv_names", "past_recurrent_names",
 )
 DECODER_OUTPUTS = (
     "logits", "present_key_names", "present_value_names", "present_key_scale_names", "present_value_scale_names",
     "present_names", "output_cross_qk_names", "rnn_states", "hidden_states", "present_conv_names",
+    "present_recurrent_names",
 )
 SLIDING_WINDOW_KEYS: dict[str, Any] = {
     "window_size": int, "pad_value": int, "alignment": str, "slide_key_value_cache": bool, "slide_inputs": bool,

@@ -53,7 +53,7 @@ import torch
 
 from crossml import dtypes
 from crossml.device.recording import capture_supported
-from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, Config
+from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, UNSUPPORTED_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
@@ -222,8 +222,9 @@ class Model:
         self.config = config if isinstance(config, Config) else Config(config)
         mc = self.config.model
         if mc.type not in DECODER_ONLY_TYPES:
+            why = f" ({UNSUPPORTED_TYPES[mc.type]})" if mc.type in UNSUPPORTED_TYPES else ""
             raise UnsupportedModelError(
-                f"model type '{mc.type}' (model.type in {self.config._file}) is not supported by crossml.genai; "
+                f"model type '{mc.type}' (model.type in {self.config._file}) is not supported by crossml.genai{why}; "
                 f"supported decoder-only types: {', '.join(DECODER_ONLY_TYPES)}")
         filename = mc.decoder.filename
         model_path = os.path.join(self.config.path, filename)
