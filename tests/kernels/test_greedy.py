@@ -21,7 +21,7 @@ PAD = 99
 
 
 def _state(device: str, rows: int, length: int, col: int, mask_dtype: torch.dtype, ids_dtype: torch.dtype,
-           done_rows: tuple[int, ...]) -> dict[str, torch.Tensor]:
+           done_rows: tuple[int, ...], streams: int = 0) -> dict[str, torch.Tensor]:
     seq = torch.arange(rows * length, dtype=torch.long).reshape(rows, length) % 50
     mask = torch.zeros(rows, length, dtype=mask_dtype)
     mask[:, :col] = 1
@@ -30,11 +30,13 @@ def _state(device: str, rows: int, length: int, col: int, mask_dtype: torch.dtyp
     done[list(done_rows)] = True
     return {k: v.to(device) for k, v in {
         "seq": seq, "mask": mask, "done": done, "out": torch.full((2 * rows,), -7, dtype=torch.long),
-        "ids": torch.zeros(rows, 1, dtype=ids_dtype), "pos": torch.zeros(rows, 1, dtype=torch.long)}.items()}
+        "ids": torch.zeros(rows, 1, dtype=ids_dtype),
+        "pos": torch.zeros((streams, rows, 1) if streams else (rows, 1), dtype=torch.long)}.items()}
 
 
-CASES = {  # name: rows, vocab, length, col, ban_eos, stage, mask dtype, ids dtype, finished rows
+CASES = {  # name: rows, vocab, length, col, ban_eos, stage, mask dtype, ids dtype, finished rows[, position streams]
     "one-row": (1, 1000, 12, 5, False, True, torch.int64, torch.int64, ()),
+    "position-streams": (3, 700, 12, 6, False, True, torch.int64, torch.int64, (), 3),
     "chunks-ban": (3, 2 * CHUNK + 77, 9, 7, True, True, torch.int32, torch.int32, (2,)),
     "no-stage": (2, CHUNK, 9, 8, False, False, torch.int64, torch.int64, ()),
     "long-mask": (2, 300, 2500, 2100, False, True, torch.int64, torch.int64, (0,)),
@@ -44,7 +46,7 @@ CASES = {  # name: rows, vocab, length, col, ban_eos, stage, mask dtype, ids dty
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_greedy_step_matches_reference(device: str, case: str) -> None:
-    rows, vocab, length, col, ban, stage, mask_dtype, ids_dtype, done_rows = CASES[case]
+    rows, vocab, length, col, ban, stage, mask_dtype, ids_dtype, done_rows, *streams = CASES[case]
     g = torch.Generator().manual_seed(len(case))
     logits = torch.randn(rows, vocab, generator=g)
     logits[0, 17] = 40.0
@@ -54,7 +56,7 @@ def test_greedy_step_matches_reference(device: str, case: str) -> None:
     if rows > 2:
         logits[1, vocab // 2] = float("nan")  # counts as the largest
     logits = logits.to(device)
-    got, want = (_state(device, rows, length, col, mask_dtype, ids_dtype, done_rows) for _ in range(2))
+    got, want = (_state(device, rows, length, col, mask_dtype, ids_dtype, done_rows, *streams) for _ in range(2))
     for st in (got, want):  # the float32 copy of the logits and the host buffer (page-locked where there is a GPU)
         st["copy"] = torch.full((rows, vocab), -3.0, device=device)
         st["host"] = torch.full((2 * rows,), -7, dtype=torch.long, pin_memory=device != "cpu")
@@ -75,7 +77,7 @@ def test_greedy_step_matches_reference(device: str, case: str) -> None:
         assert tokens[1] == (PAD if 1 in done_rows else vocab // 2)
     assert (tokens[-1] == 3) == (not ban and rows - 1 not in done_rows)
     if stage:
-        assert got["pos"][0].item() == col - 2
+        assert got["pos"].reshape(-1, rows)[:, 0].tolist() == [col - 2] * (streams[0] if streams else 1)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -213,9 +213,7 @@ class Generator:
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
-        # (it writes [rows] positions: not for multimodal RoPE's three streams)
-        self._greedy = (_greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s)
-                        and not io.position_streams else None)
+        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
         self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
         # ... which the greedy kernel also writes straight into host memory (two slots, used in turn), so the
         # host waits for an event instead of a copy launched behind the kernel

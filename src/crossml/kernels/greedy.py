@@ -69,7 +69,7 @@ def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, copy_ptr, V, s_x, E,
 def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr, s_seq, mask_ptr, s_mask,
                    ids_ptr, pos_ptr, out_ptr, host_ptr, ROWS, col,
                    STAGE: tl.constexpr, HAS_POS: tl.constexpr, HOST: tl.constexpr, BLOCK_C: tl.constexpr,
-                   BLOCK_L: tl.constexpr, PDL: tl.constexpr = False):
+                   BLOCK_L: tl.constexpr, STREAMS: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl_wait(PDL)
     r = tl.program_id(0)
     cs = tl.arange(0, BLOCK_C)
@@ -103,7 +103,8 @@ def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr,
                 cols = start + ls
                 count += tl.load(mask_ptr + mask_row + cols, mask=cols < col, other=0).to(tl.int64)
             pos = tl.sum(count, axis=0)  # (count + 1) - 1
-            tl.store(pos_ptr + r, pos.to(pos_ptr.dtype.element_ty))
+            for stream in tl.static_range(STREAMS):  # multimodal RoPE's equal streams: [STREAMS, ROWS, 1]
+                tl.store(pos_ptr + stream * ROWS + r, pos.to(pos_ptr.dtype.element_ty))
 
 
 def _check(logits: torch.Tensor, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor, eos: torch.Tensor,
@@ -139,11 +140,14 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
 
     ``seq`` [rows, L] int64 and ``mask`` [rows, L] get the token / a 1 at column ``col``; ``done`` [rows] (bool)
     is updated; ``out`` [2 * rows] int64 gets the tokens then the finished flags; ``ids`` [rows, 1] (and
-    ``pos`` [rows, 1], if given) get the next step's inputs when ``ids`` is given. ``copy`` (float32, the logits'
+    ``pos`` [rows, 1] or, for multimodal RoPE's streams, [3, rows, 1], if given) get the next step's inputs when
+    ``ids`` is given. ``copy`` (float32, the logits'
     shape) gets ``logits.float()``; ``host`` (2 * rows int64, page-locked host memory the device can address, or
     on the interpreter's CPU any tensor) gets what ``out`` gets."""
     _check(logits, seq, mask, done, eos, out, col, copy, host)
     rows, vocab = logits.shape
+    if pos is not None and (tuple(pos.shape) not in ((rows, 1), (3, rows, 1)) or not pos.is_contiguous()):
+        raise ValueError(f"greedy step: pos must be contiguous [{rows}, 1] or [3, {rows}, 1], got {tuple(pos.shape)}")
     interpret = use_interpreter(logits, "greedy step")
     chunks = cdiv(vocab, CHUNK)
     vals = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
@@ -159,7 +163,8 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
                                 mask.stride(0), ids if stage else out, pos if pos is not None else out, out,
                                 out if host is None else host, rows, col, STAGE=stage, HAS_POS=pos is not None,
                                 HOST=host is not None, BLOCK_C=max(2, next_power_of_2(chunks)),
-                                BLOCK_L=1024, **({} if interpret else {"num_warps": 4, **pdl(logits)}))
+                                BLOCK_L=1024, STREAMS=pos.shape[0] if pos is not None and pos.dim() == 3 else 1,
+                                **({} if interpret else {"num_warps": 4, **pdl(logits)}))
 
 
 def greedy_step_reference(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, done: torch.Tensor,
