@@ -27,7 +27,7 @@ import torch
 
 from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
-from crossml.kernels import TRITON_DEVICES, load
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops._util import sdpa
 from crossml.ops.contrib.matmul_nbits import (
     KERNEL_MAX_M,
@@ -439,7 +439,8 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     split along its channels into b, c and x; the causal depthwise convolution of b * x after ``past_state``
     (com.microsoft CausalConvWithState with ``activation`` and ``dilation``), times c, is the output [B, L, C], and
     the convolution's present state the second output. On the CPU, float32 and no activation: numba's kernel
-    (``crossml.kernels.cpu_conv.short_conv``), the same products and sums as the six nodes; elsewhere their ops."""
+    (``crossml.kernels.cpu_conv.short_conv``), the same products and sums as the six nodes; on a Triton device one
+    launch (``crossml.kernels.short_conv``, within a rounding of the six nodes); elsewhere their ops."""
     from crossml.ops.attention import causal_conv
 
     if h.dim() != 3 or h.shape[2] % 3:
@@ -454,6 +455,12 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
             and (bias is None or bias.dtype == f32 and tuple(bias.shape) == (C,))
             and (kernels := load("cpu_conv")) is not None):
         return kernels.short_conv(h, weight, bias, past, dilation)
+    if (h.device.type in TRITON_DEVICES and h.dtype in (torch.float16, torch.bfloat16, f32)
+            and weight.shape == (C, 1, weight.shape[-1]) and tuple(past.shape) == (B, C, span)
+            and (bias is None or tuple(bias.shape) == (C,)) and activation in ("none", "silu", "swish")
+            and all(t.device == h.device for t in (weight, past, *(() if bias is None else (bias,))))
+            and (triton_kernels := load_compiled("short_conv")) is not None):
+        return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none")
     b, c, x = h.transpose(1, 2).split(C, dim=1)
     out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, "ShortConv")
     return (c * out).transpose(1, 2), present

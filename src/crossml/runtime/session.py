@@ -606,8 +606,9 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     its output projection's fused node; not with disable_metacommands). The CPU keeps the model's ops (its
     results stay bit-close to onnxruntime's) but for fusions whose values are the unfused ops': 4-bit gate and up
     products merged (GATE_UP_NBITS: columns are computed alone), skip norms fused into the 4-bit product they feed
-    (NORM_MATMUL_CPU), the gate into the 4-bit down projection (SILU_MUL_NBITS) and LFM2's six-node short-convolution
-    block into one (SHORT_CONV); on the int8 kernel the fused nodes run the ops' kernels in one node (a decode step's
+    (NORM_MATMUL_CPU) and the gate into the 4-bit down projection (SILU_MUL_NBITS). Every provider makes LFM2's
+    six-node short-convolution block one node (SHORT_CONV: on the CPU its values bit for bit, on a GPU one launch
+    for about ten); on the int8 kernel the fused nodes run the ops' kernels in one node (a decode step's
     nodes cost 20-50 us each in Python)."""
     merge = [GATE_UP, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM] if device.type != "cpu" else [
         GATE_UP_NBITS, NORM_MATMUL_CPU]
@@ -617,7 +618,8 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     if device.type != "cpu":
         rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM]
     else:
-        rules += [SILU_MUL_NBITS, SHORT_CONV]
+        rules.append(SILU_MUL_NBITS)
+    rules.append(SHORT_CONV)
     if device.type == "cuda":
         rules.append(CONV_RELU)
     return rules

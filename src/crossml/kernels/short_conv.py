@@ -1,0 +1,96 @@
+"""LFM2's short-convolution block (com.crossml ShortConv, graph rule SHORT_CONV) as one Triton launch: on a GPU the
+six nodes it replaces are about ten torch kernels a layer (transposes, the gating products, the convolution's
+concatenation, taps and sum, its casts), each a launch in the recorded decode step.
+
+h [B, L, 3C] holds b | c | x along its channels. Each program takes BLOCK_C channels of one batch row and walks the
+L positions: the k taps of ``b * x`` (rounded to h's dtype, as the Mul node's output is) after the carried
+state, times the channel's kernel, summed in float32 with the bias, rounded to h's dtype (the convolution's
+output), times c (rounded again): y [B, L, C]; the present state [B, C, S] is the last S positions of the carried
+state followed by ``b * x``. ``ACT`` applies the convolution's SiLU after its rounding, as the op does. The torch
+path sums the taps in another order, so the two agree within a rounding (``tests/kernels/test_short_conv.py``).
+Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter (see ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
+
+__all__ = ["short_conv"]
+
+
+@triton.jit
+def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, C, S, K, dilation,
+                       s_hb, s_ht, s_pb, s_pc, s_yb, s_yt, s_rb, s_rc,
+                       HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                       BLOCK_S: tl.constexpr):
+    cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    b = tl.program_id(1).to(tl.int64)
+    c_ok = cs < C
+    ks = tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    w = tl.load(w_ptr + cs[:, None] * K + ks[None, :], mask=c_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+    bias = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + cs, mask=c_ok, other=0.0).to(tl.float32)
+    h_row = h_ptr + b * s_hb
+    p_row = past_ptr + b * s_pb + cs[:, None] * s_pc
+    out_ty = y_ptr.dtype.element_ty
+    for t in range(L):
+        p = t + ks * dilation
+        ok = c_ok[:, None] & k_ok[None, :]
+        carried = ok & (p < S)[None, :]
+        fresh = ok & (p >= S)[None, :]
+        q = tl.maximum(p - S, 0)[None, :] * s_ht
+        v_past = tl.load(p_row + tl.minimum(p, S - 1)[None, :], mask=carried, other=0.0).to(tl.float32)
+        bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
+              * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(out_ty)
+        v = tl.where(carried, v_past, bx.to(tl.float32))
+        conv = (tl.sum(v * w, axis=1) + bias).to(out_ty)
+        if ACT:
+            cf = conv.to(tl.float32)
+            conv = (cf * tl.sigmoid(cf)).to(out_ty)
+        gate = tl.load(h_row + t * s_ht + C + cs, mask=c_ok, other=0.0)
+        tl.store(y_ptr + b * s_yb + t * s_yt + cs, (gate * conv).to(out_ty), mask=c_ok)
+    ss = tl.arange(0, BLOCK_S)
+    s_ok = ss < S
+    p = L + ss
+    carried = c_ok[:, None] & (s_ok & (p < S))[None, :]
+    fresh = c_ok[:, None] & (s_ok & (p >= S))[None, :]
+    q = tl.maximum(p - S, 0)[None, :] * s_ht
+    v_past = tl.load(p_row + tl.minimum(p, S - 1)[None, :], mask=carried, other=0.0)
+    bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
+          * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(present_ptr.dtype.element_ty)
+    state = tl.where(carried, v_past.to(present_ptr.dtype.element_ty), bx)
+    tl.store(present_ptr + b * s_rb + cs[:, None] * s_rc + ss[None, :], state, mask=c_ok[:, None] & s_ok[None, :])
+
+
+def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, dilation: int,
+               activation: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y [B, L, C], present [B, C, S]) of h [B, L, 3C] with weight [C, 1, k], bias [C] or None and the carried
+    state past [B, C, S = (k - 1) * dilation], all on h's device (the caller checks shapes; past in h's dtype)."""
+    B, L, C3 = h.shape
+    C = C3 // 3
+    K = weight.shape[-1]
+    S = past.shape[2]
+    h = h if h.stride(2) == 1 else h.contiguous()
+    past = past.contiguous()
+    w = weight.reshape(C, K).contiguous()
+    y = torch.empty((B, L, C), dtype=h.dtype, device=h.device)
+    present = torch.empty((B, C, S), dtype=h.dtype, device=h.device)
+    interpret = use_interpreter(h, "ShortConv")
+    block_c = 64 if interpret else 128
+    launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
+    with launch:
+        _short_conv_kernel[(cdiv(C, block_c), B)](
+            h, past, w, bias if bias is not None else w, y, present, L, C, S, K, dilation,
+            h.stride(0), h.stride(1), past.stride(0), past.stride(1), y.stride(0), y.stride(1),
+            present.stride(0), present.stride(1), HAS_BIAS=bias is not None, ACT=activation, BLOCK_C=block_c,
+            BLOCK_K=max(2, next_power_of_2(K)), BLOCK_S=max(2, next_power_of_2(max(S, 1))),
+            **({} if interpret else {"num_warps": 4}))
+    return y, present

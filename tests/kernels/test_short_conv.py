@@ -1,0 +1,54 @@
+"""LFM2's short-convolution block as one Triton launch (crossml.kernels.short_conv) against the fused op's torch path
+(the six nodes' ops): outputs within a rounding, the present state equal. CPU cases run in Triton's interpreter;
+``gpu`` cases compile."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from crossml.kernels.short_conv import short_conv  # noqa: E402
+from tests.kernels._common import DEVICES  # noqa: E402
+
+
+def _torch_block(h, weight, bias, past, dilation, activation):
+    """The six nodes' ops (the fused op's torch path, as crossml.ops.fused.short_conv runs it off the kernels)."""
+    from crossml.ops.attention import causal_conv
+
+    C = h.shape[2] // 3
+    b, c, x = h.transpose(1, 2).split(C, dim=1)
+    out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, keep_padded=True)
+    return (c * out).transpose(1, 2), present
+
+
+CASES = {  # name: batch, length, channels, k, dilation, bias, activation
+    "decode": (1, 1, 96, 3, 1, True, "none"),
+    "decode-batch": (3, 1, 40, 3, 1, False, "none"),
+    "prompt": (2, 7, 70, 3, 1, True, "none"),
+    "dilated-silu": (1, 5, 33, 4, 2, True, "silu"),
+    "k1": (2, 3, 16, 1, 1, True, "none"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_matches_the_six_nodes(device: str, dtype: torch.dtype, case: str) -> None:
+    B, L, C, K, dil, has_bias, act = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    h = torch.randn(B, L, 3 * C, generator=g).to(dtype)
+    weight = torch.randn(C, 1, K, generator=g).to(dtype)
+    bias = torch.randn(C, generator=g).to(dtype) if has_bias else None
+    past = torch.randn(B, C, (K - 1) * dil, generator=g).to(dtype)
+    want_y, want_present = _torch_block(h, weight, bias, past, dil, act)
+    y, present = short_conv(*(t.to(device) if t is not None else None for t in (h, weight, bias, past)), dil,
+                            act != "none")
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(y.cpu(), want_y, rtol=tol, atol=tol)
+    torch.testing.assert_close(present.cpu(), want_present, rtol=0, atol=0)
