@@ -143,3 +143,26 @@ def sdpa_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int,
     if q.device.type == "cuda" and (masked or q.dtype not in (torch.float16, torch.bfloat16)):
         return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
     return k, v, True
+
+
+def window_past(past: torch.Tensor | None, window: int, name: str, shape: str, rank: int | None = None
+                ) -> torch.Tensor | None:
+    """The past state a stateful op (com.microsoft CausalConvWithState, LinearAttention) reads with ``state_window``
+    = W (checked within [0, 8]): slot W - 1 of the leading window axis when W > 0, else ``past`` itself. ``shape``
+    names one slot's layout in errors; ``rank``, where given, is the windowed past's required rank."""
+    if not 0 <= window <= 8:
+        raise ValueError(f"{name}: state_window must be within [0, 8], got {window}")
+    if past is None or not window:
+        return past
+    if past.dim() < 1 or past.shape[0] != window or (rank is not None and past.dim() != rank):
+        raise ValueError(f"{name}: with state_window={window} past_state must be (W, {shape}) with W = {window}, got "
+                         f"shape {tuple(past.shape)}")
+    return past[window - 1]
+
+
+def window_slots(window: int, length: int, after: Callable[[int], torch.Tensor], zeros: torch.Tensor
+                 ) -> list[torch.Tensor]:
+    """The ``state_window`` slots of a stateful op's present state after a call on ``length`` positions: slot j is
+    the state after position length - W + j, ``after(n)`` the state after the call's first n positions; slots before
+    the call's first position are ``zeros``."""
+    return [after(length - window + j + 1) if length - window + j >= 0 else zeros for j in range(window)]

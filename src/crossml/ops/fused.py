@@ -450,15 +450,15 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     span = (weight.shape[-1] - 1) * dilation if weight.dim() == 3 else 0
     past = past_state if past_state is not None else torch.zeros((B, C, span), dtype=h.dtype, device=h.device)
     f32 = torch.float32
-    if (activation == "none" and h.device.type == "cpu" and h.dtype == f32 and weight.dtype == f32
-            and weight.shape == (C, 1, weight.shape[-1]) and past.dtype == f32 and tuple(past.shape) == (B, C, span)
-            and (bias is None or bias.dtype == f32 and tuple(bias.shape) == (C,))
-            and (kernels := load("cpu_conv")) is not None):
+    tensors = (weight, past) if bias is None else (weight, past, bias)
+    # the shapes both kernels take (elsewhere the ops' own checks name what is wrong)
+    shaped = (weight.shape == (C, 1, weight.shape[-1]) and tuple(past.shape) == (B, C, span)
+              and (bias is None or tuple(bias.shape) == (C,)))
+    if (shaped and activation == "none" and h.device.type == "cpu" and h.dtype == f32
+            and all(t.dtype == f32 for t in tensors) and (kernels := load("cpu_conv")) is not None):
         return kernels.short_conv(h, weight, bias, past, dilation)
-    if (h.device.type in TRITON_DEVICES and h.dtype in (torch.float16, torch.bfloat16, f32)
-            and weight.shape == (C, 1, weight.shape[-1]) and tuple(past.shape) == (B, C, span)
-            and (bias is None or tuple(bias.shape) == (C,)) and activation in ("none", "silu", "swish")
-            and all(t.device == h.device for t in (weight, past, *(() if bias is None else (bias,))))
+    if (shaped and h.device.type in TRITON_DEVICES and h.dtype in (torch.float16, torch.bfloat16, f32)
+            and activation in ("none", "silu", "swish") and all(t.device == h.device for t in tensors)
             and (triton_kernels := load_compiled("short_conv")) is not None):
         return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none")
     b, c, x = h.transpose(1, 2).split(C, dim=1)

@@ -16,9 +16,11 @@ Split into three equal parts along the channels.
 from __future__ import annotations
 
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from crossml.graph import external
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs
+from crossml.graph.passes._consts import constant, other_input
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -32,19 +34,6 @@ def _is(node: onnx.NodeProto | None, op_type: str, domains: tuple[str, ...] = ("
     return node is not None and node.op_type == op_type and node.domain in domains
 
 
-def _constant(view: GraphView, name: str) -> list[int] | None:
-    """The values of an initializer or a Constant node's output, else None."""
-    t = view.initializers.get(name)
-    if t is None:
-        node = view.producer.get(name)
-        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
-            return None
-        t = node_attrs(node).get("value")
-        if not isinstance(t, onnx.TensorProto):
-            return None
-    return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
-
-
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if not _is(node, "Transpose") or len(node.input) != 1:
         return None
@@ -55,7 +44,7 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
                  if _is(view.producer.get(i), "CausalConvWithState", (MS_DOMAIN,))), None)
     if conv is None or len(conv.input) < 2 or not conv.input[0]:
         return None
-    c_name = gated.input[1] if gated.input[0] == conv.output[0] else gated.input[0]
+    c_name = other_input(gated, conv.output[0])
     mixed = view.producer.get(conv.input[0])
     if not _is(mixed, "Mul") or len(mixed.input) != 2:
         return None
@@ -83,9 +72,10 @@ def check(view: GraphView, m: Match) -> str | None:
         return f"'{split.name}' splits axis {sa.get('axis', 0)} (needs 1)"
     parts = sa.get("split")
     if parts is None and len(split.input) > 1 and split.input[1]:
-        parts = _constant(view, split.input[1])
-        if parts is None:
+        t = constant(view, split.input[1])
+        if t is None:
             return f"'{split.name}' has split sizes ('{split.input[1]}') that are not constants"
+        parts = [int(v) for v in external.array(t).reshape(-1)]
     if parts is not None and (len(parts) != 3 or len(set(parts)) != 1):
         return f"'{split.name}' splits into {parts} (needs three equal parts)"
     ca = node_attrs(conv)

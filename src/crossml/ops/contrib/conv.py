@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from crossml.ops._util import window_past, window_slots
 from crossml.ops.attention import causal_conv
 from crossml.ops.registry import MS_DOMAIN, op
 
@@ -52,31 +53,17 @@ def causal_conv_with_state_ms(
         if value != default:
             raise ValueError(f"{_NAME}: attribute {name}={value} belongs to onnxruntime's CUDA extended path and is "
                              f"not supported; leave it at its default ({default})")
-    if not 0 <= state_window <= 8:
-        raise ValueError(f"{_NAME}: state_window must be within [0, 8], got {state_window}")
     if channels_last not in (0, 1):
         raise ValueError(f"{_NAME}: channels_last must be 0 or 1, got {channels_last}")
     trailing = tuple(x.shape[2:])
     xc = _channels_first(x, "input") if channels_last else x
-    past = past_state
-    if past is not None and state_window:
-        if past.dim() < 1 or past.shape[0] != state_window:
-            raise ValueError(f"{_NAME}: with state_window={state_window} past_state needs a leading window axis of "
-                             f"{state_window} slots, got shape {tuple(past.shape)}")
-        past = past[state_window - 1]
+    past = window_past(past_state, state_window, _NAME, "B, S, d_1, ..., d_n" if channels_last else "B, C, S")
     if past is not None and channels_last:
         past = _channels_first(past, "past_state")
     out, present, padded = causal_conv(xc, weight, bias, past, activation, dilation, _NAME, bool(state_window))
     if state_window:
-        span, length = present.shape[2], xc.shape[2]
-        slots = []
-        for j in range(state_window):
-            end = length - state_window + j + 1  # positions of this call up to and including the slot's
-            if end <= 0:
-                slots.append(torch.zeros_like(present))
-            else:
-                stop = span + end
-                slots.append(padded[:, :, stop - span:stop])
+        span = present.shape[2]
+        slots = window_slots(state_window, xc.shape[2], lambda n: padded[:, :, n:n + span], torch.zeros_like(present))
         states = [_channels_last(s, trailing) for s in slots] if channels_last else slots
         present = torch.stack(states)
     elif channels_last:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from crossml.ops._util import window_past, window_slots
 from crossml.ops.attention import linear_recurrence
 from crossml.ops.registry import MS_DOMAIN, op
 
@@ -28,21 +29,12 @@ def linear_attention_ms(
     kv_num_heads: int, chunk_size: int = 64, scale: float = 0.0, update_rule: str = "gated_delta",
     state_window: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if not 0 <= state_window <= 8:
-        raise ValueError(f"{_LA}: state_window must be within [0, 8], got {state_window}")
-    past = past_state
-    if past is not None and state_window:
-        if past.dim() != 5 or past.shape[0] != state_window:
-            raise ValueError(f"{_LA}: with state_window={state_window} past_state must be (W, B, H_kv, d_k, d_v) "
-                             f"with W = {state_window}, got shape {tuple(past.shape)}")
-        past = past[state_window - 1]
+    past = window_past(past_state, state_window, _LA, "B, H_kv, d_k, d_v", rank=5)
     out, state, states = linear_recurrence(query, key, value, past, decay, beta, q_num_heads, kv_num_heads, scale,
                                            update_rule, keep_states=bool(state_window), op_name=_LA)
     if state_window:
-        t = len(states)
-        slots = [states[t - state_window + j].to(state.dtype) if t - state_window + j >= 0
-                 else torch.zeros_like(state) for j in range(state_window)]
-        state = torch.stack(slots)
+        state = torch.stack(window_slots(state_window, len(states), lambda n: states[n - 1].to(state.dtype),
+                                         torch.zeros_like(state)))
     return out, state
 
 
