@@ -96,11 +96,30 @@ VLM_CLASSES = {
                 dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64,
                      deepstack_visual_indexes=[0])),
 }
+#: Qwen3.5's text decoder (model type qwen3_5_text): Gated DeltaNet layers (com.microsoft CausalConvWithState and
+#: LinearAttention, carried past.i.conv and past.i.recurrent states; key heads shared by two value heads) beside gated
+#: full-attention layers (partial, interleaved multimodal RoPE; q/k norms; a sigmoid output gate)
+_QWEN35_TEXT = dict(head_dim=64, layer_types=["linear_attention", "full_attention"], linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_conv_kernel_dim=4,
+                    rope_parameters={"rope_type": "default", "mrope_section": [3, 3, 2], "mrope_interleaved": True,
+                                     "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+_QWEN35_VISION = dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64)
+VLM_CLASSES["qwen35"] = ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", _QWEN35_TEXT, _QWEN35_VISION)
+# and its mixture-of-experts variant (qwen3_5_moe_text: MoE nodes and a gated shared expert, com.microsoft GatedAdd)
+VLM_CLASSES["qwen35moe"] = ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
+                            dict(_QWEN35_TEXT, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                 num_experts=4, num_experts_per_tok=2), _QWEN35_VISION)
 MORE_CLASSES.update(VLM_CLASSES)
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
-MORE_INT4 = ("gptoss", "lfm2")
-#: architectures of MORE_CLASSES whose layers carry convolution states (tests/genai/test_conv_states.py)
-CONV_STATE_ARCHS = ("lfm2", "lfm2moe")
+MORE_INT4 = ("gptoss", "lfm2", "qwen35")
+#: architectures of MORE_CLASSES whose layers carry states instead of KV caches (tests/genai/test_conv_states.py)
+CONV_STATE_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")
+#: architectures whose tokenizer_config.json the builder (under transformers 5) writes with tokenizer class
+#: "Qwen3_5Tokenizer", which onnxruntime-genai 0.18 refuses ("Unsupported tokenizer class"): the test folders name
+#: "Qwen2Tokenizer" (the same tokenizer.json), and keep the builder's file as BUILDER_TOKENIZER_CONFIG
+QWEN35_TOKENIZER = ("qwen35", "qwen35moe")
+BUILDER_TOKENIZER_CONFIG = "tokenizer_config.builder.json"
 #: architectures whose batches of prompts of different lengths onnxruntime-genai 0.18 gets wrong (a shorter prompt's
 #: row drifts from the prompt's own run): checked against the prompts run alone instead
 #: (tests/genai/test_architectures.py::test_ragged_batch_rows_equal_their_prompts_alone)
@@ -198,6 +217,22 @@ def _flat_gemma3_rope() -> None:
     transformers.AutoConfig.from_pretrained = flat
 
 
+def hf_generate(hf_dir: str, ids: list[int], options: dict) -> list[list[int]]:
+    """``generate`` of the Hugging Face checkpoint ``hf_dir`` (a vision-language one's text path) in float32 on the
+    prompt ``ids``, with ``options`` (num_beams, ...): the returned sequences. A reference where onnxruntime-genai 0.18
+    cannot run a search (Qwen3.5's beams)."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    arch = config.architectures[0]
+    model = getattr(transformers, arch).from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), do_sample=False, eos_token_id=config.text_config.eos_token_id
+                             if hasattr(config, "text_config") else config.eos_token_id, pad_token_id=2, **options)
+    return out.tolist()
+
+
 def main(out_dir: str, specs: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
@@ -213,7 +248,19 @@ def main(out_dir: str, specs: list[str]) -> None:
         dst = os.path.join(out_dir, f"{arch}_{precision}" + ("" if ep == "cpu" else f"_{ep}"))
         args = (None, hf, dst, precision, ep, os.path.join(out_dir, "cache"))
         create_model(*args, **parse_extra_options(*args, EXTRA_OPTIONS.get((arch, precision, ep))))
+        if arch in QWEN35_TOKENIZER:
+            path = os.path.join(dst, "tokenizer_config.json")
+            with open(path) as f:
+                text = f.read()
+            with open(os.path.join(dst, BUILDER_TOKENIZER_CONFIG), "w") as f:
+                f.write(text)
+            with open(path, "w") as f:
+                f.write(text.replace('"Qwen3_5Tokenizer"', '"Qwen2Tokenizer"'))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    if sys.argv[1] == "--generate":  # --generate HF_DIR JSON_IDS JSON_OPTIONS: prints the sequences as JSON
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        print(json.dumps(hf_generate(sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]))))
+    else:
+        main(sys.argv[1], sys.argv[2:])

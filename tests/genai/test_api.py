@@ -61,16 +61,9 @@ def test_unsupported_model_type(folder, tmp_path) -> None:
         og.Model(path)
 
 
-def test_qwen3_5_text_is_refused_with_the_reason(folder, tmp_path) -> None:
-    """The builder's Qwen3.5 text export: its genai_config.json keys (recurrent state names) are known, and the model
-    type is refused with why."""
-    def qwen35(c):
-        c["model"]["type"] = "qwen3_5_text"
-        c["model"]["decoder"]["inputs"]["past_recurrent_names"] = "past.%d.recurrent"
-        c["model"]["decoder"]["outputs"]["present_recurrent_names"] = "present.%d.recurrent"
-
-    path = _copy(folder, tmp_path, qwen35)
-    with pytest.raises(og.UnsupportedModelError, match="'qwen3_5_text'.*3, batch, sequence.*RotaryEmbedding"):
+def test_known_but_unsupported_type_is_refused_with_the_reason(folder, tmp_path) -> None:
+    path = _copy(folder, tmp_path, lambda c: c["model"].update(type="gemma4_text"))
+    with pytest.raises(og.UnsupportedModelError, match="'gemma4_text'.*not supported.*builder .*Gemma 4"):
         og.Model(path)
 
 

@@ -36,16 +36,14 @@ CONFIG_FILE = "genai_config.json"
 DECODER_ONLY_TYPES = (
     "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss", "granite", "granitemoehybrid",
     "hunyuandensev1", "internlm2", "lfm2", "lfm2_moe", "llama", "mistral", "mistral3_text", "nemotron", "olmo", "phi",
-    "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_vl_text", "smollm3",
+    "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
+    "qwen3_vl_text", "smollm3",
 )
 
 #: model types onnxruntime-genai knows that crossml.genai refuses, and why (Model names the reason)
 UNSUPPORTED_TYPES = {
-    "qwen3_5_text": "the model builder's Qwen3.5 text export feeds [3, batch, sequence] position ids to com.microsoft "
-                    "RotaryEmbedding, which onnxruntime 1.32's spec does not define (onnxruntime-genai 0.18 fails on "
-                    "it too); its Gated DeltaNet layers' recurrent states are not run either",
-    "qwen3_5_moe_text": "as qwen3_5_text (Qwen3.5's text export: RotaryEmbedding fed 3-D position ids, Gated DeltaNet "
-                        "recurrent states)",
+    "gemma4_text": "not run yet: the model builder (onnxruntime-genai 0.18) fails on transformers 5's Gemma 4 configs, "
+                   "so no Gemma 4 folder could be made to test against",
 }
 
 #: provider names genai_config.json / Config.append_provider accept, and crossml's provider for each.

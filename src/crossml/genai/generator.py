@@ -190,7 +190,7 @@ class Generator:
         self._finished_step = False
         self._cache = self._make_cache()
         # the "conv" layers' carried states (LFM2): at the lent buffers' fixed addresses on the static path
-        self._states = LayerStates(io.state_names, io.state_present_names, self._rows, io.state_shape, io.state_dtype,
+        self._states = LayerStates(io.state_names, io.state_present_names, self._rows, io.state_shapes, io.state_dtypes,
                                    dev, self._bufs.states if self._bufs is not None else None)
         # the decoder outputs every run asks for
         self._names = [io.logits, *self._cache.present_names, *self._states.present_names]

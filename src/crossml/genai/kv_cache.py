@@ -12,10 +12,11 @@ the buffer, so the buffers keep their addresses for the whole generation: still 
 
 ``GrowingKVCache``: ``past`` starts with length 0 and each ``present`` becomes the next ``past``.
 
-``LayerStates``: the carried state of layers without a KV cache (LFM2's short convolutions, ``past.i.conv``:
-[rows, channels, conv_cache_size]), which each run replaces whole. Its buffers keep their addresses (each present is
-copied into them), so a recorded decode step reads them in place. Such a state cannot be cut back to an earlier
-position: the generator rewinds by running the kept tokens again, and pads no prompt.
+``LayerStates``: the carried states of layers without a KV cache (LFM2's short convolutions, ``past.i.conv``:
+[rows, channels, conv_cache_size]; Qwen3.5's linear-attention layers, a convolution state and ``past.i.recurrent``:
+[rows, heads, value head size, key head size]), which each run replaces whole. Its buffers keep their addresses
+(each present is copied into them), so a recorded decode step reads them in place. Such a state cannot be cut back
+to an earlier position: the generator rewinds by running the kept tokens again, and pads no prompt.
 """
 
 from __future__ import annotations
@@ -96,21 +97,21 @@ class GrowingKVCache(KVCache):
 class LayerStates:
     """Per-layer states a run replaces whole (no sequence axis to grow or cut), at fixed addresses."""
 
-    def __init__(self, past_names: list[str], present_names: list[str], rows: int, shape: tuple[int, ...],
-                 dtype: torch.dtype, device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, shapes: list[tuple[int, ...]],
+                 dtypes: list[torch.dtype], device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
         self.past_names = past_names
         self.present_names = present_names
         self.tensors = tensors if tensors is not None else [
-            torch.zeros((rows, *shape), dtype=dtype, device=device) for _ in past_names]
+            torch.zeros((rows, *shape), dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes)]
 
     def feed(self) -> dict[str, torch.Tensor]:
         return dict(zip(self.past_names, self.tensors))
 
     def update(self, presents: list[torch.Tensor]) -> None:
-        for name, buf, p in zip(self.present_names, self.tensors, presents):
+        for name, past, buf, p in zip(self.present_names, self.past_names, self.tensors, presents):
             if p.shape != buf.shape:
                 raise RuntimeError(f"layer state: '{name}' came back with shape {tuple(p.shape)}, expected "
-                                   f"{tuple(buf.shape)} (model.decoder.conv_cache_size and the decoder's inputs)")
+                                   f"{tuple(buf.shape)} (the decoder's input '{past}', model.decoder.conv_cache_size)")
             if p.data_ptr() != buf.data_ptr():
                 buf.copy_(p)
 

@@ -85,14 +85,15 @@ class DecoderIO:
     mask_dtype: torch.dtype
     position_dtype: torch.dtype
     input_ids_dtype: torch.dtype
-    #: the layer of each KV pair of past_names (every layer, or those not of kind "conv" in layer_types)
+    #: the layer of each KV pair of past_names (the layers without a carried state)
     kv_layers: list[int]
-    #: carried states of the "conv" layers (``crossml.genai.kv_cache.LayerStates``): past and present names, and
-    #: one row's shape and the element type
+    #: carried states of the layers without a KV cache (``crossml.genai.kv_cache.LayerStates``): LFM2's "conv"
+    #: layers' convolution states, Qwen3.5's "linear_attention" layers' convolution and recurrent states. Past and
+    #: present names, and each state's one-row shape and element type
     state_names: list[str]
     state_present_names: list[str]
-    state_shape: tuple[int, ...]
-    state_dtype: torch.dtype
+    state_shapes: list[tuple[int, ...]]
+    state_dtypes: list[torch.dtype]
     #: 3 where position_ids is [3, batch, sequence] (multimodal RoPE's temporal, height and width streams, equal for
     #: text tokens: MRotaryEmbedding), else 0 ([batch, sequence])
     position_streams: int
@@ -170,8 +171,8 @@ class DecodeBuffers:
         self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
                    for n in kv_lengths]
         #: the "conv" layers' carried states (``crossml.genai.kv_cache.LayerStates``)
-        self.states = [torch.zeros((rows, *io.state_shape), dtype=io.state_dtype, device=device)
-                       for _ in io.state_names]
+        self.states = [torch.zeros((rows, *shape), dtype=dtype, device=device)
+                       for shape, dtype in zip(io.state_shapes, io.state_dtypes)]
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
         self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly
@@ -356,16 +357,30 @@ class Model:
         inputs = {a.name: a for a in self.session.get_inputs()}
         outputs = {a.name for a in self.session.get_outputs()}
         n = dec.num_hidden_layers
-        conv = [i for i in range(n) if dec.layer_types and dec.layer_types[i] == "conv"]
-        kv_layers = [i for i in range(n) if i not in conv]
         pk = dec.input_name("past_key_names", "past_key_values.%d.key")
         pv = dec.input_name("past_value_names", "past_key_values.%d.value")
         ok = dec.output_name("present_key_names", "present.%d.key")
         ov = dec.output_name("present_value_names", "present.%d.value")
+        # a state kind's past and present name patterns
+        state_names = {kind: (dec.input_name(f"past_{kind}_names", f"past.%d.{kind}"),
+                              dec.output_name(f"present_{kind}_names", f"present.%d.{kind}"))
+                       for kind in ("conv", "recurrent")}
+        layer_states = {"conv": ("conv",), "linear_attention": ("conv", "recurrent")}
+        state_layers: dict[int, tuple[str, ...]] = {}
+        for i in range(n):
+            if dec.layer_types:
+                if dec.layer_types[i] in layer_states:
+                    state_layers[i] = layer_states[dec.layer_types[i]]
+            elif pk % i not in inputs:  # no layer_types (Qwen3.5): a layer's states are the inputs it has
+                found = tuple(kind for kind, (name, _) in state_names.items() if name % i in inputs)
+                if found:
+                    state_layers[i] = found
+        kv_layers = [i for i in range(n) if i not in state_layers]
         past = [name % i for i in kv_layers for name in (pk, pv)]
         present = [name % i for i in kv_layers for name in (ok, ov)]
-        state_past = [dec.input_name("past_conv_names", "past.%d.conv") % i for i in conv]
-        state_present = [dec.output_name("present_conv_names", "present.%d.conv") % i for i in conv]
+        states = [(kind, i) for i, kinds in state_layers.items() for kind in kinds]
+        state_past = [state_names[kind][0] % i for kind, i in states]
+        state_present = [state_names[kind][1] % i for kind, i in states]
         past_all, present_all = past + state_past, present + state_present
         ids = dec.input_name("input_ids", "input_ids")
         logits = dec.output_name("logits", "logits")
@@ -395,21 +410,26 @@ class Model:
             elif len(dims) != 2:
                 raise UnsupportedModelError(f"'{where}': position input '{pos}' has shape {dims}; expected [batch, "
                                             "sequence], or [3, batch, sequence] for multimodal RoPE")
-        state_shape: tuple[int, ...] = ()
-        if state_past:
-            dims = inputs[state_past[0]].shape[1:]
-            state_shape = (dec.hidden_size, dec.conv_cache_size)
-            if len(dims) == 2 and all(isinstance(d, int) and d > 0 for d in dims):
-                state_shape = tuple(dims)
-            elif len(dims) != 2 or dec.hidden_size <= 0:
+        state_shapes = []
+        for name, (kind, _) in zip(state_past, states):
+            dims = inputs[name].shape[1:]
+            if all(isinstance(d, int) and d > 0 for d in dims) and len(dims) == (2 if kind == "conv" else 3):
+                state_shapes.append(tuple(dims))
+            elif kind == "conv" and len(dims) == 2 and dec.hidden_size > 0 and dec.conv_cache_size > 0:
+                state_shapes.append((dec.hidden_size, dec.conv_cache_size))
+            elif kind == "conv":
                 raise UnsupportedModelError(
-                    f"'{where}': the convolution state '{state_past[0]}' has shape {inputs[state_past[0]].shape}; "
-                    "expected [batch, channels, conv_cache_size] (channels fixed, or model.decoder.hidden_size given)")
+                    f"'{where}': the convolution state '{name}' has shape {inputs[name].shape}; expected [batch, "
+                    "channels, conv_cache_size] (channels fixed, or model.decoder.hidden_size given)")
+            else:
+                raise UnsupportedModelError(
+                    f"'{where}': the recurrent state '{name}' has shape {inputs[name].shape}; expected [batch, "
+                    "heads, value head size, key head size] with fixed sizes")
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          kv_layers=kv_layers, state_names=state_past, state_present_names=state_present,
-                         state_shape=state_shape, position_streams=streams,
-                         state_dtype=dtype(state_past[0] if state_past else None, torch.float32), logits=logits,
+                         state_shapes=state_shapes, position_streams=streams,
+                         state_dtypes=[dtype(name, torch.float32) for name in state_past], logits=logits,
                          kv_dtype=dtype(past[0] if past else None, torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),
                          extra=extra, required={n for n in extra if n in inputs})

@@ -293,13 +293,14 @@ def linear_attention(
 def linear_recurrence(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
     decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
-    update_rule: str, keep_states: bool = False, op_name: str = "LinearAttention",
+    update_rule: str, keep_states: bool = False, op_name: str = "LinearAttention", shared_keys: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """LinearAttention's recurrence, token by token in float32 (the spec's sequential semantics). Query heads share
     a KV head in groups (GQA), or with more KV heads than query heads each query head serves a group of KV heads
     (inverse GQA: output head h of KV head h reads query head h // (kv_num_heads / q_num_heads)). Returns the
     output, the final state (in the past state's dtype, else the query's) and, with ``keep_states``, the state
-    after each token (float32)."""
+    after each token (float32). ``shared_keys`` (com.microsoft's op): the key may hold fewer heads H_k than
+    kv_num_heads, H_k dividing it, each key head shared by kv_num_heads / H_k consecutive KV-state heads."""
     if update_rule not in ("linear", "gated", "delta", "gated_delta"):
         raise ValueError(f"{op_name}: unsupported update_rule '{update_rule}'; "
                          "expected linear, gated, delta or gated_delta")
@@ -316,14 +317,22 @@ def linear_recurrence(
                          "the beta input")
     f32 = torch.float32
     q = _unpack(query, q_num_heads, "query").to(f32)
-    k = _unpack(key, kv_num_heads, "key").to(f32)
+    key_heads = kv_num_heads
+    if shared_keys and key.dim() == 3 and key.shape[-1] % q.shape[-1] == 0:
+        found = key.shape[-1] // q.shape[-1]
+        if 0 < found < kv_num_heads and kv_num_heads % found == 0:
+            key_heads = found
+    k = _unpack(key, key_heads, "key").to(f32)
+    if key_heads != kv_num_heads:
+        k = k.repeat_interleave(kv_num_heads // key_heads, dim=1)
     v = _unpack(value, kv_num_heads, "value").to(f32)
     b, _, t, d_k = q.shape
     d_v = v.shape[-1]
     if k.shape[-1] != d_k or k.shape[:3] != (b, kv_num_heads, t) or v.shape[:3] != (b, kv_num_heads, t):
         raise ValueError(f"{op_name}: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
                          f"{tuple(value.shape)} do not agree on batch, length and head size for {q_num_heads} query "
-                         f"and {kv_num_heads} key/value heads")
+                         f"and {kv_num_heads} key/value heads" + (" (or key heads dividing kv_num_heads)" if shared_keys
+                                                                   else ""))
     g = None
     if decay is not None:
         last = decay.shape[-1]

@@ -15,12 +15,13 @@ F32 = np.float32
 OUT2 = [("out", TP.FLOAT), ("state", TP.FLOAT)]
 
 
-def _la_inputs(b, t, hq, hkv, dk, dv, rule, *, past=True, per_key=False, dtype=F32):
+def _la_inputs(b, t, hq, hkv, dk, dv, rule, *, past=True, per_key=False, dtype=F32, hk=None):
     gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
-    keys = RNG.standard_normal((b, t, hkv, dk))
+    hk = hk or hkv
+    keys = RNG.standard_normal((b, t, hk, dk))
     keys /= np.linalg.norm(keys, axis=-1, keepdims=True)  # the spec's L2-normalized keys for the delta rules
     return {"query": RNG.standard_normal((b, t, hq * dk)).astype(dtype),
-            "key": keys.reshape(b, t, hkv * dk).astype(dtype),
+            "key": keys.reshape(b, t, hk * dk).astype(dtype),
             "value": RNG.standard_normal((b, t, hkv * dv)).astype(dtype),
             "past_state": RNG.standard_normal((b, hkv, dk, dv)).astype(dtype) if past else None,
             "decay": (-np.abs(RNG.standard_normal((b, t, hkv * dk if per_key else hkv)))).astype(dtype)
@@ -35,6 +36,23 @@ def test_linear_attention_matches_onnxruntime(rule, heads, t):
     hq, hkv = heads
     check("LinearAttention", _la_inputs(2, t, hq, hkv, 8, 6, rule), OUT2, atol=1e-4, rtol=1e-4, q_num_heads=hq,
           kv_num_heads=hkv, update_rule=rule)
+
+
+@pytest.mark.parametrize("rule", ["linear", "gated_delta"])
+@pytest.mark.parametrize("heads", [(2, 2, 4), (1, 1, 4), (4, 2, 4), (2, 1, 4)],
+                         ids=["qwen3.5", "one-key", "gqa-shared", "inverse-gqa-one-key"])
+@pytest.mark.parametrize("t", [1, 4])
+def test_linear_attention_shared_key_heads_match_onnxruntime(rule, heads, t):
+    # Qwen3.5's linear-attention layers: query and key of H_k heads, value and state of kv_num_heads
+    hq, hk, hkv = heads
+    check("LinearAttention", _la_inputs(2, t, hq, hkv, 8, 6, rule, hk=hk), OUT2, atol=1e-4, rtol=1e-4,
+          q_num_heads=hq, kv_num_heads=hkv, update_rule=rule)
+
+
+def test_linear_attention_key_heads_must_divide_kv_heads():
+    with pytest.raises(Exception, match="key heads dividing kv_num_heads"):
+        _run("LinearAttention", _la_inputs(1, 2, 2, 4, 8, 8, "gated_delta", hk=3), OUT2, q_num_heads=2,
+             kv_num_heads=4)
 
 
 def test_linear_attention_per_key_decay_no_past_and_scale():

@@ -18,6 +18,7 @@ from onnx import TensorProto as TP
 if not torch.cuda.is_available():  # before triton's first import: the expert-kernel tests interpret the kernel
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import crossml  # noqa: E402
 from crossml.ops.contrib.moe import route  # noqa: E402
 from tests.ops.contrib._ort import check, run_both, single_node_model  # noqa: E402
 from tests.ops.contrib.test_matmul_nbits import pack  # noqa: E402
@@ -312,3 +313,22 @@ def test_gather_mode_on_the_expert_kernel_matches_onnxruntime(case, monkeypatch)
         check("QMoE", ins, [("out", TP.FLOAT)], atol=2e-6 * max(scale, 1.0), rtol=1e-5, expert_weight_bits=8, **attrs)
     # fc1 and fc2 per crossml run (fc1, fc3 and fc2 with fc3; the int8 case runs crossml twice)
     assert len(calls) == {"MoE": 2, "MoE_fc3": 3, "QMoE_zero_points": 2, "QMoE_int8_per_row": 4}[case], calls
+
+
+@pytest.mark.parametrize("dtype,tp", [(np.float32, TP.FLOAT), (np.float16, TP.FLOAT16)])
+@pytest.mark.parametrize("shape", [(2, 3, 8), (5, 16), (7,)])
+def test_gated_add_matches_onnxruntime(dtype, tp, shape):
+    rng = np.random.default_rng(3)
+    inputs = {"X": rng.standard_normal(shape).astype(dtype), "Y": rng.standard_normal(shape).astype(dtype),
+              "gate": rng.random((*shape[:-1], 1)).astype(dtype)}
+    model, feeds = single_node_model("GatedAdd", inputs, [("out", tp)])
+    ref, got = run_both(model, feeds)
+    np.testing.assert_array_equal(got[0], ref[0])  # the product rounded to the type, then the sum: bit for bit
+
+
+def test_gated_add_refuses_a_gate_of_another_shape():
+    x = np.ones((2, 4), np.float32)
+    model, feeds = single_node_model("GatedAdd", {"X": x, "Y": x, "gate": np.ones((2, 4), np.float32)},
+                                     [("out", TP.FLOAT)])
+    with pytest.raises(Exception, match=r"GatedAdd: .*gate \(2, 4\).*\(2, 1\)"):
+        crossml.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

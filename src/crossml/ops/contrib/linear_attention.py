@@ -3,7 +3,8 @@ spec defines them: LinearAttention, LinearAttentionGate and GatedRMSNorm.
 
 LinearAttention runs the recurrence of the ONNX-domain op of opset 27 (``crossml.ops.attention.linear_recurrence``,
 token by token in float32), and adds inverse GQA (more key/value heads than query heads: each query head serves a
-group of them, one output head per KV head) and ``state_window`` (W > 0: past and present states gain a leading axis
+group of them, one output head per KV head), shared-key heads (a key of H_k heads, H_k dividing kv_num_heads: each
+key head serves kv_num_heads / H_k consecutive state heads; Qwen3.5's linear-attention layers) and ``state_window`` (W > 0: past and present states gain a leading axis
 of W slots, slot j the state after token T - W + j, slots before the call's first token zeros; the past state is read
 from slot W - 1). ``chunk_size`` is a tuning hint of the spec and changes nothing here.
 
@@ -31,7 +32,8 @@ def linear_attention_ms(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     past = window_past(past_state, state_window, _LA, "B, H_kv, d_k, d_v", rank=5)
     out, state, states = linear_recurrence(query, key, value, past, decay, beta, q_num_heads, kv_num_heads, scale,
-                                           update_rule, keep_states=bool(state_window), op_name=_LA)
+                                           update_rule, keep_states=bool(state_window), op_name=_LA,
+                                           shared_keys=True)
     if state_window:
         state = torch.stack(window_slots(state_window, len(states), lambda n: states[n - 1].to(state.dtype),
                                          torch.zeros_like(state)))

@@ -1,4 +1,5 @@
-"""Mixture of experts: MoE and QMoE (com.microsoft), as the model builder emits them (gpt-oss).
+"""Mixture of experts: MoE and QMoE (com.microsoft), as the model builder emits them (gpt-oss, Qwen3.5-MoE), and
+GatedAdd, which adds Qwen3.5-MoE's gated shared expert to the routed experts' sum.
 
 Every token row picks its experts from ``router_probs`` (router logits, one row per token):
 softmax over all experts in float32, the ``k`` largest (ties to the higher expert index, as
@@ -408,3 +409,15 @@ def qmoe(
                 normalize_routing_weights=1 if router_weights is None else normalize_routing_weights,
                 swiglu_fusion=swiglu_fusion,
                 swiglu_limit=swiglu_limit, use_sparse_mixer=use_sparse_mixer, router_weights=router_weights)
+
+
+@op("GatedAdd", domain=MS_DOMAIN)
+def gated_add(X: torch.Tensor, Y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """``X + Y * gate``, the product rounded to the tensor type before the sum (a Mul then an Add), ``gate`` one value
+    per row: X's shape with a last dimension of 1."""
+    if X.dim() == 0 or Y.shape != X.shape or gate.shape != (*X.shape[:-1], 1):
+        raise ValueError(f"GatedAdd: X {tuple(X.shape)} and Y {tuple(Y.shape)} must have one shape (..., C), and gate "
+                         f"{tuple(gate.shape)} that shape with a last dimension of 1, {(*X.shape[:-1], 1)}")
+    if Y.dtype != X.dtype or gate.dtype != X.dtype:
+        raise TypeError(f"GatedAdd: X, Y and gate must have one type, got {X.dtype}, {Y.dtype}, {gate.dtype}")
+    return X + Y * gate
