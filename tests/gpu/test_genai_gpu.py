@@ -28,7 +28,8 @@ pytestmark = pytest.mark.gpu
 ARCHS = ("llama", "qwen2")
 SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + [
     "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda",
-    "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda"]
+    "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda",
+    "qwen35:fp32", "qwen35:fp16:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -387,16 +388,20 @@ def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build:
 
 
 @pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
-@pytest.mark.parametrize("arch", ["lfm2", "qwen25vl", "qwen3vl"])
+@pytest.mark.parametrize("arch", ["lfm2", "qwen25vl", "qwen3vl", "qwen35"])
 def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts: list[str]) -> None:
     """lfm2's short-convolution layer carries its state in the lent decode buffers; qwen2.5-vl's and qwen3-vl's text
-    decoders take three position streams (MRotaryEmbedding). The decode steps replay one recorded graph, give the
-    eager decode's tokens, and start with the fp32 CPU run's tokens (a batch of prompts of different lengths too)."""
+    decoders take three position streams (MRotaryEmbedding); Qwen3.5's Gated DeltaNet layer carries a convolution and
+    a recurrent state, beside three position streams. The decode steps replay one recorded graph, give the eager
+    decode's tokens, and start with the fp32 CPU run's tokens (a batch of prompts of different lengths too)."""
     folder = str(models / f"{arch}_fp16_cuda")
     static = og.Model(folder)
     assert static._capture
     if arch == "lfm2":
         assert static.io.state_names == ["past.0.conv"] and not static._run_ahead
+    elif arch == "qwen35":
+        assert static.io.state_names == ["past.0.conv", "past.0.recurrent"] and not static._run_ahead
+        assert static.io.position_streams == 3
     else:
         assert static.io.position_streams == 3 and static._run_ahead
     seq, logits = _generate(static, prompts, new=24)

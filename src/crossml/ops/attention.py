@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.kernels import load
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops._util import sdpa, sdpa_heads
 from crossml.ops.registry import OpContext, op
 
@@ -316,49 +316,58 @@ def linear_recurrence(
         raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if delta else 'forbids'} "
                          "the beta input")
     f32 = torch.float32
-    q = _unpack(query, q_num_heads, "query").to(f32)
+    q = _unpack(query, q_num_heads, "query")
     key_heads = kv_num_heads
     if shared_keys and key.dim() == 3 and key.shape[-1] % q.shape[-1] == 0:
         found = key.shape[-1] // q.shape[-1]
         if 0 < found < kv_num_heads and kv_num_heads % found == 0:
             key_heads = found
-    k = _unpack(key, key_heads, "key").to(f32)
-    if key_heads != kv_num_heads:
-        k = k.repeat_interleave(kv_num_heads // key_heads, dim=1)
-    v = _unpack(value, kv_num_heads, "value").to(f32)
+    k = _unpack(key, key_heads, "key")
+    v = _unpack(value, kv_num_heads, "value")
     b, _, t, d_k = q.shape
     d_v = v.shape[-1]
-    if k.shape[-1] != d_k or k.shape[:3] != (b, kv_num_heads, t) or v.shape[:3] != (b, kv_num_heads, t):
+    if k.shape[-1] != d_k or k.shape[:3] != (b, key_heads, t) or v.shape[:3] != (b, kv_num_heads, t):
         raise ValueError(f"{op_name}: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
                          f"{tuple(value.shape)} do not agree on batch, length and head size for {q_num_heads} query "
                          f"and {kv_num_heads} key/value heads" + (" (or key heads dividing kv_num_heads)" if shared_keys
                                                                    else ""))
+    if decay is not None and (decay.dim() != 3 or decay.shape[:2] != (b, t)
+                              or decay.shape[-1] not in (kv_num_heads, kv_num_heads * d_k)):
+        raise ValueError(f"{op_name}: decay must be (B, T, {kv_num_heads}) or "
+                         f"(B, T, {kv_num_heads * d_k}), got {tuple(decay.shape)}")
+    if beta is not None and (beta.dim() != 3 or beta.shape[:2] != (b, t) or beta.shape[-1] not in (kv_num_heads, 1)):
+        raise ValueError(f"{op_name}: beta must be (B, T, {kv_num_heads}) or (B, T, 1), "
+                         f"got {tuple(beta.shape)}")
+    if past_state is not None and tuple(past_state.shape) != (b, kv_num_heads, d_k, d_v):
+        raise ValueError(f"{op_name}: past_state has shape {tuple(past_state.shape)}, "
+                         f"expected {(b, kv_num_heads, d_k, d_v)}")
+    state_dtype = past_state.dtype if past_state is not None else query.dtype
+    scale_v = float(scale) if scale else 1.0 / math.sqrt(d_k)
+    # one Triton launch for the whole recurrence on a GPU (crossml.kernels.linear_attention)
+    floats = (torch.float16, torch.bfloat16, f32)
+    tensors = [x for x in (query, key, value, past_state, decay, beta) if x is not None]
+    if (not keep_states and query.device.type in TRITON_DEVICES and all(x.dtype in floats for x in tensors)
+            and all(x.device == query.device for x in tensors) and d_k <= 256 and d_v <= 256
+            and (kernels := load_compiled("linear_attention")) is not None):
+        out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
+                                              key_heads, scale_v, state_dtype)
+        return out, state, []
+    q, k, v = q.to(f32), k.to(f32), v.to(f32)
+    if key_heads != kv_num_heads:
+        k = k.repeat_interleave(kv_num_heads // key_heads, dim=1)
     g = None
     if decay is not None:
-        last = decay.shape[-1]
-        if decay.dim() != 3 or last not in (kv_num_heads, kv_num_heads * d_k):
-            raise ValueError(f"{op_name}: decay must be (B, T, {kv_num_heads}) or "
-                             f"(B, T, {kv_num_heads * d_k}), got {tuple(decay.shape)}")
         g = torch.exp(decay.reshape(b, t, kv_num_heads, -1).transpose(1, 2).to(f32))  # (B, Hkv, T, 1|d_k)
     bt = None
     if beta is not None:
-        if beta.dim() != 3 or beta.shape[-1] not in (kv_num_heads, 1):
-            raise ValueError(f"{op_name}: beta must be (B, T, {kv_num_heads}) or (B, T, 1), "
-                             f"got {tuple(beta.shape)}")
         bt = beta.reshape(b, t, beta.shape[-1], 1).transpose(1, 2).to(f32)  # (B, Hkv|1, T, 1)
     if past_state is not None:
-        if tuple(past_state.shape) != (b, kv_num_heads, d_k, d_v):
-            raise ValueError(f"{op_name}: past_state has shape {tuple(past_state.shape)}, "
-                             f"expected {(b, kv_num_heads, d_k, d_v)}")
-        state_dtype = past_state.dtype
         state = past_state.to(f32)
     else:
-        state_dtype = query.dtype
         state = torch.zeros((b, kv_num_heads, d_k, d_v), dtype=f32, device=query.device)
     if kv_num_heads > q_num_heads:
         q = q.repeat_interleave(kv_num_heads // q_num_heads, dim=1)
     groups = max(q_num_heads // kv_num_heads, 1)
-    scale_v = float(scale) if scale else 1.0 / math.sqrt(d_k)
     outs, states = [], []
     for i in range(t):
         k_t, v_t = k[:, :, i], v[:, :, i]  # (B, Hkv, d_k), (B, Hkv, d_v)

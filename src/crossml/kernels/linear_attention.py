@@ -1,0 +1,111 @@
+"""LinearAttention's recurrence (Gated DeltaNet layers: Qwen3.5) as one Triton launch.
+
+The torch path (``crossml.ops.attention.linear_recurrence``) walks the tokens in Python, about fifteen torch kernels a
+token (the float32 casts, the decay's exp, the retrieval and update einsums, the output einsum, the stack): a decode
+step of one layer is that many launches in the recorded graph, and a prompt of T tokens T times as many.
+
+Here each program holds BLOCK_V value columns of one (batch entry, state head)'s float32 state [d_k, d_v] in registers
+and walks the T tokens: the columns of the state evolve independently (the retrieval ``S^T k`` of column j reads
+column j alone), so the value axis splits across programs. Per token, as the torch path: the state times
+``exp(decay)`` (per head, or per key row), with the delta rules the retrieval ``S^T k`` and ``v = beta (v - S^T k)``,
+then ``S += k v^T``, and each query head reading the state ``scale * q^T S``. Query heads share a state head in groups
+(GQA), or one query head serves several state heads (inverse GQA), and a key head may serve several state heads
+(``key_heads`` dividing the state heads). Sums run in another order than torch's einsums, so the two agree within a
+rounding (``tests/kernels/test_linear_attention.py``). Under TRITON_INTERPRET=1 the kernel runs in Triton's
+interpreter (see ``_launch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
+
+__all__ = ["linear_attention"]
+
+
+@triton.jit
+def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr, so_ptr, T, HKV, DK, DV, G, INV,
+                             KDIV, scale, s_qb, s_qt, s_kb, s_kt, s_vb, s_vt, s_gb, s_gt, s_bb, s_bt, s_ob, s_ot,
+                             HAS_PAST: tl.constexpr, GATED: tl.constexpr, PER_KEY: tl.constexpr,
+                             DELTA: tl.constexpr, BETA_PER_HEAD: tl.constexpr, BLOCK_G: tl.constexpr,
+                             BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Program (b * HKV + h, value block): state head h of entry b, value columns ``value block * BLOCK_V ..``. Query
+    heads ``(h * G) // INV + 0 .. G - 1`` read it (G > 1: GQA; INV > 1: inverse GQA, G = 1), and write output heads
+    ``h * G + 0 .. G - 1``; key head ``h // KDIV``."""
+    pid = tl.program_id(0)
+    h = pid % HKV
+    b = (pid // HKV).to(tl.int64)
+    vs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = vs < DV
+    ks = tl.arange(0, BLOCK_K)
+    k_ok = ks < DK
+    tile = k_ok[:, None] & v_ok[None, :]
+    s_off = ((b * HKV + h) * DK + ks[:, None]) * DV + vs[None, :]
+    if HAS_PAST:
+        state = tl.load(s_ptr + s_off, mask=tile, other=0.0).to(tl.float32)
+    else:
+        state = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
+    q_head = (h * G) // INV
+    k_head = h // KDIV
+    for t in range(T):
+        kt = tl.load(k_ptr + b * s_kb + t * s_kt + k_head * DK + ks, mask=k_ok, other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + b * s_vb + t * s_vt + h * DV + vs, mask=v_ok, other=0.0).to(tl.float32)
+        if GATED:
+            if PER_KEY:
+                g = tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h * DK + ks, mask=k_ok, other=0.0).to(tl.float32))
+                state = state * g[:, None]
+            else:
+                state = state * tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h).to(tl.float32))
+        if DELTA:
+            beta = tl.load(beta_ptr + b * s_bb + t * s_bt + (h if BETA_PER_HEAD else 0)).to(tl.float32)
+            vt = beta * (vt - tl.sum(state * kt[:, None], 0))
+        state = state + kt[:, None] * vt[None, :]
+        for gi in tl.static_range(BLOCK_G):
+            ok = gi < G
+            qt = tl.load(q_ptr + b * s_qb + t * s_qt + (q_head + gi) * DK + ks, mask=k_ok & ok, other=0.0)
+            out = scale * tl.sum(qt.to(tl.float32)[:, None] * state, 0)
+            tl.store(o_ptr + b * s_ob + t * s_ot + (h * G + gi) * DV + vs, out.to(o_ptr.dtype.element_ty),
+                     mask=v_ok & ok)
+    tl.store(so_ptr + s_off, state.to(so_ptr.dtype.element_ty), mask=tile)
+
+
+def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: torch.Tensor | None,
+                     decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
+                     key_heads: int, scale: float, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [B, T, max(q_heads, kv_heads) * d_v] in query's dtype, state [B, kv_heads, d_k, d_v] in state_dtype)
+    of LinearAttention's packed query [B, T, q_heads * d_k], key [B, T, key_heads * d_k], value
+    [B, T, kv_heads * d_v], the past state (None: zeros), decay [B, T, kv_heads] or [B, T, kv_heads * d_k] (log space;
+    None: no gate) and beta [B, T, kv_heads] or [B, T, 1] (None: no delta rule). The caller has checked the shapes
+    (``linear_recurrence``)."""
+    B, T, _ = query.shape
+    dk = query.shape[2] // q_heads
+    dv = value.shape[2] // kv_heads
+    G = max(q_heads // kv_heads, 1)
+    inv = max(kv_heads // q_heads, 1)
+    out = torch.empty((B, T, max(q_heads, kv_heads) * dv), dtype=query.dtype, device=query.device)
+    state = torch.empty((B, kv_heads, dk, dv), dtype=state_dtype, device=query.device)
+    if B == 0:
+        return out, state.zero_()
+    q, k, v = (x if x.stride(2) == 1 else x.contiguous() for x in (query, key, value))
+    g = decay.contiguous() if decay is not None else q
+    bt = beta.contiguous() if beta is not None else q
+    s = past.contiguous() if past is not None else state
+    interpret = use_interpreter(query, "LinearAttention")
+    block_k = max(16, next_power_of_2(dk))
+    block_v = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16)
+    launch = contextlib.nullcontext() if interpret or query.device.type != "cuda" else torch.cuda.device(query.device)
+    with launch:
+        _linear_attention_kernel[(B * kv_heads, cdiv(dv, block_v))](
+            q, k, v, s, g, bt, out, state, T, kv_heads, dk, dv, G, inv, kv_heads // key_heads, float(scale),
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+            bt.stride(0), bt.stride(1), out.stride(0), out.stride(1),
+            HAS_PAST=past is not None, GATED=decay is not None,
+            PER_KEY=decay is not None and decay.shape[2] == kv_heads * dk, DELTA=beta is not None,
+            BETA_PER_HEAD=beta is not None and beta.shape[2] == kv_heads, BLOCK_G=next_power_of_2(G),
+            BLOCK_K=block_k, BLOCK_V=block_v, **({} if interpret else {"num_warps": 4}))
+    return out, state
