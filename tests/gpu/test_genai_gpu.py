@@ -413,7 +413,10 @@ def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts
     cpu_seq, cpu_logits = _generate(og.Model(str(models / f"{arch}_fp32")), prompts, new=24)
     first = len(cpu_seq[0]) - 24 + 4
     assert [s[:first] for s in seq] == [s[:first] for s in cpu_seq]
+    # qwen35: its fp16 export keeps the recurrent state in fp16; the same folder run on the CPU (fp16) is 2.2 % of
+    # the scale from the fp32 run at step 1, as on the GPU
+    rel = 0.03 if arch == "qwen35" else 0.02
     for step in range(4):
         scale = float(np.abs(cpu_logits[step]).max())
-        np.testing.assert_allclose(logits[step], cpu_logits[step], atol=0.02 * scale, rtol=0,
+        np.testing.assert_allclose(logits[step], cpu_logits[step], atol=rel * scale, rtol=0,
                                    err_msg=f"logits of step {step}")
