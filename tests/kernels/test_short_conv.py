@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
-from crossml.kernels.short_conv import short_conv  # noqa: E402
+from crossml.kernels.short_conv import causal_conv, short_conv  # noqa: E402
 from tests.kernels._common import DEVICES  # noqa: E402
 
 
@@ -49,6 +49,31 @@ def test_kernel_matches_the_six_nodes(device: str, dtype: torch.dtype, case: str
     want_y, want_present = _torch_block(h, weight, bias, past, dil, act)
     y, present = short_conv(*(t.to(device) if t is not None else None for t in (h, weight, bias, past)), dil,
                             act != "none")
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(y.cpu(), want_y, rtol=tol, atol=tol)
+    torch.testing.assert_close(present.cpu(), want_present, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_causal_conv_kernel_matches_the_op(device: str, dtype: torch.dtype, case: str, layout: str) -> None:
+    """com.microsoft CausalConvWithState's convolution (Qwen3.5's layers: x [B, C, L], no gating) on the same kernel,
+    against the op's torch path; x contiguous, or the transposed view of a [B, L, C] tensor the builder's graphs
+    feed it."""
+    from crossml.ops.attention import causal_conv as torch_conv
+
+    B, L, C, K, dil, has_bias, act = CASES[case]
+    g = torch.Generator().manual_seed(len(case) + 1)
+    x = torch.randn(B, L, C, generator=g).to(dtype).transpose(1, 2)
+    x = x.contiguous() if layout == "contiguous" else x
+    weight = torch.randn(C, 1, K, generator=g).to(dtype)
+    bias = torch.randn(C, generator=g).to(dtype) if has_bias else None
+    past = torch.randn(B, C, (K - 1) * dil, generator=g).to(dtype)
+    want_y, want_present, _ = torch_conv(x, weight, bias, past, act, dil, keep_padded=True)
+    y, present = causal_conv(*(t.to(device) if t is not None else None for t in (x, weight, bias, past)), dil,
+                             act != "none")
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(y.cpu(), want_y, rtol=tol, atol=tol)
     torch.testing.assert_close(present.cpu(), want_present, rtol=0, atol=0)

@@ -8,7 +8,10 @@ state, times the channel's kernel, summed in float32 with the bias, rounded to h
 output), times c (rounded again): y [B, L, C]; the present state [B, C, S] is the last S positions of the carried
 state followed by ``b * x``. ``ACT`` applies the convolution's SiLU after its rounding, as the op does. The torch
 path sums the taps in another order, so the two agree within a rounding (``tests/kernels/test_short_conv.py``).
-Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter (see ``_launch``).
+
+``causal_conv`` runs the same kernel on com.microsoft CausalConvWithState's own input (Qwen3.5's Gated DeltaNet
+layers: the convolution of x [B, C, L], any strides, and its SiLU, no gating): one launch for the op's seven or so
+torch kernels. Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter (see ``_launch``).
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ __all__ = ["short_conv"]
 
 @triton.jit
 def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, C, S, K, dilation,
-                       s_hb, s_ht, s_pb, s_pc, s_yb, s_yt, s_rb, s_rc,
-                       HAS_BIAS: tl.constexpr, ACT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCK_S: tl.constexpr):
+                       s_hb, s_ht, s_hc, s_pb, s_pc, s_yb, s_yt, s_yc, s_rb, s_rc,
+                       HAS_BIAS: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, BLOCK_C: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (channel block, batch row). GATED: h [B, L, 3C] holds b | c | x (channel stride 1) and the convolution
+    takes b * x, its output times c; else h is the convolution's input x itself (channel stride s_hc) and y its
+    output."""
     cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(1).to(tl.int64)
     c_ok = cs < C
@@ -48,15 +54,19 @@ def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, 
         fresh = ok & (p >= S)[None, :]
         q = tl.maximum(p - S, 0)[None, :] * s_ht
         v_past = tl.load(p_row + tl.minimum(p, S - 1)[None, :], mask=carried, other=0.0).to(tl.float32)
-        bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
-              * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(out_ty)
+        if GATED:
+            bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
+                  * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(out_ty)
+        else:
+            bx = tl.load(h_row + q + cs[:, None] * s_hc, mask=fresh, other=0.0)
         v = tl.where(carried, v_past, bx.to(tl.float32))
         conv = (tl.sum(v * w, axis=1) + bias).to(out_ty)
         if ACT:
             cf = conv.to(tl.float32)
             conv = (cf * tl.sigmoid(cf)).to(out_ty)
-        gate = tl.load(h_row + t * s_ht + C + cs, mask=c_ok, other=0.0)
-        tl.store(y_ptr + b * s_yb + t * s_yt + cs, (gate * conv).to(out_ty), mask=c_ok)
+        if GATED:
+            conv = (tl.load(h_row + t * s_ht + C + cs, mask=c_ok, other=0.0) * conv).to(out_ty)
+        tl.store(y_ptr + b * s_yb + t * s_yt + cs * s_yc, conv, mask=c_ok)
     ss = tl.arange(0, BLOCK_S)
     s_ok = ss < S
     p = L + ss
@@ -64,10 +74,34 @@ def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, 
     fresh = c_ok[:, None] & (s_ok & (p >= S))[None, :]
     q = tl.maximum(p - S, 0)[None, :] * s_ht
     v_past = tl.load(p_row + tl.minimum(p, S - 1)[None, :], mask=carried, other=0.0)
-    bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
-          * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(present_ptr.dtype.element_ty)
+    if GATED:
+        bx = (tl.load(h_row + q + cs[:, None], mask=fresh, other=0.0)
+              * tl.load(h_row + q + 2 * C + cs[:, None], mask=fresh, other=0.0)).to(present_ptr.dtype.element_ty)
+    else:
+        bx = tl.load(h_row + q + cs[:, None] * s_hc, mask=fresh, other=0.0).to(present_ptr.dtype.element_ty)
     state = tl.where(carried, v_past.to(present_ptr.dtype.element_ty), bx)
     tl.store(present_ptr + b * s_rb + cs[:, None] * s_rc + ss[None, :], state, mask=c_ok[:, None] & s_ok[None, :])
+
+
+def _run(h, L: int, C: int, gated: bool, s_h: tuple, weight, bias, past, dilation: int, activation: bool,
+         y: torch.Tensor, s_y: tuple) -> torch.Tensor:
+    """Launch the kernel over L positions of h (strides ``s_h``: batch, time, channel) into y (``s_y``); returns the
+    present state [B, C, S] in h's dtype."""
+    B, K, S = h.shape[0], weight.shape[-1], past.shape[2]
+    past = past.contiguous()
+    w = weight.reshape(C, K).contiguous()
+    present = torch.empty((B, C, S), dtype=h.dtype, device=h.device)
+    interpret = use_interpreter(h, "ShortConv" if gated else "CausalConvWithState")
+    block_c = 64 if interpret else 128
+    launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
+    with launch:
+        _short_conv_kernel[(cdiv(C, block_c), B)](
+            h, past, w, bias if bias is not None else w, y, present, L, C, S, K,
+            dilation, *s_h, past.stride(0), past.stride(1), *s_y, present.stride(0), present.stride(1),
+            HAS_BIAS=bias is not None, ACT=activation, GATED=gated, BLOCK_C=block_c,
+            BLOCK_K=max(2, next_power_of_2(K)), BLOCK_S=max(2, next_power_of_2(max(S, 1))),
+            **({} if interpret else {"num_warps": 4}))
+    return present
 
 
 def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, dilation: int,
@@ -76,21 +110,20 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     state past [B, C, S = (k - 1) * dilation], all on h's device (the caller checks shapes; past in h's dtype)."""
     B, L, C3 = h.shape
     C = C3 // 3
-    K = weight.shape[-1]
-    S = past.shape[2]
     h = h if h.stride(2) == 1 else h.contiguous()
-    past = past.contiguous()
-    w = weight.reshape(C, K).contiguous()
     y = torch.empty((B, L, C), dtype=h.dtype, device=h.device)
-    present = torch.empty((B, C, S), dtype=h.dtype, device=h.device)
-    interpret = use_interpreter(h, "ShortConv")
-    block_c = 64 if interpret else 128
-    launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
-    with launch:
-        _short_conv_kernel[(cdiv(C, block_c), B)](
-            h, past, w, bias if bias is not None else w, y, present, L, C, S, K, dilation,
-            h.stride(0), h.stride(1), past.stride(0), past.stride(1), y.stride(0), y.stride(1),
-            present.stride(0), present.stride(1), HAS_BIAS=bias is not None, ACT=activation, BLOCK_C=block_c,
-            BLOCK_K=max(2, next_power_of_2(K)), BLOCK_S=max(2, next_power_of_2(max(S, 1))),
-            **({} if interpret else {"num_warps": 4}))
+    present = _run(h, L, C, True, (h.stride(0), h.stride(1), 1), weight, bias, past, dilation, activation, y,
+                      (y.stride(0), y.stride(1), 1))
+    return y, present
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, dilation: int,
+                activation: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """com.microsoft CausalConvWithState's convolution (``crossml.ops.attention.causal_conv``) of channels-first x
+    [B, C, L] (any strides) with weight [C, 1, k], bias [C] or None and the carried state past [B, C, S = (k - 1) *
+    dilation] in x's dtype: (y [B, C, L], present [B, C, S]), both in x's dtype (the caller checks shapes)."""
+    B, C, L = x.shape
+    y = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
+    present = _run(x, L, C, False, (x.stride(0), x.stride(2), x.stride(1)), weight, bias, past, dilation, activation,
+                      y, (y.stride(0), y.stride(2), y.stride(1)))
     return y, present

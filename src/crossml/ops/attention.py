@@ -393,8 +393,8 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """Depthwise causal 1-D convolution of channels-first ``x`` (B, C, L) with ``weight`` (C, 1, k) after the
     carried ``past_state`` (B, C, (k - 1) * dilation; zeros when None), in float32 (float64 for float64 input);
     returns (output, present_state, the carried-and-new sequence ``padded`` the state is cut from, with
-    ``keep_padded``, else None where numba's CPU kernel ran: ``crossml.kernels.cpu_conv``, for float32 CPU
-    tensors)."""
+    ``keep_padded``, else None where a kernel ran: numba's ``crossml.kernels.cpu_conv`` for float32 CPU tensors, the
+    Triton ``crossml.kernels.short_conv.causal_conv`` on a GPU)."""
     if activation not in ("none", "silu", "swish"):
         raise ValueError(f"{op_name}: unsupported activation '{activation}'; expected none, silu or swish")
     if x.dim() != 3 or weight.dim() != 3 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
@@ -418,6 +418,15 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         out, present = kernels.causal_conv(x, weight, bias, past_state, dilation)
         if activation != "none":
             out = out * torch.sigmoid(out)
+        return out, present, None
+    floats = (torch.float16, torch.bfloat16, f32)
+    tensors = (x, weight, past_state) if bias is None else (x, weight, past_state, bias)
+    if (not keep_padded and x.device.type in TRITON_DEVICES and all(t.dtype in floats for t in tensors)
+            and all(t.device == x.device for t in tensors)
+            and (triton_kernels := load_compiled("short_conv")) is not None):
+        # one launch for the torch path's concatenation, taps, sum, casts and SiLU (crossml.kernels.short_conv)
+        out, present = triton_kernels.causal_conv(x, weight, bias, past_state.to(x.dtype), dilation,
+                                                  activation != "none")
         return out, present, None
     padded = torch.cat((past_state.to(x.dtype), x), dim=2)
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32
