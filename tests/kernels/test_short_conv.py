@@ -33,6 +33,7 @@ CASES = {  # name: batch, length, channels, k, dilation, bias, activation
     "prompt": (2, 7, 70, 3, 1, True, "none"),
     "dilated-silu": (1, 5, 33, 4, 2, True, "silu"),
     "k1": (2, 3, 16, 1, 1, True, "none"),
+    "prompt-blocks": (2, 40, 24, 4, 1, True, "silu"),  # three position blocks of 16
 }
 
 

@@ -2,9 +2,9 @@
 six nodes it replaces are about ten torch kernels a layer (transposes, the gating products, the convolution's
 concatenation, taps and sum, its casts), each a launch in the recorded decode step.
 
-h [B, L, 3C] holds b | c | x along its channels. Each program takes BLOCK_C channels of one batch row and walks the
-L positions: the k taps of ``b * x`` (rounded to h's dtype, as the Mul node's output is) after the carried
-state, times the channel's kernel, summed in float32 with the bias, rounded to h's dtype (the convolution's
+h [B, L, 3C] holds b | c | x along its channels. Each program takes BLOCK_C channels of one batch row and walks
+BLOCK_T of the L positions: the k taps of ``b * x`` (rounded to h's dtype, as the Mul node's output is) after the
+carried state, times the channel's kernel, summed in float32 with the bias, rounded to h's dtype (the convolution's
 output), times c (rounded again): y [B, L, C]; the present state [B, C, S] is the last S positions of the carried
 state followed by ``b * x``. ``ACT`` applies the convolution's SiLU after its rounding, as the op does. The torch
 path sums the taps in another order, so the two agree within a rounding (``tests/kernels/test_short_conv.py``).
@@ -24,17 +24,21 @@ import triton.language as tl
 
 from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
 
-__all__ = ["short_conv"]
+__all__ = ["causal_conv", "short_conv"]
+
+#: positions one program computes (a prompt's positions split across programs)
+BLOCK_T = 16
 
 
 @triton.jit
 def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, C, S, K, dilation,
                        s_hb, s_ht, s_hc, s_pb, s_pc, s_yb, s_yt, s_yc, s_rb, s_rc,
                        HAS_BIAS: tl.constexpr, ACT: tl.constexpr, GATED: tl.constexpr, BLOCK_C: tl.constexpr,
-                       BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (channel block, batch row). GATED: h [B, L, 3C] holds b | c | x (channel stride 1) and the convolution
-    takes b * x, its output times c; else h is the convolution's input x itself (channel stride s_hc) and y its
-    output."""
+                       BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Program (channel block, batch row, position block): positions ``position block * BLOCK_T ..`` (each output
+    position reads its own taps alone, so the positions split across programs); the position block 0 program writes
+    the present state. GATED: h [B, L, 3C] holds b | c | x (channel stride 1) and the convolution takes b * x, its
+    output times c; else h is the convolution's input x itself (channel stride s_hc) and y its output."""
     cs = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     b = tl.program_id(1).to(tl.int64)
     c_ok = cs < C
@@ -47,7 +51,8 @@ def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, 
     h_row = h_ptr + b * s_hb
     p_row = past_ptr + b * s_pb + cs[:, None] * s_pc
     out_ty = y_ptr.dtype.element_ty
-    for t in range(L):
+    t0 = tl.program_id(2) * BLOCK_T
+    for t in range(t0, tl.minimum(t0 + BLOCK_T, L)):
         p = t + ks * dilation
         ok = c_ok[:, None] & k_ok[None, :]
         carried = ok & (p < S)[None, :]
@@ -68,7 +73,7 @@ def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, 
             conv = (tl.load(h_row + t * s_ht + C + cs, mask=c_ok, other=0.0) * conv).to(out_ty)
         tl.store(y_ptr + b * s_yb + t * s_yt + cs * s_yc, conv, mask=c_ok)
     ss = tl.arange(0, BLOCK_S)
-    s_ok = ss < S
+    s_ok = (ss < S) & (tl.program_id(2) == 0)
     p = L + ss
     carried = c_ok[:, None] & (s_ok & (p < S))[None, :]
     fresh = c_ok[:, None] & (s_ok & (p >= S))[None, :]
@@ -95,11 +100,11 @@ def _run(h, L: int, C: int, gated: bool, s_h: tuple, weight, bias, past, dilatio
     block_c = 64 if interpret else 128
     launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
     with launch:
-        _short_conv_kernel[(cdiv(C, block_c), B)](
+        _short_conv_kernel[(cdiv(C, block_c), B, cdiv(max(L, 1), BLOCK_T))](
             h, past, w, bias if bias is not None else w, y, present, L, C, S, K,
             dilation, *s_h, past.stride(0), past.stride(1), *s_y, present.stride(0), present.stride(1),
             HAS_BIAS=bias is not None, ACT=activation, GATED=gated, BLOCK_C=block_c,
-            BLOCK_K=max(2, next_power_of_2(K)), BLOCK_S=max(2, next_power_of_2(max(S, 1))),
+            BLOCK_K=max(2, next_power_of_2(K)), BLOCK_S=max(2, next_power_of_2(max(S, 1))), BLOCK_T=BLOCK_T,
             **({} if interpret else {"num_warps": 4}))
     return present
 
