@@ -58,8 +58,20 @@ SHAPES: dict[str, dict[str, Any]] = {
                       num_key_value_heads=8, block_ff_dim=4608, block_auto_adjust_ff_dim=False, vocab_size=65536,
                       tie_word_embeddings=True, max_position_embeddings=128000, conv_L_cache=3, norm_eps=1e-5,
                       layer_types=["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)]),
+    # Qwen3.5-0.8B's text decoder (24 layers: a full-attention layer after every three Gated DeltaNet layers; 16 key
+    # and 16 value heads of 128 in those, 8 query and 2 KV heads of 256 in the others; tied 248320-row embeddings),
+    # built from a Qwen3_5ForConditionalGeneration checkpoint with a one-layer vision tower the builder leaves out
+    "qwen3.5-0.8b": dict(arch="qwen35", hidden_size=1024, num_hidden_layers=24, num_attention_heads=8,
+                         num_key_value_heads=2, head_dim=256, intermediate_size=3584, vocab_size=248320,
+                         tie_word_embeddings=True, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                         linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
+                         linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                         layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(24)],
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                          "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                          "mrope_interleaved": True}),
 }
-RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager")
+RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager", "crossml-torch")
 #: crossml records each decode step into a device graph by default; crossml-eager turns that off
 #: (session entry ep.dml.enable_graph_capture=0) to show what the capture is worth
 DEFAULT_RUNTIMES = RUNTIMES[:4]
@@ -89,9 +101,15 @@ def make_hf(name: str, dst: str) -> None:
     shape = dict(SHAPES[name])
     arch = shape.pop("arch")
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
-           "lfm2": ("Lfm2Config", "Lfm2ForCausalLM")}[arch]
-    config = getattr(transformers, cls[0])(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                                           torch_dtype="float16")
+           "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
+           "qwen35": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration")}[arch]
+    ids = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    if arch == "qwen35":  # the text decoder's shape; a one-layer vision tower, which the builder does not export
+        vision = dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=shape["hidden_size"])
+        config = getattr(transformers, cls[0])(text_config={**shape, **ids}, vision_config=vision,
+                                               tie_word_embeddings=shape["tie_word_embeddings"], torch_dtype="float16")
+    else:
+        config = getattr(transformers, cls[0])(**shape, **ids, torch_dtype="float16")
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(dev):
@@ -153,8 +171,22 @@ def bytes_per_token(folder: str, shape: dict[str, Any], context: float) -> dict[
     embed = {n.input[0] for n in g.node if n.op_type.startswith("Gather") and len(n.input) > 1 and n.input[1] in ids}
     weights = sum(v for k, v in sizes.items() if k not in embed)
     head = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
-    kv = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * head * 2 * context
-    return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+    kinds = shape.get("layer_types") or ["full_attention"] * shape["num_hidden_layers"]
+    kv_layers = sum(k not in ("conv", "linear_attention") for k in kinds)
+    kv = 2 * kv_layers * shape["num_key_value_heads"] * head * 2 * context
+    # fp16 states the state-carrying layers read and write whole every token: LFM2's convolution state; Qwen3.5's
+    # convolution state (q | k | v channels) and recurrent state
+    states = 0
+    for k in kinds:
+        if k == "conv":
+            states += 2 * shape["hidden_size"] * shape["conv_L_cache"] * 2
+        elif k == "linear_attention":
+            dk, dv = shape["linear_key_head_dim"], shape["linear_value_head_dim"]
+            channels = 2 * shape["linear_num_key_heads"] * dk + shape["linear_num_value_heads"] * dv
+            states += 2 * 2 * (channels * (shape["linear_conv_kernel_dim"] - 1)
+                               + shape["linear_num_value_heads"] * dk * dv)
+    return {"weights": float(weights), "kv": float(kv), "states": float(states),
+            "total": float(weights + kv + states)}
 
 
 def copy_bandwidth() -> float:
@@ -433,7 +465,16 @@ def main(argv: list[str] | None = None) -> None:
                     if folder is None:
                         raise RuntimeError(f"no {prec} model was built (see {args.workdir}/build_{name}_{prec}.log)")
                     row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
-                    if rt.startswith("crossml"):
+                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (their Triton kernels off)
+                        import crossml.ops.attention as attention
+
+                        attention.GPU_KERNELS = False
+                        try:
+                            row.update(run_crossml(folder, prompt, args.new, args.repeats))
+                        finally:
+                            attention.GPU_KERNELS = True
+                        row["note"] = "LinearAttention / CausalConvWithState on their torch paths"
+                    elif rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))
                         row["note"] = "graph capture off" if rt.endswith("eager") else "prompt and decode graphs recorded"
                     elif rt.startswith("ortgenai"):

@@ -290,6 +290,12 @@ def linear_attention(
     return out, state
 
 
+#: on a Triton device, LinearAttention's recurrence and CausalConvWithState's convolution run their Triton kernels
+#: (``crossml.kernels.linear_attention``, ``crossml.kernels.short_conv.causal_conv``); False keeps the torch paths
+#: (an A/B setting for the benchmarks)
+GPU_KERNELS = True
+
+
 def linear_recurrence(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
     decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
@@ -346,7 +352,8 @@ def linear_recurrence(
     # one Triton launch for the whole recurrence on a GPU (crossml.kernels.linear_attention)
     floats = (torch.float16, torch.bfloat16, f32)
     tensors = [x for x in (query, key, value, past_state, decay, beta) if x is not None]
-    if (not keep_states and query.device.type in TRITON_DEVICES and all(x.dtype in floats for x in tensors)
+    if (GPU_KERNELS and not keep_states and query.device.type in TRITON_DEVICES
+            and all(x.dtype in floats for x in tensors)
             and all(x.device == query.device for x in tensors) and d_k <= 256 and d_v <= 256
             and (kernels := load_compiled("linear_attention")) is not None):
         out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
@@ -421,7 +428,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return out, present, None
     floats = (torch.float16, torch.bfloat16, f32)
     tensors = (x, weight, past_state) if bias is None else (x, weight, past_state, bias)
-    if (not keep_padded and x.device.type in TRITON_DEVICES and all(t.dtype in floats for t in tensors)
+    if (GPU_KERNELS and not keep_padded and x.device.type in TRITON_DEVICES and all(t.dtype in floats for t in tensors)
             and all(t.device == x.device for t in tensors)
             and (triton_kernels := load_compiled("short_conv")) is not None):
         # one launch for the torch path's concatenation, taps, sum, casts and SiLU (crossml.kernels.short_conv)
