@@ -8,7 +8,9 @@ key head serves kv_num_heads / H_k consecutive state heads; Qwen3.5's linear-att
 of W slots, slot j the state after token T - W + j, slots before the call's first token zeros; the past state is read
 from slot W - 1). ``chunk_size`` is a tuning hint of the spec and changes nothing here.
 
-LinearAttentionGate and GatedRMSNorm compute in float32 whatever their tensor type, as the spec says, and round once.
+LinearAttentionGate and GatedRMSNorm compute in float32 whatever their tensor type, as the spec says, and round once;
+on a GPU each is one Triton launch (``crossml.kernels.gated_delta``), as LinearAttention is
+(``crossml.kernels.linear_attention``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.ops._util import window_past, window_slots
 from crossml.ops.attention import linear_recurrence
 from crossml.ops.registry import MS_DOMAIN, op
 
 _LA = "LinearAttention (com.microsoft)"
+
+
+def _gpu_kernels(*tensors: torch.Tensor | None) -> bool:
+    """Floating tensors on one Triton device, the kernels on (``crossml.ops.attention.GPU_KERNELS``) and loaded."""
+    from crossml.ops import attention
+
+    ts = [t for t in tensors if t is not None]
+    first = ts[0]
+    return (first.device.type in TRITON_DEVICES and attention.GPU_KERNELS and first.numel() > 0
+            and all(t.device == first.device and t.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                    for t in ts)
+            and load_compiled("gated_delta") is not None)
 
 
 @op("LinearAttention", domain=MS_DOMAIN)
@@ -50,6 +65,8 @@ def linear_attention_gate(a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: t
                              f"{tuple(a.shape)}), got {tuple(t.shape)}")
     if b is not None and b.shape != a.shape:
         raise ValueError(f"LinearAttentionGate: b must have a's shape {tuple(a.shape)}, got {tuple(b.shape)}")
+    if _gpu_kernels(a, dt_bias, decay_scale, b):  # one launch (crossml.kernels.gated_delta)
+        return load_compiled("gated_delta").linear_attention_gate(a, dt_bias, decay_scale, b)
     f32 = torch.float32
     decay = (decay_scale.to(f32) * F.softplus(a.to(f32) + dt_bias.to(f32))).to(a.dtype)
     beta = torch.sigmoid(b.to(f32)).to(b.dtype) if b is not None else None
@@ -66,6 +83,8 @@ def gated_rms_norm(X: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor, *, 
                          f"{tuple(scale.shape)} and X {tuple(X.shape)}")
     if gate.shape != X.shape:
         raise ValueError(f"GatedRMSNorm: gate must have X's shape {tuple(X.shape)}, got {tuple(gate.shape)}")
+    if 0 < scale.shape[0] <= 16384 and _gpu_kernels(X, scale, gate):  # one launch (crossml.kernels.gated_delta)
+        return load_compiled("gated_delta").gated_rms_norm(X, scale, gate, epsilon, activation == "sigmoid")
     f32 = torch.float32
     c = scale.shape[0]
     x = X.to(f32).reshape(*X.shape[:-1], -1, c)
