@@ -8,7 +8,7 @@ from onnx import helper
 
 import crossml
 from crossml.graph.load import prepare
-from crossml.graph.passes import GraphView, Rule
+from crossml.graph.passes import GraphView, Rule, model_opset
 from tests.conftest import make_model
 
 
@@ -16,6 +16,7 @@ def rule_reason(rule: Rule, m: onnx.ModelProto, op_type: str) -> str | None:
     """``rule``'s check of its match at the first ``op_type`` node of ``m`` (which must match): the reason it
     refuses, None when it accepts."""
     view = GraphView.of(m.graph)
+    view.opset = model_opset(m)
     node = next(n for n in m.graph.node if n.op_type == op_type)
     match = rule.match(view, node)
     assert match is not None

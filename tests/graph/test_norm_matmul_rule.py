@@ -20,6 +20,7 @@ from crossml.graph.load import prepare
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
+from crossml.graph.passes.sibling_matmul import SIBLING_MATMUL
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
 from tests.graph._rules import rule_reason, unfused_session
@@ -137,7 +138,8 @@ def test_registered_after_gate_up_the_cpu_taking_level_4() -> None:
     assert NORM_MATMUL not in rules and rules.index(NORM_MATMUL_CPU) == rules.index(GATE_UP_NBITS) + 1
     for gpu in (None, SimpleNamespace(disable_metacommands=False), SimpleNamespace(disable_metacommands=True)):
         rules = fusion_rules(gpu, torch.device("cuda"))
-        assert rules.index(NORM_MATMUL) == rules.index(GATE_UP) + 1
+        # after the products are merged (MergeGateUp, then MergeSiblingMatMul)
+        assert rules.index(NORM_MATMUL) == rules.index(SIBLING_MATMUL) + 1 == rules.index(GATE_UP) + 2
 
 
 @pytest.mark.gpu

@@ -36,6 +36,8 @@ class GraphView:
     types: dict[str, onnx.TypeProto]
     outputs: set[str]
     initializers: dict[str, onnx.TensorProto]
+    #: the model's ai.onnx opset (``apply_rules`` sets it; 0 where unknown)
+    opset: int = 0
 
     @staticmethod
     def of(graph: onnx.GraphProto) -> GraphView:
@@ -115,6 +117,11 @@ class Rule:
     domains: tuple[tuple[str, int], ...] = ()  # opset imports the rewrite needs
 
 
+def model_opset(model: onnx.ModelProto) -> int:
+    """The model's ai.onnx opset (0 where it imports none)."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def apply_rules(model: onnx.ModelProto, rules: list[Rule]) -> dict[str, int]:
     """Apply ``rules`` to ``model`` in place; returns how many times each rule fired.
 
@@ -122,8 +129,10 @@ def apply_rules(model: onnx.ModelProto, rules: list[Rule]) -> dict[str, int]:
     of subgraphs included) and that are not graph inputs or outputs are removed from the model:
     e.g. the gate and up weights once GATE_UP has concatenated them into one new initializer."""
     fired: dict[str, int] = {}
+    opset = model_opset(model)
     for rule in rules:
         view = GraphView.of(model.graph)
+        view.opset = opset
         replaced: dict[int, list[onnx.NodeProto]] = {}
         dropped: set[int] = set()
         read_before: set[str] = set()  # what the replaced nodes read
