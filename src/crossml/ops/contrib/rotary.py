@@ -10,13 +10,15 @@ interleaved pairs); the rest pass through.
 a temporal, a height and a width position per token; each picks its cos/sin rows, and ``mrope_section`` says which
 of the ``rot/2`` frequencies come from which stream: in three contiguous chunks (``mrope_layout`` 0) or interleaved
 (1: the temporal stream everywhere, then height at every third frequency from 1 for ``3 * section[1]`` of them,
-width from 2 for ``3 * section[2]``). The rotation is RotaryEmbedding's.
+width from 2 for ``3 * section[2]``). The rotation is RotaryEmbedding's. On a GPU it is one Triton launch
+(``crossml.kernels.mrope``), the torch path's values bit for bit.
 """
 
 from __future__ import annotations
 
 import torch
 
+from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.ops.registry import MS_DOMAIN, op
 
 
@@ -136,6 +138,17 @@ def m_rotary_embedding(
     if tuple(position_ids.shape) != (3, B, S):
         raise ValueError(f"{name}: position_ids must have shape (3, batch, sequence) = {(3, B, S)}, got "
                          f"{tuple(position_ids.shape)}")
+    if (x.device.type in TRITON_DEVICES and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and all(t.device == x.device for t in (position_ids, cos_cache, sin_cache))
+            and cos_cache.dtype in (torch.float16, torch.bfloat16, torch.float32) and sin_cache.dtype == cos_cache.dtype
+            and not position_ids.is_floating_point()):
+        from crossml.ops import attention
+
+        if attention.GPU_KERNELS and (kernels := load_compiled("mrope")) is not None:  # one launch
+            out = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
+            kernels.m_rotary(h, position_ids, cos_cache, sin_cache, out.view(h.shape), section, mrope_layout,
+                             bool(interleaved), rot)
+            return out.transpose(1, 2) if x.dim() == 4 else out
     # [3, B, S, half]; the streams' frequencies are picked by slicing (no index tensor made on the host, which a
     # recorded GPU graph could not take)
     cos3, sin3 = gather_cos_sin(cos_cache[:, :half], sin_cache[:, :half], position_ids)

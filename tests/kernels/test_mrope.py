@@ -1,0 +1,71 @@
+"""com.microsoft MRotaryEmbedding as one Triton launch (crossml.kernels.mrope) against the op's torch path (which
+onnxruntime checks in tests/ops/contrib/test_rotary.py): bit for bit. CPU cases run in Triton's interpreter;
+``gpu`` cases compile, and there the op dispatches to the kernel."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton's first import: interpret the kernels on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import crossml.ops.contrib.rotary as rotary  # noqa: E402
+from crossml.kernels.mrope import m_rotary  # noqa: E402
+from tests.kernels._common import DEVICES  # noqa: E402
+
+CASES = {  # name: batch, sequence, heads, head size, rotary dim, section, layout, interleaved pairs, rank
+    "qwen35-decode": (1, 1, 4, 64, 16, [3, 3, 2], 1, 0, 3),
+    "qwen35-prompt": (2, 5, 2, 64, 16, [3, 3, 2], 1, 0, 3),
+    "qwen25vl-full": (1, 3, 2, 16, 16, [2, 3, 3], 0, 0, 3),
+    "pairs": (2, 2, 3, 32, 32, [4, 6, 6], 1, 1, 3),
+    "bnsh": (1, 4, 2, 32, 24, [4, 4, 4], 0, 0, 4),
+}
+
+
+def _case(case: str, dtype: torch.dtype, cache_dtype: torch.dtype):
+    B, S, N, H, rot, section, layout, pairs, rank = CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    x = torch.randn(B, N, S, H, generator=g).to(dtype) if rank == 4 else torch.randn(B, S, N * H, generator=g).to(dtype)
+    pos = torch.randint(0, 40, (3, B, S), generator=g)
+    pos[0, 0, 0] = 99  # past the cache: clamped
+    cos = torch.randn(48, rot // 2 + 2, generator=g).to(cache_dtype)
+    sin = torch.randn(48, rot // 2 + 2, generator=g).to(cache_dtype)
+    attrs = dict(mrope_section=section, mrope_layout=layout, interleaved=pairs, num_heads=N, rotary_embedding_dim=rot)
+    return x, pos, cos, sin, attrs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16], ids=["cache32", "cache16"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_kernel_matches_the_torch_path_bit_for_bit(device: str, dtype: torch.dtype, cache_dtype: torch.dtype,
+                                                   case: str) -> None:
+    x, pos, cos, sin, attrs = _case(case, dtype, cache_dtype)
+    want = rotary.m_rotary_embedding(x, pos, cos, sin, **attrs)  # the CPU op: its torch path
+    h, _ = rotary._heads(x.to(device), attrs["num_heads"], cos.shape[-1], "MRotaryEmbedding")
+    out = torch.empty(h.shape, dtype=dtype, device=device)
+    m_rotary(h, pos.to(device), cos.to(device), sin.to(device), out, attrs["mrope_section"], attrs["mrope_layout"],
+             bool(attrs["interleaved"]), attrs["rotary_embedding_dim"])
+    got = out.transpose(1, 2) if x.dim() == 4 else out.reshape(x.shape)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the op dispatches to the kernel on a GPU only")
+def test_the_op_runs_the_kernel_on_a_gpu(monkeypatch) -> None:
+    import crossml.kernels.mrope as module
+
+    calls = []
+    real = module.m_rotary
+    monkeypatch.setattr(module, "m_rotary", lambda *a: calls.append(1) or real(*a))
+    for case in ("qwen35-prompt", "bnsh"):
+        x, pos, cos, sin, attrs = _case(case, torch.float16, torch.float32)
+        want = rotary.m_rotary_embedding(x, pos, cos, sin, **attrs)
+        got = rotary.m_rotary_embedding(x.cuda(), pos.cuda(), cos.cuda(), sin.cuda(), **attrs)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    assert calls == [1, 1]
