@@ -76,25 +76,27 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
 
 def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: torch.Tensor | None,
                      decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
-                     key_heads: int, scale: float, state_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+                     key_heads: int, scale: float, state_dtype: torch.dtype,
+                     into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, T, max(q_heads, kv_heads) * d_v] in query's dtype, state [B, kv_heads, d_k, d_v] in state_dtype)
     of LinearAttention's packed query [B, T, q_heads * d_k], key [B, T, key_heads * d_k], value
     [B, T, kv_heads * d_v], the past state (None: zeros), decay [B, T, kv_heads] or [B, T, kv_heads * d_k] (log space;
     None: no gate) and beta [B, T, kv_heads] or [B, T, 1] (None: no delta rule). The caller has checked the shapes
-    (``linear_recurrence``)."""
+    (``linear_recurrence``). ``into``: the past state itself (contiguous, state_dtype), which the final state
+    overwrites (each program reads its tile of it before writing it), and which is returned."""
     B, T, _ = query.shape
     dk = query.shape[2] // q_heads
     dv = value.shape[2] // kv_heads
     G = max(q_heads // kv_heads, 1)
     inv = max(kv_heads // q_heads, 1)
     out = torch.empty((B, T, max(q_heads, kv_heads) * dv), dtype=query.dtype, device=query.device)
-    state = torch.empty((B, kv_heads, dk, dv), dtype=state_dtype, device=query.device)
+    state = into if into is not None else torch.empty((B, kv_heads, dk, dv), dtype=state_dtype, device=query.device)
     if B == 0:
         return out, state.zero_()
     q, k, v = (x if x.stride(2) == 1 else x.contiguous() for x in (query, key, value))
     g = decay.contiguous() if decay is not None else q
     bt = beta.contiguous() if beta is not None else q
-    s = past.contiguous() if past is not None else state
+    s = state if into is not None else past.contiguous() if past is not None else state
     interpret = use_interpreter(query, "LinearAttention")
     block_k = max(16, next_power_of_2(dk))
     block_v = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16)

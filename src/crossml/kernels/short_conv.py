@@ -89,13 +89,16 @@ def _short_conv_kernel(h_ptr, past_ptr, w_ptr, bias_ptr, y_ptr, present_ptr, L, 
 
 
 def _run(h, L: int, C: int, gated: bool, s_h: tuple, weight, bias, past, dilation: int, activation: bool,
-         y: torch.Tensor, s_y: tuple) -> torch.Tensor:
+         y: torch.Tensor, s_y: tuple, into: torch.Tensor | None = None) -> torch.Tensor:
     """Launch the kernel over L positions of h (strides ``s_h``: batch, time, channel) into y (``s_y``); returns the
-    present state [B, C, S] in h's dtype."""
+    present state [B, C, S] in h's dtype: ``into`` (the past itself, overwritten: only position block 0 reads the
+    past where S <= BLOCK_T, and each of its programs reads its channels' past before writing them), else new."""
     B, K, S = h.shape[0], weight.shape[-1], past.shape[2]
-    past = past.contiguous()
+    if into is not None and S > BLOCK_T:
+        into = None
+    past = past.contiguous() if into is None else into
     w = weight.reshape(C, K).contiguous()
-    present = torch.empty((B, C, S), dtype=h.dtype, device=h.device)
+    present = into if into is not None else torch.empty((B, C, S), dtype=h.dtype, device=h.device)
     interpret = use_interpreter(h, "ShortConv" if gated else "CausalConvWithState")
     block_c = 64 if interpret else 128
     launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
@@ -123,12 +126,13 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, dilation: int,
-                activation: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                activation: bool, into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """com.microsoft CausalConvWithState's convolution (``crossml.ops.attention.causal_conv``) of channels-first x
     [B, C, L] (any strides) with weight [C, 1, k], bias [C] or None and the carried state past [B, C, S = (k - 1) *
-    dilation] in x's dtype: (y [B, C, L], present [B, C, S]), both in x's dtype (the caller checks shapes)."""
+    dilation] in x's dtype: (y [B, C, L], present [B, C, S]), both in x's dtype (the caller checks shapes).
+    ``into``: past itself (contiguous), which the present overwrites where the kernel allows it (``_run``)."""
     B, C, L = x.shape
     y = torch.empty((B, C, L), dtype=x.dtype, device=x.device)
     present = _run(x, L, C, False, (x.stride(0), x.stride(2), x.stride(1)), weight, bias, past, dilation, activation,
-                      y, (y.stride(0), y.stride(2), y.stride(1)))
+                   y, (y.stride(0), y.stride(2), y.stride(1)), into)
     return y, present

@@ -300,13 +300,16 @@ def linear_recurrence(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
     decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
     update_rule: str, keep_states: bool = False, op_name: str = "LinearAttention", shared_keys: bool = False,
+    in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """LinearAttention's recurrence, token by token in float32 (the spec's sequential semantics). Query heads share
     a KV head in groups (GQA), or with more KV heads than query heads each query head serves a group of KV heads
     (inverse GQA: output head h of KV head h reads query head h // (kv_num_heads / q_num_heads)). Returns the
     output, the final state (in the past state's dtype, else the query's) and, with ``keep_states``, the state
     after each token (float32). ``shared_keys`` (com.microsoft's op): the key may hold fewer heads H_k than
-    kv_num_heads, H_k dividing it, each key head shared by kv_num_heads / H_k consecutive KV-state heads."""
+    kv_num_heads, H_k dividing it, each key head shared by kv_num_heads / H_k consecutive KV-state heads.
+    ``in_place``: where the Triton kernel runs, it writes the final state into ``past_state`` and returns that tensor
+    (the GenAI static buffers, ``kv_inplace``); elsewhere the state is a new tensor as always."""
     if update_rule not in ("linear", "gated", "delta", "gated_delta"):
         raise ValueError(f"{op_name}: unsupported update_rule '{update_rule}'; "
                          "expected linear, gated, delta or gated_delta")
@@ -356,8 +359,9 @@ def linear_recurrence(
             and all(x.dtype in floats for x in tensors)
             and all(x.device == query.device for x in tensors) and d_k <= 256 and d_v <= 256
             and (kernels := load_compiled("linear_attention")) is not None):
+        into = past_state if in_place and past_state is not None and past_state.is_contiguous() else None
         out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
-                                              key_heads, scale_v, state_dtype)
+                                              key_heads, scale_v, state_dtype, into)
         return out, state, []
     q, k, v = q.to(f32), k.to(f32), v.to(f32)
     if key_heads != kv_num_heads:
@@ -396,12 +400,13 @@ def linear_recurrence(
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past_state: torch.Tensor | None,
                 activation: str, dilation: int = 1, op_name: str = "CausalConvWithState", keep_padded: bool = False,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+                in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Depthwise causal 1-D convolution of channels-first ``x`` (B, C, L) with ``weight`` (C, 1, k) after the
     carried ``past_state`` (B, C, (k - 1) * dilation; zeros when None), in float32 (float64 for float64 input);
     returns (output, present_state, the carried-and-new sequence ``padded`` the state is cut from, with
     ``keep_padded``, else None where a kernel ran: numba's ``crossml.kernels.cpu_conv`` for float32 CPU tensors, the
-    Triton ``crossml.kernels.short_conv.causal_conv`` on a GPU)."""
+    Triton ``crossml.kernels.short_conv.causal_conv`` on a GPU). ``in_place``: where the Triton kernel runs, the
+    present state is written into ``past_state`` (of x's dtype) and returned (the GenAI static buffers)."""
     if activation not in ("none", "silu", "swish"):
         raise ValueError(f"{op_name}: unsupported activation '{activation}'; expected none, silu or swish")
     if x.dim() != 3 or weight.dim() != 3 or weight.shape[1] != 1 or weight.shape[0] != x.shape[1]:
@@ -432,8 +437,9 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             and all(t.device == x.device for t in tensors)
             and (triton_kernels := load_compiled("short_conv")) is not None):
         # one launch for the torch path's concatenation, taps, sum, casts and SiLU (crossml.kernels.short_conv)
+        into = past_state if in_place and past_state.dtype == x.dtype and past_state.is_contiguous() else None
         out, present = triton_kernels.causal_conv(x, weight, bias, past_state.to(x.dtype), dilation,
-                                                  activation != "none")
+                                                  activation != "none", into)
         return out, present, None
     padded = torch.cat((past_state.to(x.dtype), x), dim=2)
     wide = torch.float64 if x.dtype == torch.float64 else torch.float32

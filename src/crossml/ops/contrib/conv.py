@@ -18,7 +18,7 @@ import torch
 
 from crossml.ops._util import window_past, window_slots
 from crossml.ops.attention import causal_conv
-from crossml.ops.registry import MS_DOMAIN, op
+from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _NAME = "CausalConvWithState (com.microsoft)"
 
@@ -36,12 +36,13 @@ def _channels_last(t: torch.Tensor, trailing: tuple[int, ...]) -> torch.Tensor:
     return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], *trailing).contiguous()
 
 
-@op("CausalConvWithState", domain=MS_DOMAIN)
+@op("CausalConvWithState", domain=MS_DOMAIN, ctx=True)
 def causal_conv_with_state_ms(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
     past_state: torch.Tensor | None = None, *, activation: str = "none", ndim: int = 1, dilation: int = 1,
     channels_last: int = 0, state_window: int = 0, state_length: int = 0, state_channels_last: int = -1,
     input_channel_offset: int = 0, input_channels: int = 0, state_update_capacity: int = 0,
+    ctx: OpContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if ndim != 1:
         raise ValueError(f"{_NAME}: ndim={ndim} is not supported; only ndim=1 (a causal convolution along the last "
@@ -60,7 +61,10 @@ def causal_conv_with_state_ms(
     past = window_past(past_state, state_window, _NAME, "B, S, d_1, ..., d_n" if channels_last else "B, C, S")
     if past is not None and channels_last:
         past = _channels_first(past, "past_state")
-    out, present, padded = causal_conv(xc, weight, bias, past, activation, dilation, _NAME, bool(state_window))
+    # the GenAI static buffers (session entry crossml.kv_cache_in_place): the present state overwrites the past one
+    in_place = not state_window and not channels_last and ctx is not None and bool(ctx.extra.get("kv_inplace"))
+    out, present, padded = causal_conv(xc, weight, bias, past, activation, dilation, _NAME, bool(state_window),
+                                       in_place)
     if state_window:
         span = present.shape[2]
         slots = window_slots(state_window, xc.shape[2], lambda n: padded[:, :, n:n + span], torch.zeros_like(present))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.ops._util import window_past, window_slots
 from crossml.ops.attention import linear_recurrence
-from crossml.ops.registry import MS_DOMAIN, op
+from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _LA = "LinearAttention (com.microsoft)"
 
@@ -38,17 +38,19 @@ def _gpu_kernels(*tensors: torch.Tensor | None) -> bool:
             and load_compiled("gated_delta") is not None)
 
 
-@op("LinearAttention", domain=MS_DOMAIN)
+@op("LinearAttention", domain=MS_DOMAIN, ctx=True)
 def linear_attention_ms(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None = None,
     decay: torch.Tensor | None = None, beta: torch.Tensor | None = None, *, q_num_heads: int,
     kv_num_heads: int, chunk_size: int = 64, scale: float = 0.0, update_rule: str = "gated_delta",
-    state_window: int = 0,
+    state_window: int = 0, ctx: OpContext | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     past = window_past(past_state, state_window, _LA, "B, H_kv, d_k, d_v", rank=5)
+    # the GenAI static buffers (session entry crossml.kv_cache_in_place): the new state overwrites the past one
+    in_place = not state_window and ctx is not None and bool(ctx.extra.get("kv_inplace"))
     out, state, states = linear_recurrence(query, key, value, past, decay, beta, q_num_heads, kv_num_heads, scale,
                                            update_rule, keep_states=bool(state_window), op_name=_LA,
-                                           shared_keys=True)
+                                           shared_keys=True, in_place=in_place)
     if state_window:
         state = torch.stack(window_slots(state_window, len(states), lambda n: states[n - 1].to(state.dtype),
                                          torch.zeros_like(state)))
