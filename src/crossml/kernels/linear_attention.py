@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, processors, use_interpreter
 
 __all__ = ["linear_attention"]
 
@@ -51,18 +51,40 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
     else:
         state = tl.zeros((BLOCK_K, BLOCK_V), tl.float32)
     q_head = (h * G) // INV
-    k_head = h // KDIV
+    # each token's key, value, decay and beta are requested one token ahead of their use (the loop is a chain of
+    # dependent reductions; the loads need only the token index)
+    kb = k_ptr + b * s_kb + (h // KDIV) * DK + ks
+    vb = v_ptr + b * s_vb + h * DV + vs
+    any_t = T > 0
+    kt_n = tl.load(kb, mask=k_ok & any_t, other=0.0)
+    vt_n = tl.load(vb, mask=v_ok & any_t, other=0.0)
+    if GATED:
+        if PER_KEY:
+            gb = g_ptr + b * s_gb + h * DK + ks
+            g_n = tl.load(gb, mask=k_ok & any_t, other=0.0)
+        else:
+            gb = g_ptr + b * s_gb + h
+            g_n = tl.load(gb, mask=any_t, other=0.0)
+    if DELTA:
+        bb = beta_ptr + b * s_bb + (h if BETA_PER_HEAD else 0)
+        beta_n = tl.load(bb, mask=any_t, other=0.0)
     for t in range(T):
-        kt = tl.load(k_ptr + b * s_kb + t * s_kt + k_head * DK + ks, mask=k_ok, other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + b * s_vb + t * s_vt + h * DV + vs, mask=v_ok, other=0.0).to(tl.float32)
+        kt = kt_n.to(tl.float32)
+        vt = vt_n.to(tl.float32)
+        nxt = t + 1 < T
+        kt_n = tl.load(kb + (t + 1) * s_kt, mask=k_ok & nxt, other=0.0)
+        vt_n = tl.load(vb + (t + 1) * s_vt, mask=v_ok & nxt, other=0.0)
         if GATED:
+            g = tl.exp(g_n.to(tl.float32))
             if PER_KEY:
-                g = tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h * DK + ks, mask=k_ok, other=0.0).to(tl.float32))
+                g_n = tl.load(gb + (t + 1) * s_gt, mask=k_ok & nxt, other=0.0)
                 state = state * g[:, None]
             else:
-                state = state * tl.exp(tl.load(g_ptr + b * s_gb + t * s_gt + h).to(tl.float32))
+                g_n = tl.load(gb + (t + 1) * s_gt, mask=nxt, other=0.0)
+                state = state * g
         if DELTA:
-            beta = tl.load(beta_ptr + b * s_bb + t * s_bt + (h if BETA_PER_HEAD else 0)).to(tl.float32)
+            beta = beta_n.to(tl.float32)
+            beta_n = tl.load(bb + (t + 1) * s_bt, mask=nxt, other=0.0)
             vt = beta * (vt - tl.sum(state * kt[:, None], 0))
         state = state + kt[:, None] * vt[None, :]
         for gi in tl.static_range(BLOCK_G):
@@ -100,6 +122,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     interpret = use_interpreter(query, "LinearAttention")
     block_k = max(16, next_power_of_2(dk))
     block_v = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16)
+    if T > 1 and not interpret and B * kv_heads * cdiv(dv, block_v) < processors(query):
+        block_v = 16  # a prompt walks its tokens in turn: more programs, each a shorter chain of work
+
     launch = contextlib.nullcontext() if interpret or query.device.type != "cuda" else torch.cuda.device(query.device)
     with launch:
         _linear_attention_kernel[(B * kv_heads, cdiv(dv, block_v))](
