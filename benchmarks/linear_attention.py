@@ -59,54 +59,50 @@ def _conv_call(channels: int, t: int):
     return lambda: attention.causal_conv(x, w, None, past, "silu")
 
 
+def _ab(make_call, prompt_runs: int) -> dict[str, dict[str, float]]:
+    """decode µs and prompt ms of ``make_call(tokens)``'s calls with the kernels (``kernel``) and without (``torch``)."""
+    real = attention.load_compiled
+    out = {}
+    for path in ("kernel", "torch"):
+        attention.load_compiled = real if path == "kernel" else (lambda _name: None)
+        try:
+            out[path] = {"decode_us": in_graph_us([make_call(1) for _ in range(8)]),
+                         "prompt_ms": time_ms(make_call(PROMPT), warmup=1, runs=prompt_runs,
+                                              sync=torch.cuda.synchronize)["median_ms"]}
+        finally:
+            attention.load_compiled = real
+        print(path, out[path], flush=True)
+    return out
+
+
+def _row(cells: list, t: dict, prompt_digits: int) -> str:
+    k, tp = t["kernel"], t["torch"]
+    return (f"| {' | '.join(map(str, cells))} | {k['decode_us']:.1f} | {tp['decode_us']:.1f} | "
+            f"{tp['decode_us'] / k['decode_us']:.1f}x | {k['prompt_ms']:.{prompt_digits}f} | "
+            f"{tp['prompt_ms']:.{prompt_digits}f} | {tp['prompt_ms'] / k['prompt_ms']:.1f}x |")
+
+
 def main() -> None:
     args = results_parser(__doc__).parse_args()
-    rows = []
-    real = attention.load_compiled
+    rows, conv_rows = [], []
     for name, (hk, hv, dk, dv) in SHAPES.items():
-        for path in ("kernel", "torch"):
-            attention.load_compiled = real if path == "kernel" else (lambda _name: None)
-            try:
-                decode = in_graph_us([_call(hk, hv, _inputs(hk, hv, dk, dv, 1)) for _ in range(8)])
-                prompt = time_ms(_call(hk, hv, _inputs(hk, hv, dk, dv, PROMPT)), warmup=1,
-                                 runs=5 if path == "kernel" else 3, sync=torch.cuda.synchronize)["median_ms"]
-            finally:
-                attention.load_compiled = real
-            rows.append({"shape": name, "path": path, "decode_us": decode, "prompt_ms": prompt})
-            print(rows[-1], flush=True)
-    conv_rows = []
-    for name, (hk, hv, dk, dv) in SHAPES.items():
+        t = _ab(lambda tokens, hk=hk, hv=hv, dk=dk, dv=dv: _call(hk, hv, _inputs(hk, hv, dk, dv, tokens)), 3)
+        rows += [{"shape": name, "path": path, **v} for path, v in t.items()]
         channels = 2 * hk * dk + hv * dv
-        for path in ("kernel", "torch"):
-            attention.load_compiled = real if path == "kernel" else (lambda _name: None)
-            try:
-                decode = in_graph_us([_conv_call(channels, 1) for _ in range(8)])
-                prompt = time_ms(_conv_call(channels, PROMPT), warmup=1, runs=5,
-                                 sync=torch.cuda.synchronize)["median_ms"]
-            finally:
-                attention.load_compiled = real
-            conv_rows.append({"shape": name, "channels": channels, "path": path, "decode_us": decode,
-                              "prompt_ms": prompt})
-            print(conv_rows[-1], flush=True)
+        t = _ab(lambda tokens, channels=channels: _conv_call(channels, tokens), 5)
+        conv_rows += [{"shape": name, "channels": channels, "path": path, **v} for path, v in t.items()]
+    head = ("decode µs kernel | decode µs torch | torch / kernel | prompt ms kernel | prompt ms torch | torch / kernel |")
     lines = ["# LinearAttention (gated_delta) on one GPU: Triton kernel against the torch path", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. One layer, batch 1, fp16 tensors and state. decode: "
              "one token, µs per call in a CUDA graph of 8 calls. prompt: 512 tokens, eager, median ms.", "",
-             "| layer | decode µs kernel | decode µs torch | torch / kernel | prompt ms kernel | prompt ms torch | "
-             "torch / kernel |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| layer | " + head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name in SHAPES:
-        t = {r["path"]: r for r in rows if r["shape"] == name}
-        k, tp = t["kernel"], t["torch"]
-        lines.append(f"| {name} | {k['decode_us']:.1f} | {tp['decode_us']:.1f} | {tp['decode_us'] / k['decode_us']:.1f}x"
-                     f" | {k['prompt_ms']:.2f} | {tp['prompt_ms']:.1f} | {tp['prompt_ms'] / k['prompt_ms']:.0f}x |")
+        lines.append(_row([name], {r["path"]: r for r in rows if r["shape"] == name}, 2))
     lines += ["", "## The layer's CausalConvWithState (q | k | v channels, kernel 4, SiLU, fp16)", "",
-              "| layer | channels | decode µs kernel | decode µs torch | torch / kernel | prompt ms kernel | "
-              "prompt ms torch | torch / kernel |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| layer | channels | " + head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name in SHAPES:
         t = {r["path"]: r for r in conv_rows if r["shape"] == name}
-        k, tp = t["kernel"], t["torch"]
-        lines.append(f"| {name} | {k['channels']} | {k['decode_us']:.1f} | {tp['decode_us']:.1f} | "
-                     f"{tp['decode_us'] / k['decode_us']:.1f}x | {k['prompt_ms']:.3f} | {tp['prompt_ms']:.3f} | "
-                     f"{tp['prompt_ms'] / k['prompt_ms']:.1f}x |")
+        lines.append(_row([name, t["kernel"]["channels"]], t, 3))
     lines += ["", "Produced by benchmarks/linear_attention.py."]
     write("linear_attention", {"machine": machine(), "rows": rows, "conv_rows": conv_rows}, "\n".join(lines) + "\n",
           args.out)

@@ -80,6 +80,39 @@ class GraphView:
         return t.data_type if t is not None else None
 
 
+def unique_name(view: GraphView, base: str) -> str:
+    """``base``, or ``base_<i>``, not yet naming a value or initializer of the graph (for a rewrite's new names)."""
+    taken = view.initializers.keys() | view.producer.keys() | view.consumers.keys()
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    return name
+
+
+def add_initializer(view: GraphView, name: str, array: Any, like: onnx.TensorProto) -> onnx.TensorProto:
+    """A new initializer ``name`` holding ``array`` in ``like``'s element type (weights a rewrite concatenated):
+    kept beside ``like``'s external-data file when it has one (out of the proto), else its raw bytes; types without
+    a raw layout (bfloat16, 4-bit) through onnx's writer."""
+    from onnx import numpy_helper
+
+    from crossml.graph import external
+
+    files = external.files_of(like)
+    if like.data_type in external.RAW_TYPES:
+        t = view.graph.initializer.add()  # filled in place: appending a made TensorProto would copy its bytes again
+        t.name, t.data_type = name, like.data_type
+        t.dims.extend(array.shape)
+        if files is not None:
+            files.hold(t, array)
+        else:
+            t.raw_data = array.tobytes()
+    else:
+        view.graph.initializer.append(numpy_helper.from_array(array, name))
+        t = view.graph.initializer[-1]
+    view.initializers[name] = t
+    return t
+
+
 def node_attrs(node: onnx.NodeProto) -> dict[str, Any]:
     """A node's attributes as Python values, by name."""
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from crossml.graph import external
-from crossml.graph.passes import GraphView, Match, Rule, node_attrs
+from crossml.graph.passes import GraphView, Match, Rule, add_initializer, node_attrs, unique_name
 
 DOMAIN = "com.crossml"
 MS_DOMAIN = "com.microsoft"
@@ -120,40 +120,18 @@ def check(view: GraphView, m: Match) -> str | None:
     return _check_nbits(view, gate, up)
 
 
-def _unique(view: GraphView, base: str) -> str:
-    """``base``, or ``base_<i>``, not yet naming a value or initializer of the graph."""
-    taken = view.initializers.keys() | view.producer.keys() | view.consumers.keys()
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    return name
-
-
 def _concat(view: GraphView, gate: onnx.NodeProto, up: onnx.NodeProto, i: int, axis: int, suffix: str) -> str:
     """A new initializer: input ``i`` of ``gate`` and of ``up`` concatenated along ``axis``."""
     tg, tu = (view.initializers[n.input[i]] for n in (gate, up))
-    name = _unique(view, f"{gate.name or gate.output[0]}_gate_up_{suffix}")
-    merged = np.concatenate([external.array(tg), external.array(tu)], axis=axis)
-    files = external.files_of(tg)
-    if tg.data_type in external.RAW_TYPES:
-        t = view.graph.initializer.add()  # filled in place: appending a made TensorProto would copy its bytes again
-        t.name, t.data_type = name, tg.data_type
-        t.dims.extend(merged.shape)
-        if files is not None:  # weights from a file: the merged copy stays beside them, out of the proto
-            files.hold(t, merged)
-        else:
-            t.raw_data = merged.tobytes()
-    else:  # e.g. bfloat16 or 4-bit elements: onnx's writer knows their layout
-        view.graph.initializer.append(numpy_helper.from_array(merged, name))
-        t = view.graph.initializer[-1]
-    view.initializers[name] = t
+    name = unique_name(view, f"{gate.name or gate.output[0]}_gate_up_{suffix}")
+    add_initializer(view, name, np.concatenate([external.array(tg), external.array(tu)], axis=axis), tg)
     return name
 
 
 def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     gate, up, silu = m.nodes
-    gu = _unique(view, f"{gate.output[0]}_gate_up")
-    name = _unique(view, f"{gate.name or gate.output[0]}_gate_up")
+    gu = unique_name(view, f"{gate.output[0]}_gate_up")
+    name = unique_name(view, f"{gate.name or gate.output[0]}_gate_up")
     if m.info["kind"] == "MatMul":
         w = _concat(view, gate, up, 1, 1, "weight")  # [K, N] | [K, N] -> [K, 2N]
         product = helper.make_node("MatMul", [gate.input[0], w], [gu], name=name, domain=gate.domain)

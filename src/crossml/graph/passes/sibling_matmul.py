@@ -20,7 +20,7 @@ import onnx
 from onnx import helper
 
 from crossml.graph import external
-from crossml.graph.passes import GraphView, Match, Rule
+from crossml.graph.passes import GraphView, Match, Rule, add_initializer, unique_name
 
 
 def _is_matmul(node: onnx.NodeProto) -> bool:
@@ -62,42 +62,25 @@ def check(view: GraphView, m: Match) -> str | None:
     return None
 
 
-def _unique(view: GraphView, base: str) -> str:
-    taken = view.initializers.keys() | view.producer.keys() | view.consumers.keys()
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    return name
-
-
 def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     nodes = [m.nodes[-1], *m.nodes[:-1]]  # graph order: the first product, then the others
     tensors = [view.initializers[n.input[1]] for n in nodes]
     first = nodes[0]
     base = first.name or first.output[0]
-    wname = _unique(view, f"{base}_siblings_weight")
-    merged = np.concatenate([external.array(t) for t in tensors], axis=1)
-    t = view.graph.initializer.add()
-    t.name, t.data_type = wname, tensors[0].data_type
-    t.dims.extend(merged.shape)
-    files = external.files_of(tensors[0])
-    if files is not None:  # weights from a file: the merged copy stays beside them, out of the proto
-        files.hold(t, merged)
-    else:
-        t.raw_data = merged.tobytes()
-    view.initializers[wname] = t
-    out = _unique(view, f"{first.output[0]}_siblings")
+    wname = unique_name(view, f"{base}_siblings_weight")
+    add_initializer(view, wname, np.concatenate([external.array(t) for t in tensors], axis=1), tensors[0])
+    out = unique_name(view, f"{first.output[0]}_siblings")
     widths = [int(w.dims[1]) for w in tensors]
-    sizes = _unique(view, f"{base}_siblings_split")
+    sizes = unique_name(view, f"{base}_siblings_split")
     view.graph.initializer.append(onnx.numpy_helper.from_array(np.array(widths, dtype=np.int64), sizes))
     view.initializers[sizes] = view.graph.initializer[-1]
     elem, shape = view.elem_type(first.output[0]), view.shape(first.output[0])
     if elem is not None:
         dims = None if shape is None else [*shape[:-1], sum(widths)]
         view.graph.value_info.append(helper.make_tensor_value_info(out, elem, dims))
-    product = helper.make_node("MatMul", [first.input[0], wname], [out], name=_unique(view, f"{base}_siblings"))
+    product = helper.make_node("MatMul", [first.input[0], wname], [out], name=unique_name(view, f"{base}_siblings"))
     split = helper.make_node("Split", [out, sizes], [n.output[0] for n in nodes], axis=-1,
-                             name=_unique(view, f"{base}_siblings_split_node"))
+                             name=unique_name(view, f"{base}_siblings_split_node"))
     return [product, split]
 
 
