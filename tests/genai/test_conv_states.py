@@ -210,7 +210,7 @@ def test_rewind_runs_the_kept_tokens_again(stateful, share) -> None:
 
 def test_static_decode_path_matches_default(stateful) -> None:
     """The fixed-address decode path (a GPU's, forced on the CPU, with its recordings' prompt buckets and run-ahead
-    asked for): the states stay in the lent buffers, prompts are not padded, nothing runs ahead."""
+    asked for): the states stay in the lent buffers, prompts are not padded, decode steps run ahead."""
     ref = generate_with(xg, xg.Model(stateful), BATCH, MAX_LENGTH)
     model = xg.Model(stateful)
     model._static_decode = model._prompt_graphs = model._run_ahead = True
@@ -247,3 +247,42 @@ def test_malformed_layer_types_are_named(lfm2, tmp_path) -> None:
     (folder / "genai_config.json").write_text(json.dumps(cfg))
     with pytest.raises(xg.ConfigError, match="layer_types takes one string per layer"):
         xg.Model(str(folder))
+
+
+def test_a_dropped_step_run_ahead_puts_the_states_back(stateful, tmp_path) -> None:
+    """On the run-ahead path (a GPU's, forced on the CPU) the step fed by the token that ends the generation has run
+    before the host learns that it ended; it is dropped, and the layer states it advanced are put back from the copy
+    taken before it ran: a prompt appended after the end gives the logits of the whole sequence as one prompt."""
+    import json
+    import shutil
+
+    from crossml.genai.kv_cache import LayerStates
+
+    plain = generate_with(xg, xg.Model(stateful), [PROMPT], MAX_LENGTH)[0][0]
+    n = len(xg.Tokenizer(xg.Model(stateful)).encode(PROMPT))
+    eos = plain[n + 5]  # the generation ends at this token's first appearance
+    folder = tmp_path / "eos"
+    shutil.copytree(stateful, folder)
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    cfg["model"]["eos_token_id"] = eos
+    (folder / "genai_config.json").write_text(json.dumps(cfg))
+    model = xg.Model(str(folder))
+    model._static_decode = model._prompt_graphs = model._run_ahead = True
+    tok = xg.Tokenizer(model)
+    params = xg.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH)
+    gen = xg.Generator(model, params)
+    restored = []
+    restore = LayerStates.restore
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LayerStates, "restore", lambda self: restored.append(1) or restore(self))
+        gen.append_tokens(tok.encode(PROMPT))
+        while not gen.is_done():
+            gen.generate_next_token()
+    seq = gen.get_sequence(0).tolist()
+    assert restored == [1] and seq == plain[:plain.index(eos, n)]
+    more = tok.encode(" world how are you")
+    gen.append_tokens(more)
+    fresh = xg.Generator(xg.Model(stateful), params)
+    fresh.append_tokens(np.array(seq + more.tolist(), dtype=np.int32))
+    np.testing.assert_allclose(gen.get_logits(), fresh.get_logits(), atol=2e-4, rtol=0)

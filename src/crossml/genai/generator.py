@@ -206,10 +206,9 @@ class Generator:
         self._final: list[list[int]] | None = None
         self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
         # run ahead (see the module docstring): the static decode path of a recording session, not beam search
-        # (not with window-sized KV caches: a step run ahead and then dropped may already have evicted positions)
-        # (nor with carried layer states, which a dropped step would already have advanced)
-        self._ahead = (model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers
-                       and not io.state_names)
+        # (not with window-sized KV caches: a step run ahead and then dropped may already have evicted positions;
+        # carried layer states are copied before a step runs ahead and put back if it is dropped, _drop_ahead)
+        self._ahead = (model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers)
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
@@ -337,6 +336,8 @@ class Generator:
         if start == 0 and self._model._compile_ahead:
             self._model._compile_ahead = False
             self._compile_ahead(slot.width if slot is not None else end)
+        if ahead and self._states.tensors:
+            self._states.save()  # what a dropped step put back (_drop_ahead): queued before the step, no host wait
         if bufs is not None and start > 0 and end - start == 1:
             # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
             if self._model._decode_compiles is not None:  # compiled in the background since the first prompt
@@ -563,8 +564,7 @@ class Generator:
             values = dict(self._bufs.extras)
         self._extra = values
         if self._ahead_outputs is not None:
-            self._kv_len = self._ahead_run[0]
-            self._ahead_outputs = self._ahead_run = None
+            self._drop_ahead()
             self._logits, self._live = None, False
 
     def _stage(self, col: int) -> None:
@@ -679,6 +679,14 @@ class Generator:
                 self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
             self._forward(ahead=True)
 
+    def _drop_ahead(self) -> None:
+        """Forget the step that ran ahead: the next run starts at its first column again, and the carried layer states
+        it advanced are put back (from the copy ``_forward`` made before it ran)."""
+        self._kv_len = self._ahead_run[0]
+        self._ahead_outputs = self._ahead_run = None
+        if self._states.tensors:
+            self._states.restore()
+
     def _tokens_and_flags(self) -> torch.Tensor:
         """[the last step's tokens, finished flags] (int64): what the host copies once per step."""
         return torch.cat([self._next, self._done.long()])
@@ -717,9 +725,8 @@ class Generator:
                     self._finished_step = True
                     self._staged = None
                     if self._kv_len > self._len:  # that token's step ran ahead: drop it
-                        self._kv_len = self._len
+                        self._drop_ahead()
                         self._logits = None
-                        self._ahead_outputs = self._ahead_run = None
         return self._host
 
     def is_done(self) -> bool:

@@ -16,7 +16,8 @@ the buffer, so the buffers keep their addresses for the whole generation: still 
 [rows, channels, conv_cache_size]; Qwen3.5's linear-attention layers, a convolution state and ``past.i.recurrent``:
 [rows, heads, value head size, key head size]), which each run replaces whole. Its buffers keep their addresses
 (each present is copied into them), so a recorded decode step reads them in place. Such a state cannot be cut back
-to an earlier position: the generator rewinds by running the kept tokens again, and pads no prompt.
+to an earlier position: the generator rewinds by running the kept tokens again, pads no prompt, and copies the states
+aside before a step it runs ahead (``save`` / ``restore``: the step may be dropped).
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class LayerStates:
         self.present_names = present_names
         self.tensors = tensors if tensors is not None else [
             torch.zeros((rows, *shape), dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes)]
+        self._saved: list[torch.Tensor] | None = None  # save()'s copies
 
     def feed(self) -> dict[str, torch.Tensor]:
         return dict(zip(self.past_names, self.tensors))
@@ -119,6 +121,18 @@ class LayerStates:
         """Beam search: row i becomes old row ``rows[i]``."""
         for t in self.tensors:
             t.copy_(t.index_select(0, rows))
+
+    def save(self) -> None:
+        """Copy the states aside (one grouped copy, queued on the device): what ``restore`` puts back."""
+        if self._saved is None:
+            self._saved = [torch.empty_like(t) for t in self.tensors]
+        torch._foreach_copy_(self._saved, self.tensors)
+
+    def restore(self) -> None:
+        """Put back the states ``save`` copied (a generator's step that ran ahead was dropped)."""
+        if self._saved is None:
+            raise RuntimeError("layer states: restore() without a save()")
+        torch._foreach_copy_(self.tensors, self._saved)
 
     def reset(self) -> None:
         for t in self.tensors:

@@ -253,8 +253,9 @@ class Model:
         self._logits_per_position = logits_shape is not None and len(logits_shape) == 3
         #: generators run the next decode step as soon as a token is appended, before the host reads it (see
         #: crossml.genai.generator); internal: tests force it on the CPU
-        self._run_ahead = self._capture and self._static_decode and not self.io.state_names
-        # (not with carried layer states: a step run ahead and then dropped would already have advanced them)
+        self._run_ahead = self._capture and self._static_decode
+        # (with carried layer states too: a step run ahead keeps a copy of the states it advances, put back when the
+        # step is dropped, Generator._forward)
         #: the first prompt compiles the Triton kernels of its run and of the decode step side by side before
         #: running (see Generator._compile_ahead); CROSSML_COMPILE_AHEAD=0 turns it off
         self._compile_ahead = os.environ.get("CROSSML_COMPILE_AHEAD", "1") != "0"
