@@ -356,7 +356,8 @@ class CompileAhead:
 CPU_KERNEL_OPS = {"MatMulNBits": ("cpu_nbits", "cpu_int8"), "GroupQueryAttention": ("cpu_attention",),
                   "SkipSimplifiedLayerNormalization": ("cpu_norm",), "SiluMulMatMulNBits": ("cpu_nbits", "cpu_int8"),
                   "NormMatMulNBits": ("cpu_norm", "cpu_nbits", "cpu_int8"), "CausalConvWithState": ("cpu_conv",),
-                  "ShortConv": ("cpu_conv",), "GatherBlockQuantized": ("cpu_gather",)}
+                  "ShortConv": ("cpu_conv",), "GatherBlockQuantized": ("cpu_gather",),
+                  "LinearAttention": ("cpu_linear_attention",)}
 
 
 def warm_cpu(op_types: set[str]) -> None:

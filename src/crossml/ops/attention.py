@@ -363,6 +363,12 @@ def linear_recurrence(
         out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
                                               key_heads, scale_v, state_dtype, into)
         return out, state, []
+    if (not keep_states and query.device.type == "cpu" and all(x.dtype == f32 for x in tensors)
+            and (cpu := load("cpu_linear_attention")) is not None):
+        # numba's kernel: two passes over each state a token (crossml.kernels.cpu_linear_attention)
+        out, state = cpu.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
+                                          key_heads, scale_v)
+        return out, state, []
     q, k, v = q.to(f32), k.to(f32), v.to(f32)
     if key_heads != kv_num_heads:
         k = k.repeat_interleave(kv_num_heads // key_heads, dim=1)

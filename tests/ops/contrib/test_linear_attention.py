@@ -81,7 +81,8 @@ def test_linear_attention_state_window_slots_are_prefix_states(t):
     out, state = _run("LinearAttention", {**inputs, "past_state": window}, OUT2, state_window=w, **attrs)
     plain = {**inputs, "past_state": window[w - 1]}
     want_out, _ = _run("LinearAttention", plain, OUT2, **attrs)
-    np.testing.assert_array_equal(out, want_out)
+    # the windowed op keeps every token's state on the torch path; the plain one runs numba's kernel (other sums)
+    np.testing.assert_allclose(out, want_out, rtol=1e-6, atol=1e-6)
     assert state.shape == (w, *inputs["past_state"].shape)
     for j in range(w):
         end = t - w + j + 1
@@ -90,7 +91,7 @@ def test_linear_attention_state_window_slots_are_prefix_states(t):
             continue
         part = {k: (v[:, :end].copy() if k != "past_state" and v is not None else v) for k, v in plain.items()}
         _, want = _run("LinearAttention", part, OUT2, **attrs)
-        np.testing.assert_array_equal(state[j], want)
+        np.testing.assert_allclose(state[j], want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("attrs,needle", [
