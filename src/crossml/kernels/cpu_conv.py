@@ -29,6 +29,24 @@ def _conv(h, past, w, bias, has_bias, dilation, gated, y, present):  # pragma: n
     L = h.shape[1] if gated else h.shape[2]
     S = past.shape[2]
     k = w.shape[1]
+    if not gated:  # the op's own input: each channel's rows taken once (about twice as fast at 6144 channels)
+        for b in range(B):
+            for c in range(C):
+                pc = past[b, c]
+                hc = h[b, c]
+                wc = w[c]
+                for t in range(L):
+                    acc = np.float32(0.0)
+                    for j in range(k):
+                        p = t + j * dilation
+                        acc += wc[j] * (pc[p] if p < S else hc[p - S])
+                    if has_bias:
+                        acc += bias[c]
+                    y[b, c, t] = acc
+                for t in range(S):
+                    p = L + t
+                    present[b, c, t] = pc[p] if p < S else hc[p - S]
+        return
     for b in range(B):
         for c in range(C):
             for t in range(L + S):

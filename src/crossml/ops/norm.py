@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.kernels import TRITON_DEVICES, load_compiled
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops._util import norm_axes, norm_axis
 from crossml.ops.registry import OpContext, op
 
@@ -160,6 +160,9 @@ def lp_normalization(x: torch.Tensor, *, axis: int = -1, p: int = 2) -> torch.Te
 
         if attention.GPU_KERNELS and (kernels := load_compiled("gated_delta")) is not None:
             return kernels.lp_normalize(x)  # one launch (Qwen3.5's query and key heads)
+    if (p == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() and x.numel()
+            and norm_axis(axis, x.dim()) == x.dim() - 1 and (cpu := load("cpu_gated_delta")) is not None):
+        return cpu.lp_normalize(x)  # numba's one call
     dt = _stash(x)
     xc = x.to(dt)
     norm = torch.linalg.vector_norm(xc, ord=p, dim=norm_axis(axis, x.dim()), keepdim=True)

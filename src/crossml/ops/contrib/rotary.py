@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from crossml.kernels import TRITON_DEVICES, load_compiled
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops.registry import MS_DOMAIN, op
 
 
@@ -149,6 +149,11 @@ def m_rotary_embedding(
             kernels.m_rotary(h, position_ids, cos_cache, sin_cache, out.view(h.shape), section, mrope_layout,
                              bool(interleaved), rot)
             return out.transpose(1, 2) if x.dim() == 4 else out
+    if (x.device.type == "cpu" and x.dim() == 3 and x.dtype == torch.float32 and cos_cache.dtype == torch.float32
+            and sin_cache.dtype == torch.float32 and not position_ids.is_floating_point() and x.numel()
+            and (cpu := load("cpu_gated_delta")) is not None):  # numba's one call, these values bit for bit
+        return cpu.m_rotary(x, h.shape[2], position_ids, cos_cache, sin_cache, section, mrope_layout,
+                            bool(interleaved), rot)
     # [3, B, S, half]; the streams' frequencies are picked by slicing (no index tensor made on the host, which a
     # recorded GPU graph could not take)
     cos3, sin3 = gather_cos_sin(cos_cache[:, :half], sin_cache[:, :half], position_ids)
