@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
                     if folder is None:
                         raise RuntimeError(f"no {prec} model was built (see {args.workdir}/build_{name}_{prec}.log)")
                     row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
-                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (their Triton kernels off)
+                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (ops.attention.GPU_KERNELS off)
                         import crossml.ops.attention as attention
 
                         attention.GPU_KERNELS = False
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> None:
                             row.update(run_crossml(folder, prompt, args.new, args.repeats))
                         finally:
                             attention.GPU_KERNELS = True
-                        row["note"] = "LinearAttention / CausalConvWithState on their torch paths"
+                        row["note"] = "the Gated DeltaNet ops and MRotaryEmbedding on their torch paths"
                     elif rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))
                         row["note"] = "graph capture off" if rt.endswith("eager") else "prompt and decode graphs recorded"

@@ -290,9 +290,10 @@ def linear_attention(
     return out, state
 
 
-#: on a Triton device, LinearAttention's recurrence and CausalConvWithState's convolution run their Triton kernels
-#: (``crossml.kernels.linear_attention``, ``crossml.kernels.short_conv.causal_conv``); False keeps the torch paths
-#: (an A/B setting for the benchmarks)
+#: on a Triton device, the Gated DeltaNet layers' ops run their Triton kernels: LinearAttention's recurrence and
+#: CausalConvWithState's convolution (``crossml.kernels.linear_attention``, ``crossml.kernels.short_conv.causal_conv``),
+#: LpNormalization, GatedRMSNorm, LinearAttentionGate (``crossml.kernels.gated_delta``) and MRotaryEmbedding
+#: (``crossml.kernels.mrope``); False keeps their torch paths (an A/B setting for the benchmarks)
 GPU_KERNELS = True
 
 
