@@ -111,8 +111,8 @@ VLM_CLASSES["qwen35moe"] = ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGenerat
                             dict(_QWEN35_TEXT, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                  num_experts=4, num_experts_per_tok=2), _QWEN35_VISION)
 MORE_CLASSES.update(VLM_CLASSES)
-#: architectures of MORE_CLASSES also tested at int4 (gpt-oss: its experts become QMoE nodes)
-MORE_INT4 = ("gptoss", "lfm2", "qwen35")
+#: architectures of MORE_CLASSES also tested at int4 (gpt-oss and qwen35moe: their experts become QMoE nodes)
+MORE_INT4 = ("gptoss", "lfm2", "qwen35", "qwen35moe")
 #: architectures of MORE_CLASSES whose layers carry states instead of KV caches (tests/genai/test_conv_states.py)
 CONV_STATE_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")
 #: architectures whose tokenizer_config.json the builder (under transformers 5) writes with tokenizer class
