@@ -9,6 +9,7 @@ launches use one small fixed tile instead of autotuning.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -64,6 +65,12 @@ def _numpy24_interpreter_fix() -> None:
 
 if INTERPRET and int(np.__version__.split(".")[0]) * 100 + int(np.__version__.split(".")[1]) >= 204:
     _numpy24_interpreter_fix()
+
+
+def on_device(t: torch.Tensor, interp: bool) -> contextlib.AbstractContextManager:
+    """The context a kernel launch on ``t``'s device runs in: that CUDA device compiled, nothing in Triton's
+    interpreter or on other devices."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
 
 
 def use_interpreter(t: torch.Tensor, what: str) -> bool:

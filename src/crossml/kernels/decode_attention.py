@@ -77,7 +77,6 @@ TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
@@ -92,6 +91,7 @@ from crossml.kernels._launch import (
     cluster_capable,
     launch_clustered,
     next_power_of_2,
+    on_device,
     pdl,
     pdl_wait,
     processors,
@@ -261,7 +261,7 @@ def rotary_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos_ca
             *q.stride(), *k.stride(), *v.stride(), *s_c, *s_s, *k_cache.stride(), *v_cache.stride(), *q_out.stride())
     meta = {"ROTARY": bool(do_rotary), "INTERLEAVED": bool(interleaved), "BLOCK_H": block_h, "BLOCK_D": block_d}
     interp = use_interpreter(q, "GroupQueryAttention rotary/cache write")
-    with _on_device(q, interp):
+    with on_device(q, interp):
         # no FMA contraction: x*c - xp*s rounds each product like torch does
         _rotary_cache_kernel[grid](*args, **meta, num_warps=4 if block_h * block_d >= 1024 else 2,
                                    enable_fp_fusion=False)
@@ -541,7 +541,7 @@ def combine_product(parts: tuple[torch.Tensor, torch.Tensor], w: torch.Tensor, h
     groups = cdiv(N, heads_per_program)
     ws = torch.empty((groups, B, NOUT), dtype=torch.float32, device=mid_o.device)
     interp = use_interpreter(mid_o, "combine_product")
-    with _on_device(mid_o, interp):
+    with on_device(mid_o, interp):
         _combine_product_kernel[(B * groups, cdiv(NOUT, block_n))](
             mid_o, mid_l, w, ws, N, S, H, NOUT, B * NOUT, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2),
             mid_l.stride(0), mid_l.stride(1), w.stride(0), w.stride(1), HP=heads_per_program,
@@ -567,7 +567,7 @@ def combine_partials(parts: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtyp
     out = torch.empty((B, N, H), dtype=dtype, device=parts[0].device)
     if out.numel() == 0:
         return out
-    with _on_device(parts[0], use_interpreter(parts[0], "combine_partials")):
+    with on_device(parts[0], use_interpreter(parts[0], "combine_partials")):
         _combine_into(parts, out)
     return out
 
@@ -595,9 +595,6 @@ def _cluster_size(t: torch.Tensor, splits: int, block_d: int, after: str = "", g
     size = min(next_power_of_2(splits), CLUSTER_SPLITS)
     return size if 1 < size <= block_d else 0
 
-
-def _on_device(t: torch.Tensor, interp: bool):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
 
 
 def _check_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, what: str) -> None:
@@ -669,7 +666,7 @@ def _attend(q, k_cache, v_cache, total_len, scale, local_window, len_offset, num
               "SOFTCAP": softcap > 0.0, "SINK": sink is not None, "EARLY": early and not interp, **meta,
               # no FMA contraction with a new token: its rotation rounds each product as the torch code does
               "num_warps": warps, "enable_fp_fusion": new is None, **pdl(q)}
-    with _on_device(q, interp):
+    with on_device(q, interp):
         if cluster:
             launch_clustered(_decode_attn_kernel, (programs * cluster,), cluster, args, {**kwargs, "CLUSTER": cluster})
             return out
@@ -787,7 +784,7 @@ def evict_rows(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tens
     interp = use_interpreter(k_cache, "GroupQueryAttention eviction")
     rows = torch.empty(B, dtype=torch.int32, device=k_cache.device)
     block_d = next_power_of_2(H)
-    with _on_device(k_cache, interp):
+    with on_device(k_cache, interp):
         _evict_kernel[(B * Nk,)](k_cache, v_cache, seqlens, rows, Nk, L, window, H, k_cache.stride(0),
                                  k_cache.stride(1), k_cache.stride(2), BLOCK_L=max(1, 4096 // block_d),
                                  BLOCK_D=block_d)

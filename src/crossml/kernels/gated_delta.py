@@ -20,13 +20,11 @@ agree within a rounding. Under TRITON_INTERPRET=1 the kernels run in Triton's in
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import next_power_of_2, use_interpreter
+from crossml.kernels._launch import next_power_of_2, on_device, use_interpreter
 
 __all__ = ["gated_rms_norm", "linear_attention_gate", "lp_normalize"]
 
@@ -77,7 +75,7 @@ def _gate_kernel(a_ptr, dt_ptr, ds_ptr, b_ptr, decay_ptr, beta_ptr, n, H, HAS_B:
 
 def _launch(t: torch.Tensor, what: str):
     interp = use_interpreter(t, what)
-    ctx = contextlib.nullcontext() if interp or t.device.type != "cuda" else torch.cuda.device(t.device)
+    ctx = on_device(t, interp)
     return ctx, ({} if interp else {"num_warps": 4})
 
 

@@ -13,13 +13,11 @@ is copied bit for bit: callers pass any element type viewed as same-width intege
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, on_device, pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "gather", "supported"]
 
@@ -81,7 +79,7 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor
     idx = indices.reshape(-1).contiguous()
     if size == 0:  # every index is out of range
         return out.zero_()
-    launch = contextlib.nullcontext() if interpret or data.device.type != "cuda" else torch.cuda.device(data.device)
+    launch = on_device(data, interpret)
     block = min(_BLOCK, max(16, next_power_of_2(inner)))
     with launch:
         _gather_kernel[(m, outer, cdiv(inner, block))](x, idx, out, size, inner, m, *x.stride(), BLOCK=block,

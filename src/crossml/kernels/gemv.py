@@ -106,7 +106,6 @@ TRITON_INTERPRET=1 the kernels run in Triton's interpreter (see ``_launch``).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -119,6 +118,7 @@ from crossml.kernels._launch import (
     dot_acc,
     gluon_kernels,
     next_power_of_2,
+    on_device,
     pdl,
     pdl_wait,
     product_output,
@@ -943,7 +943,7 @@ def gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
     bias1 = bias.reshape(N).contiguous() if bias is not None else w
 
     interpret = use_interpreter(a, "GEMV")
-    launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
+    launch = on_device(a, interpret)
     stream = None
     if tiles is None and not (silu_mul or silu_out or mma) and column_major(w) and a.stride(-1) == 1:
         stream = stream_tiles(M, K, N, rule_processors(a))
@@ -1016,7 +1016,7 @@ def partials_skip_norm(ws: torch.Tensor, bias: torch.Tensor | None, residual: to
     rtne = interpret and residual.dtype == torch.bfloat16  # the interpreter truncates float32 -> bfloat16 casts
     meta = {} if interpret else {"num_warps": warps, **pdl(ws, early=NORM_EARLY and M <= NORM_EARLY_MAX_ROWS)}
     bias1 = bias.reshape(N).contiguous() if bias is not None else residual  # a placeholder of the product's dtype
-    launch = contextlib.nullcontext() if interpret or ws.device.type != "cuda" else torch.cuda.device(ws.device)
+    launch = on_device(ws, interpret)
     with launch:
         _split_k_norm_kernel[(M,)](ws, bias1, residual.reshape(M, N).contiguous(), gamma.reshape(N).contiguous(),
                                    normed, normed if total is None else total, M, N, S, 1.0 / N, float(eps),
@@ -1055,7 +1055,7 @@ def gemv_skip_norm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, 
     interpret = use_interpreter(a, "GEMV skip-norm")
     a2 = a.reshape(M, a.shape[-1])
     bias1 = bias.reshape(N).contiguous() if bias is not None else w
-    launch = contextlib.nullcontext() if interpret or a.device.type != "cuda" else torch.cuda.device(a.device)
+    launch = on_device(a, interpret)
     with launch:
         if K == 0:  # the empty sum: a zero workspace of one split (bias added by the skip-norm kernel)
             ws = torch.zeros((1, M, N), dtype=torch.float32, device=a.device)

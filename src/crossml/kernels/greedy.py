@@ -28,13 +28,11 @@ in Triton's interpreter (see ``_launch``).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, on_device, pdl, pdl_wait, use_interpreter
 
 __all__ = ["greedy_step", "greedy_step_reference"]
 
@@ -152,7 +150,7 @@ def greedy_step(logits: torch.Tensor, *, seq: torch.Tensor, mask: torch.Tensor, 
     chunks = cdiv(vocab, CHUNK)
     vals = torch.empty((rows, chunks), dtype=torch.float32, device=logits.device)
     idx = torch.empty((rows, chunks), dtype=torch.int64, device=logits.device)
-    launch = contextlib.nullcontext() if interpret or logits.device.type != "cuda" else torch.cuda.device(logits.device)
+    launch = on_device(logits, interpret)
     stage = ids is not None
     with launch:
         _argmax_chunks_kernel[(chunks, rows)](logits, eos, vals, idx, vals if copy is None else copy, vocab,

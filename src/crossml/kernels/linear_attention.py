@@ -17,13 +17,11 @@ interpreter (see ``_launch``).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, next_power_of_2, processors, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, on_device, processors, use_interpreter
 
 __all__ = ["linear_attention"]
 
@@ -125,7 +123,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if T > 1 and not interpret and B * kv_heads * cdiv(dv, block_v) < processors(query):
         block_v = 16  # a prompt walks its tokens in turn: more programs, each a shorter chain of work
 
-    launch = contextlib.nullcontext() if interpret or query.device.type != "cuda" else torch.cuda.device(query.device)
+    launch = on_device(query, interpret)
     with launch:
         _linear_attention_kernel[(B * kv_heads, cdiv(dv, block_v))](
             q, k, v, s, g, bt, out, state, T, kv_heads, dk, dv, G, inv, kv_heads // key_heads, float(scale),

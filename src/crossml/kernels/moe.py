@@ -34,13 +34,11 @@ compare against. Under TRITON_INTERPRET=1 the kernel runs in Triton's interprete
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, on_device, pdl, pdl_wait, use_interpreter
 
 __all__ = ["SUPPORTED_DTYPES", "expert_gemv", "expert_gemv_reference", "pick_tiles"]
 
@@ -220,9 +218,6 @@ def _check(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, bias: t
             raise ValueError(f"{what}: {name} is on {t.device}, x on {x.device}; all inputs must share one device")
 
 
-def _on_device(t: torch.Tensor, interp: bool):
-    return torch.cuda.device(t.device) if t.device.type == "cuda" and not interp else contextlib.nullcontext()
-
 
 def expert_gemv(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 scales: torch.Tensor | None = None, zero_points: torch.Tensor | None = None, bits: int = 0,
@@ -261,7 +256,7 @@ def expert_gemv(x: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor, bi
     s_b = (0, 0) if bias is None else bias.stride()
     n_blocks = K // block_size if block_size else 1
     grid = (R, cdiv(N, block_n))
-    with _on_device(x, interp):
+    with on_device(x, interp):
         _expert_gemv_kernel[grid](x, experts, weight, s, z, b, y, N, K, weight.shape[0], int(rows_per_token),
                                   n_blocks, *x.stride(), *weight.stride(), *s_s, *s_z, *s_b, *y.stride(),
                                   BITS=bits, BS=bs, PER_ROW=per_row, HAS_ZP=zero_points is not None,

@@ -14,13 +14,11 @@ channels past ``rotary_embedding_dim`` are copied. Under TRITON_INTERPRET=1 the 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interpreter
 
 __all__ = ["m_rotary"]
 
@@ -78,7 +76,7 @@ def m_rotary(h: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tenso
         return out
     interpret = use_interpreter(h, "MRotaryEmbedding")
     block_n = min(next_power_of_2(N), 16)
-    launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
+    launch = on_device(h, interpret)
     with launch:
         _mrope_kernel[(B * S, cdiv(N, block_n))](
             h, position_ids, cos_cache, sin_cache, out, S, N, H, half, rot, cos_cache.shape[0], *section,

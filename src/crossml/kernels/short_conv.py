@@ -16,13 +16,11 @@ torch kernels. Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import cdiv, next_power_of_2, use_interpreter
+from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interpreter
 
 __all__ = ["causal_conv", "short_conv"]
 
@@ -101,7 +99,7 @@ def _run(h, L: int, C: int, gated: bool, s_h: tuple, weight, bias, past, dilatio
     present = into if into is not None else torch.empty((B, C, S), dtype=h.dtype, device=h.device)
     interpret = use_interpreter(h, "ShortConv" if gated else "CausalConvWithState")
     block_c = 64 if interpret else 128
-    launch = contextlib.nullcontext() if interpret or h.device.type != "cuda" else torch.cuda.device(h.device)
+    launch = on_device(h, interpret)
     with launch:
         _short_conv_kernel[(cdiv(C, block_c), B, cdiv(max(L, 1), BLOCK_T))](
             h, past, w, bias if bias is not None else w, y, present, L, C, S, K,

@@ -11,13 +11,11 @@ TRITON_INTERPRET=1 the kernel runs in Triton's interpreter.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
-from crossml.kernels._launch import next_power_of_2, pdl, pdl_wait, use_interpreter
+from crossml.kernels._launch import next_power_of_2, on_device, pdl, pdl_wait, use_interpreter
 
 __all__ = ["DTYPES", "sum_cast"]
 
@@ -54,7 +52,7 @@ def sum_cast(x: torch.Tensor, offset: int, dtype: torch.dtype, keepdim: bool = T
     if x2.shape[1] and x2.stride(1) != 1:
         x2 = x2.contiguous()
     block = min(_BLOCK, max(16, next_power_of_2(x2.shape[1])))
-    launch = contextlib.nullcontext() if interpret or x.device.type != "cuda" else torch.cuda.device(x.device)
+    launch = on_device(x, interpret)
     with launch:
         _sum_cast_kernel[(rows,)](x2, out, x2.shape[1], x2.stride(0), int(offset), BLOCK=block,
                                   **({} if interpret else {"num_warps": 4, **pdl(x)}))
