@@ -465,14 +465,14 @@ def main(argv: list[str] | None = None) -> None:
                     if folder is None:
                         raise RuntimeError(f"no {prec} model was built (see {args.workdir}/build_{name}_{prec}.log)")
                     row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
-                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (ops.attention.GPU_KERNELS off)
-                        import crossml.ops.attention as attention
+                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (ops._util.GPU_KERNELS off)
+                        import crossml.ops._util as op_util
 
-                        attention.GPU_KERNELS = False
+                        op_util.GPU_KERNELS = False
                         try:
                             row.update(run_crossml(folder, prompt, args.new, args.repeats))
                         finally:
-                            attention.GPU_KERNELS = True
+                            op_util.GPU_KERNELS = True
                         row["note"] = "the Gated DeltaNet ops and MRotaryEmbedding on their torch paths"
                     elif rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _common import in_graph_us, machine, results_parser, time_ms, write  # noqa: E402
 
+import crossml.ops._util as op_util  # noqa: E402
 import crossml.ops.attention as attention  # noqa: E402
 
 #: name -> (key heads = query heads, state (value) heads, d_k, d_v)
@@ -61,16 +62,15 @@ def _conv_call(channels: int, t: int):
 
 def _ab(make_call, prompt_runs: int) -> dict[str, dict[str, float]]:
     """decode µs and prompt ms of ``make_call(tokens)``'s calls with the kernels (``kernel``) and without (``torch``)."""
-    real = attention.load_compiled
     out = {}
     for path in ("kernel", "torch"):
-        attention.load_compiled = real if path == "kernel" else (lambda _name: None)
+        op_util.GPU_KERNELS = path == "kernel"
         try:
             out[path] = {"decode_us": in_graph_us([make_call(1) for _ in range(8)]),
                          "prompt_ms": time_ms(make_call(PROMPT), warmup=1, runs=prompt_runs,
                                               sync=torch.cuda.synchronize)["median_ms"]}
         finally:
-            attention.load_compiled = real
+            op_util.GPU_KERNELS = True
         print(path, out[path], flush=True)
     return out
 

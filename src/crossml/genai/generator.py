@@ -189,7 +189,8 @@ class Generator:
         self._host: tuple[np.ndarray, bool] | None = None  # (next tokens, all done) copied once per step
         self._finished_step = False
         self._cache = self._make_cache()
-        # the "conv" layers' carried states (LFM2): at the lent buffers' fixed addresses on the static path
+        # the carried layer states (LFM2's convolutions, Qwen3.5's Gated DeltaNet layers): at the lent buffers' fixed
+        # addresses on the static path
         self._states = LayerStates(io.state_names, io.state_present_names, self._rows, io.state_shapes, io.state_dtypes,
                                    dev, self._bufs.states if self._bufs is not None else None)
         # the decoder outputs every run asks for

@@ -95,6 +95,12 @@ class GrowingKVCache(KVCache):
         self.tensors = [t[:, :, :length].contiguous() for t in self.tensors]
 
 
+def zero_states(rows: int, shapes: list[tuple[int, ...]], dtypes: list[torch.dtype],
+                device: torch.device) -> list[torch.Tensor]:
+    """One zeroed [rows, *shape] buffer per carried state (``LayerStates``'s, or the lent decode buffers')."""
+    return [torch.zeros((rows, *shape), dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes)]
+
+
 class LayerStates:
     """Per-layer states a run replaces whole (no sequence axis to grow or cut), at fixed addresses."""
 
@@ -102,8 +108,7 @@ class LayerStates:
                  dtypes: list[torch.dtype], device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
         self.past_names = past_names
         self.present_names = present_names
-        self.tensors = tensors if tensors is not None else [
-            torch.zeros((rows, *shape), dtype=dtype, device=device) for shape, dtype in zip(shapes, dtypes)]
+        self.tensors = tensors if tensors is not None else zero_states(rows, shapes, dtypes, device)
         self._saved: list[torch.Tensor] | None = None  # save()'s copies
 
     def feed(self) -> dict[str, torch.Tensor]:

@@ -55,6 +55,7 @@ from crossml import dtypes
 from crossml.device.recording import capture_supported
 from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, UNSUPPORTED_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
+from crossml.genai.kv_cache import zero_states
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
 from crossml.runtime.session import CAPTURE_BIND_IO, DEFER_CAPTURE, KV_INPLACE, InferenceSession
@@ -170,9 +171,8 @@ class DecodeBuffers:
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
         self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
                    for n in kv_lengths]
-        #: the "conv" layers' carried states (``crossml.genai.kv_cache.LayerStates``)
-        self.states = [torch.zeros((rows, *shape), dtype=dtype, device=device)
-                       for shape, dtype in zip(io.state_shapes, io.state_dtypes)]
+        #: the carried layer states (``crossml.genai.kv_cache.LayerStates``: LFM2's, Qwen3.5's), one buffer per state
+        self.states = zero_states(rows, io.state_shapes, io.state_dtypes, device)
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
         self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly

@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from crossml.kernels import TRITON_DEVICES, load, load_compiled
 
 #: unsigned types whose arithmetic torch only partly implements; ops compute in a wider signed type.
 WIDEN = {torch.uint16: torch.int32, torch.uint32: torch.int64}
@@ -166,3 +169,29 @@ def window_slots(window: int, length: int, after: Callable[[int], torch.Tensor],
     the state after position length - W + j, ``after(n)`` the state after the call's first n positions; slots before
     the call's first position are ``zeros``."""
     return [after(length - window + j + 1) if length - window + j >= 0 else zeros for j in range(window)]
+
+
+#: on a Triton device the ops that ask ``gpu_kernels`` run their Triton kernels (the Gated DeltaNet layers' ops:
+#: LinearAttention, CausalConvWithState, LpNormalization, GatedRMSNorm, LinearAttentionGate, and MRotaryEmbedding);
+#: False keeps their torch paths (an A/B setting for the benchmarks)
+GPU_KERNELS = True
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def gpu_kernels(name: str, *tensors: torch.Tensor | None) -> ModuleType | None:
+    """``crossml.kernels.<name>`` (compiled, not interpreted) where the given tensors (None skipped; the first is the
+    op's input) are float16 / bfloat16 / float32 tensors on one Triton device and GPU_KERNELS is on; else None."""
+    ts = [t for t in tensors if t is not None]
+    first = ts[0]
+    if (not GPU_KERNELS or first.device.type not in TRITON_DEVICES
+            or not all(t.device == first.device and t.dtype in _FLOATS for t in ts)):
+        return None
+    return load_compiled(name)
+
+
+def cpu_kernels(name: str, *tensors: torch.Tensor | None) -> ModuleType | None:
+    """numba's ``crossml.kernels.<name>`` where the given tensors (None skipped) are float32 CPU tensors; else None
+    (also where numba is not installed)."""
+    if not all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors):
+        return None
+    return load(name)

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.kernels import TRITON_DEVICES, load, load_compiled
-from crossml.ops._util import sdpa, sdpa_heads
+from crossml.ops._util import cpu_kernels, gpu_kernels, sdpa, sdpa_heads
 from crossml.ops.registry import OpContext, op
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -290,13 +289,6 @@ def linear_attention(
     return out, state
 
 
-#: on a Triton device, the Gated DeltaNet layers' ops run their Triton kernels: LinearAttention's recurrence and
-#: CausalConvWithState's convolution (``crossml.kernels.linear_attention``, ``crossml.kernels.short_conv.causal_conv``),
-#: LpNormalization, GatedRMSNorm, LinearAttentionGate (``crossml.kernels.gated_delta``) and MRotaryEmbedding
-#: (``crossml.kernels.mrope``); False keeps their torch paths (an A/B setting for the benchmarks)
-GPU_KERNELS = True
-
-
 def linear_recurrence(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
     decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
@@ -353,19 +345,15 @@ def linear_recurrence(
                          f"expected {(b, kv_num_heads, d_k, d_v)}")
     state_dtype = past_state.dtype if past_state is not None else query.dtype
     scale_v = float(scale) if scale else 1.0 / math.sqrt(d_k)
+    tensors = (query, key, value, past_state, decay, beta)
     # one Triton launch for the whole recurrence on a GPU (crossml.kernels.linear_attention)
-    floats = (torch.float16, torch.bfloat16, f32)
-    tensors = [x for x in (query, key, value, past_state, decay, beta) if x is not None]
-    if (GPU_KERNELS and not keep_states and query.device.type in TRITON_DEVICES
-            and all(x.dtype in floats for x in tensors)
-            and all(x.device == query.device for x in tensors) and d_k <= 256 and d_v <= 256
-            and (kernels := load_compiled("linear_attention")) is not None):
+    if (not keep_states and d_k <= 256 and d_v <= 256
+            and (kernels := gpu_kernels("linear_attention", *tensors)) is not None):
         into = past_state if in_place and past_state is not None and past_state.is_contiguous() else None
         out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
                                               key_heads, scale_v, state_dtype, into)
         return out, state, []
-    if (not keep_states and query.device.type == "cpu" and all(x.dtype == f32 for x in tensors)
-            and (cpu := load("cpu_linear_attention")) is not None):
+    if not keep_states and (cpu := cpu_kernels("cpu_linear_attention", *tensors)) is not None:
         # numba's kernel: two passes over each state a token (crossml.kernels.cpu_linear_attention)
         out, state = cpu.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
                                           key_heads, scale_v)
@@ -430,19 +418,12 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                          f"(k - 1) * dilation), got {tuple(past_state.shape)}")
     if bias is not None and tuple(bias.shape) != (channels,):
         raise ValueError(f"{op_name}: bias must have shape ({channels},), got {tuple(bias.shape)}")
-    f32 = torch.float32
-    if (not keep_padded and x.device.type == "cpu" and x.dtype == f32 and weight.dtype == f32
-            and past_state.dtype == f32 and (bias is None or bias.dtype == f32)
-            and (kernels := load("cpu_conv")) is not None):
+    if not keep_padded and (kernels := cpu_kernels("cpu_conv", x, weight, past_state, bias)) is not None:
         out, present = kernels.causal_conv(x, weight, bias, past_state, dilation)
         if activation != "none":
             out = out * torch.sigmoid(out)
         return out, present, None
-    floats = (torch.float16, torch.bfloat16, f32)
-    tensors = (x, weight, past_state) if bias is None else (x, weight, past_state, bias)
-    if (GPU_KERNELS and not keep_padded and x.device.type in TRITON_DEVICES and all(t.dtype in floats for t in tensors)
-            and all(t.device == x.device for t in tensors)
-            and (triton_kernels := load_compiled("short_conv")) is not None):
+    if not keep_padded and (triton_kernels := gpu_kernels("short_conv", x, weight, past_state, bias)) is not None:
         # one launch for the torch path's concatenation, taps, sum, casts and SiLU (crossml.kernels.short_conv)
         into = past_state if in_place and past_state.dtype == x.dtype and past_state.is_contiguous() else None
         out, present = triton_kernels.causal_conv(x, weight, bias, past_state.to(x.dtype), dilation,

@@ -27,8 +27,8 @@ import torch
 
 from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
-from crossml.kernels import TRITON_DEVICES, load, load_compiled
-from crossml.ops._util import sdpa
+from crossml.kernels import TRITON_DEVICES, load
+from crossml.ops._util import cpu_kernels, gpu_kernels, sdpa
 from crossml.ops.contrib.matmul_nbits import (
     KERNEL_MAX_M,
     constant_weight,
@@ -449,17 +449,14 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     C = C3 // 3
     span = (weight.shape[-1] - 1) * dilation if weight.dim() == 3 else 0
     past = past_state if past_state is not None else torch.zeros((B, C, span), dtype=h.dtype, device=h.device)
-    f32 = torch.float32
-    tensors = (weight, past) if bias is None else (weight, past, bias)
     # the shapes both kernels take (elsewhere the ops' own checks name what is wrong)
     shaped = (weight.shape == (C, 1, weight.shape[-1]) and tuple(past.shape) == (B, C, span)
               and (bias is None or tuple(bias.shape) == (C,)))
-    if (shaped and activation == "none" and h.device.type == "cpu" and h.dtype == f32
-            and all(t.dtype == f32 for t in tensors) and (kernels := load("cpu_conv")) is not None):
+    if (shaped and activation == "none"
+            and (kernels := cpu_kernels("cpu_conv", h, weight, past, bias)) is not None):
         return kernels.short_conv(h, weight, bias, past, dilation)
-    if (shaped and h.device.type in TRITON_DEVICES and h.dtype in (torch.float16, torch.bfloat16, f32)
-            and activation in ("none", "silu", "swish") and all(t.device == h.device for t in tensors)
-            and (triton_kernels := load_compiled("short_conv")) is not None):
+    if (shaped and activation in ("none", "silu", "swish")
+            and (triton_kernels := gpu_kernels("short_conv", h, weight, past, bias)) is not None):
         return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none")
     b, c, x = h.transpose(1, 2).split(C, dim=1)
     out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, "ShortConv")

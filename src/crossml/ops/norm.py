@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.kernels import TRITON_DEVICES, load, load_compiled
-from crossml.ops._util import norm_axes, norm_axis
+from crossml.ops._util import cpu_kernels, gpu_kernels, norm_axes, norm_axis
 from crossml.ops.registry import OpContext, op
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -154,15 +153,11 @@ def lrn(x: torch.Tensor, *, alpha: float = 1e-4, beta: float = 0.75, bias: float
 def lp_normalization(x: torch.Tensor, *, axis: int = -1, p: int = 2) -> torch.Tensor:
     if p not in (1, 2):
         raise ValueError(f"LpNormalization p must be 1 or 2, got {p}")
-    if (p == 2 and x.device.type in TRITON_DEVICES and x.dim() and norm_axis(axis, x.dim()) == x.dim() - 1
-            and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and 0 < x.shape[-1] <= 16384):
-        from crossml.ops import attention
-
-        if attention.GPU_KERNELS and (kernels := load_compiled("gated_delta")) is not None:
-            return kernels.lp_normalize(x)  # one launch (Qwen3.5's query and key heads)
-    if (p == 2 and x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() and x.numel()
-            and norm_axis(axis, x.dim()) == x.dim() - 1 and (cpu := load("cpu_gated_delta")) is not None):
-        return cpu.lp_normalize(x)  # numba's one call
+    if p == 2 and x.dim() and norm_axis(axis, x.dim()) == x.dim() - 1:  # Qwen3.5's query and key heads
+        if 0 < x.shape[-1] <= 16384 and (kernels := gpu_kernels("gated_delta", x)) is not None:
+            return kernels.lp_normalize(x)  # one launch
+        if x.numel() and (cpu := cpu_kernels("cpu_gated_delta", x)) is not None:
+            return cpu.lp_normalize(x)  # numba's one call
     dt = _stash(x)
     xc = x.to(dt)
     norm = torch.linalg.vector_norm(xc, ord=p, dim=norm_axis(axis, x.dim()), keepdim=True)

@@ -15,36 +15,14 @@ on a GPU each is one Triton launch (``crossml.kernels.gated_delta``), as LinearA
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from crossml.kernels import TRITON_DEVICES, load, load_compiled
-from crossml.ops._util import window_past, window_slots
+from crossml.ops._util import cpu_kernels, gpu_kernels, window_past, window_slots
 from crossml.ops.attention import linear_recurrence
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 _LA = "LinearAttention (com.microsoft)"
-
-
-def _cpu_kernels(*tensors: torch.Tensor | None) -> Any:
-    """numba's kernels (``crossml.kernels.cpu_gated_delta``) where every tensor is a float32 CPU tensor, else None."""
-    if all(t is None or (t.device.type == "cpu" and t.dtype == torch.float32) for t in tensors):
-        return load("cpu_gated_delta")
-    return None
-
-
-def _gpu_kernels(*tensors: torch.Tensor | None) -> bool:
-    """Floating tensors on one Triton device, the kernels on (``crossml.ops.attention.GPU_KERNELS``) and loaded."""
-    from crossml.ops import attention
-
-    ts = [t for t in tensors if t is not None]
-    first = ts[0]
-    return (first.device.type in TRITON_DEVICES and attention.GPU_KERNELS and first.numel() > 0
-            and all(t.device == first.device and t.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                    for t in ts)
-            and load_compiled("gated_delta") is not None)
 
 
 @op("LinearAttention", domain=MS_DOMAIN, ctx=True)
@@ -76,10 +54,11 @@ def linear_attention_gate(a: torch.Tensor, dt_bias: torch.Tensor, decay_scale: t
                              f"{tuple(a.shape)}), got {tuple(t.shape)}")
     if b is not None and b.shape != a.shape:
         raise ValueError(f"LinearAttentionGate: b must have a's shape {tuple(a.shape)}, got {tuple(b.shape)}")
-    if _gpu_kernels(a, dt_bias, decay_scale, b):  # one launch (crossml.kernels.gated_delta)
-        return load_compiled("gated_delta").linear_attention_gate(a, dt_bias, decay_scale, b)
-    if a.numel() and (cpu := _cpu_kernels(a, dt_bias, decay_scale, b)) is not None:
-        return cpu.linear_attention_gate(a, dt_bias, decay_scale, b)
+    if a.numel():  # one call: a Triton launch (crossml.kernels.gated_delta), or numba's on the CPU
+        kernels = gpu_kernels("gated_delta", a, dt_bias, decay_scale, b) or cpu_kernels(
+            "cpu_gated_delta", a, dt_bias, decay_scale, b)
+        if kernels is not None:
+            return kernels.linear_attention_gate(a, dt_bias, decay_scale, b)
     f32 = torch.float32
     decay = (decay_scale.to(f32) * F.softplus(a.to(f32) + dt_bias.to(f32))).to(a.dtype)
     beta = torch.sigmoid(b.to(f32)).to(b.dtype) if b is not None else None
@@ -96,10 +75,11 @@ def gated_rms_norm(X: torch.Tensor, scale: torch.Tensor, gate: torch.Tensor, *, 
                          f"{tuple(scale.shape)} and X {tuple(X.shape)}")
     if gate.shape != X.shape:
         raise ValueError(f"GatedRMSNorm: gate must have X's shape {tuple(X.shape)}, got {tuple(gate.shape)}")
-    if 0 < scale.shape[0] <= 16384 and _gpu_kernels(X, scale, gate):  # one launch (crossml.kernels.gated_delta)
-        return load_compiled("gated_delta").gated_rms_norm(X, scale, gate, epsilon, activation == "sigmoid")
-    if X.numel() and scale.shape[0] and (cpu := _cpu_kernels(X, scale, gate)) is not None:
-        return cpu.gated_rms_norm(X, scale, gate, epsilon, activation == "sigmoid")
+    if X.numel() and scale.shape[0]:  # one call: a Triton launch (crossml.kernels.gated_delta), or numba's on the CPU
+        kernels = (gpu_kernels("gated_delta", X, scale, gate) if scale.shape[0] <= 16384 else None) or cpu_kernels(
+            "cpu_gated_delta", X, scale, gate)
+        if kernels is not None:
+            return kernels.gated_rms_norm(X, scale, gate, epsilon, activation == "sigmoid")
     f32 = torch.float32
     c = scale.shape[0]
     x = X.to(f32).reshape(*X.shape[:-1], -1, c)

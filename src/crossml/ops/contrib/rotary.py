@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from crossml.kernels import TRITON_DEVICES, load, load_compiled
+from crossml.ops._util import cpu_kernels, gpu_kernels
 from crossml.ops.registry import MS_DOMAIN, op
 
 
@@ -138,20 +138,16 @@ def m_rotary_embedding(
     if tuple(position_ids.shape) != (3, B, S):
         raise ValueError(f"{name}: position_ids must have shape (3, batch, sequence) = {(3, B, S)}, got "
                          f"{tuple(position_ids.shape)}")
-    if (x.device.type in TRITON_DEVICES and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and all(t.device == x.device for t in (position_ids, cos_cache, sin_cache))
-            and cos_cache.dtype in (torch.float16, torch.bfloat16, torch.float32) and sin_cache.dtype == cos_cache.dtype
-            and not position_ids.is_floating_point()):
-        from crossml.ops import attention
-
-        if attention.GPU_KERNELS and (kernels := load_compiled("mrope")) is not None:  # one launch
-            out = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
-            kernels.m_rotary(h, position_ids, cos_cache, sin_cache, out.view(h.shape), section, mrope_layout,
-                             bool(interleaved), rot)
-            return out.transpose(1, 2) if x.dim() == 4 else out
-    if (x.device.type == "cpu" and x.dim() == 3 and x.dtype == torch.float32 and cos_cache.dtype == torch.float32
-            and sin_cache.dtype == torch.float32 and not position_ids.is_floating_point() and x.numel()
-            and (cpu := load("cpu_gated_delta")) is not None):  # numba's one call, these values bit for bit
+    integer_positions = not position_ids.is_floating_point()
+    if (integer_positions and sin_cache.dtype == cos_cache.dtype and position_ids.device == x.device
+            and (kernels := gpu_kernels("mrope", x, cos_cache, sin_cache)) is not None):  # one launch
+        out = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
+        kernels.m_rotary(h, position_ids, cos_cache, sin_cache, out.view(h.shape), section, mrope_layout,
+                         bool(interleaved), rot)
+        return out.transpose(1, 2) if x.dim() == 4 else out
+    if (integer_positions and x.dim() == 3 and x.numel()
+            and (cpu := cpu_kernels("cpu_gated_delta", x, cos_cache, sin_cache)) is not None):
+        # numba's one call, these values bit for bit
         return cpu.m_rotary(x, h.shape[2], position_ids, cos_cache, sin_cache, section, mrope_layout,
                             bool(interleaved), rot)
     # [3, B, S, half]; the streams' frequencies are picked by slicing (no index tensor made on the host, which a
