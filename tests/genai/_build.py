@@ -124,9 +124,11 @@ BUILDER_TOKENIZER_CONFIG = "tokenizer_config.builder.json"
 #: row drifts from the prompt's own run): checked against the prompts run alone instead
 #: (tests/genai/test_architectures.py::test_ragged_batch_rows_equal_their_prompts_alone)
 OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl")
-#: builder options per (arch, precision, ep): a CUDA int4 gpt-oss gets raw QMoE experts ([E, N, K/2]); by default
-#: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads
-EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
+#: builder options per (arch, precision, ep): CUDA int4 MoE models get raw QMoE experts ([E, N, K/2]); by default
+#: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads (and which refuses
+#: the tiny models' 32-row experts)
+EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"],
+                 ("qwen35moe", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
 
 
 def make_tokenizer(out: str, vocab: int = 400) -> int:

@@ -210,7 +210,8 @@ def test_rewind_runs_the_kept_tokens_again(stateful, share) -> None:
 
 def test_static_decode_path_matches_default(stateful) -> None:
     """The fixed-address decode path (a GPU's, forced on the CPU, with its recordings' prompt buckets and run-ahead
-    asked for): the states stay in the lent buffers, prompts are not padded, decode steps run ahead."""
+    asked for): the states stay in the lent buffers, prompts are not padded (the first prompt takes the recorded path
+    at its own width), decode steps run ahead."""
     ref = generate_with(xg, xg.Model(stateful), BATCH, MAX_LENGTH)
     model = xg.Model(stateful)
     model._static_decode = model._prompt_graphs = model._run_ahead = True
@@ -230,6 +231,7 @@ def test_static_decode_path_matches_default(stateful) -> None:
     assert seen[0] == (2, max(lens))  # the prompt at its own width, then the shorter one alone
     assert seen[1] == (1, min(lens))
     assert all(s == (2, 1) for s in seen[2:])
+    assert [list(b.prompts) for sets in model._buffers.values() for b in sets] == [[max(lens)]]
 
 
 def test_malformed_layer_types_are_named(lfm2, tmp_path) -> None:

@@ -324,11 +324,13 @@ class Generator:
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
-        padded = (bufs is not None and model._prompt_graphs and model._logits_per_position
-                  and not self._states.tensors)
+        padded = bufs is not None and model._prompt_graphs and model._logits_per_position
+        states = bool(self._states.tensors)
         if padded and start == 0:
-            slot = bufs.prompt(prompt_bucket(end, self._s.max_length))
-        elif padded and end - start > 1 and not model.window_layers:
+            # carried layer states (LFM2's, Qwen3.5's) would take a bucket's pad columns in: such a model's first
+            # prompts are recorded at their own width (a batch's shorter rows are run again alone: _restate_short_prompts)
+            slot = bufs.prompt(end if states else prompt_bucket(end, self._s.max_length))
+        elif padded and not states and end - start > 1 and not model.window_layers:
             # a chunk's pad columns are fed as tokens (the mask is the whole max-length one): not where a window-sized
             # cache would evict real positions for them, nor past the buffers
             w = chunk_bucket(end - start)

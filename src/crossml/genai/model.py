@@ -243,10 +243,9 @@ class Model:
         #: decode steps feed fixed shapes (max-length attention mask) at fixed addresses, so one recorded
         #: graph replays them; on for GPUs. Internal: tests force it on the CPU.
         self._static_decode = capture_supported(self.device) and self.config.search.past_present_share_buffer
-        #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers); internal:
-        #: tests force it on the CPU
-        self._prompt_graphs = self._capture and self._static_decode and not self.io.state_names
-        # (not with carried layer states: a padded prompt's pad columns would run through them)
+        #: first prompts are padded to bucket widths and recorded too (needs the static decode buffers; with carried
+        #: layer states at their own width, see Generator._forward); internal: tests force it on the CPU
+        self._prompt_graphs = self._capture and self._static_decode
         #: a padded run's logits can be cut to its real columns: the decoder gives logits per position ([batch,
         #: sequence, vocab], as the builder's do). Padded prompts and chunks need it.
         logits_shape = next((a.shape for a in self.session.get_outputs() if a.name == self.io.logits), None)
