@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -290,17 +291,13 @@ def test_kv_inplace_hook():
     assert torch.equal(pk[0, :, 3], k.reshape(B, Nk, H)[0]) and torch.equal(pk[1, :, 5], k.reshape(B, Nk, H)[1])
 
 
-@pytest.mark.parametrize("rotary", [False, True])
-def test_qk_norm(rotary):
-    """q_norm_weight / k_norm_weight (inputs 14, 15; onnxruntime CPU rejects them, CUDA has them): crossml with
-    the weights equals onnxruntime without them on Q and K normalized per head beforehand."""
-    import torch
-
-    from crossml.ops.contrib.attention import group_query_attention
-    from crossml.ops.registry import OpContext
-
-    N, Nk, B, S, H, eps = 4, 2, 2, 5, 32, 1e-5
-    ins = gqa_io(B, S, N, Nk, H, [S, S], past=past_cache(B, Nk, 0, H), rotary=rotary)
+def _qk_norm_case(step: str, rotary: bool):
+    """(inputs, total lengths, S, q / k norm weights, onnxruntime's outputs on Q and K normalized per head
+    beforehand, eps) of a GroupQueryAttention call with q_norm_weight / k_norm_weight: a first prompt (S = 5) or a
+    decode step on a shared max-length cache."""
+    N, Nk, B, H, eps = 4, 2, 2, 32, 1e-5
+    S, totals, P = (5, [5, 5], 0) if step == "prompt" else (1, [9, 6], 12)
+    ins = gqa_io(B, S, N, Nk, H, totals, past=past_cache(B, Nk, P, H), rotary=rotary)
     wq, wk = RNG.standard_normal(H).astype(np.float32), RNG.standard_normal(H).astype(np.float32)
 
     def rms(x, w, heads):
@@ -309,13 +306,64 @@ def test_qk_norm(rotary):
 
     normed = dict(ins, query=rms(ins["query"], wq, N), key=rms(ins["key"], wk, Nk))
     ref, _ = run_gqa(normed, N, Nk, do_rotary=int(rotary))
-    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
-             "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale"]
-    args = [None if ins.get(n) is None else torch.from_numpy(ins[n]) for n in names]
+    return ins, totals, S, (wq, wk), ref, eps
+
+
+_GQA_NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+              "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale"]
+
+
+@pytest.mark.parametrize("step", ["prompt", "decode"])
+@pytest.mark.parametrize("rotary", [False, True])
+def test_qk_norm(rotary, step, monkeypatch):
+    """q_norm_weight / k_norm_weight (inputs 14, 15; onnxruntime CPU rejects them, CUDA has them): crossml with
+    the weights equals onnxruntime without them on Q and K normalized per head beforehand. A decode step normalizes
+    the heads, then runs numba's CPU step (which takes no norms)."""
+    import torch
+
+    from crossml.ops.contrib import attention
+    from crossml.ops.registry import OpContext
+    from tests.kernels._common import record_calls
+
+    ins, totals, S, (wq, wk), ref, eps = _qk_norm_case(step, rotary)
+    steps = record_calls(monkeypatch, attention, "_cpu_step")
+    args = [None if ins.get(n) is None else torch.from_numpy(ins[n]) for n in _GQA_NAMES]
     ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
-    got = group_query_attention(*args, torch.from_numpy(wq), torch.from_numpy(wk), num_heads=N, kv_num_heads=Nk,
-                                do_rotary=int(rotary), qk_norm_epsilon=eps, ctx=ctx)
-    compare(ref, [t.numpy() for t in got[:3]], [S, S], S, True, 1e-5)
+    got = attention.group_query_attention(*args, torch.from_numpy(wq), torch.from_numpy(wk), num_heads=4,
+                                          kv_num_heads=2, do_rotary=int(rotary), qk_norm_epsilon=eps, ctx=ctx)
+    compare(ref, [t.numpy() for t in got[:3]], totals, S, step == "prompt", 1e-5)
+    numba = importlib.util.find_spec("numba") is not None and "cpu" not in attention.TRITON_DEVICES
+    assert steps == (["_cpu_step"] if step == "decode" and numba else [])
+
+
+@pytest.mark.parametrize("step", ["prompt", "decode"])
+def test_qk_norm_on_kernels(step, monkeypatch):
+    """With q / k norms (LFM2's attention) the heads are normalized by the RMSNorm kernel (not torch's ops), and a
+    decode step still runs the Triton decode kernel; onnxruntime's outputs on Q and K normalized beforehand. On the
+    GPU, or without one on CPU tensors in Triton's interpreter."""
+    pytest.importorskip("triton")
+    from crossml.kernels._launch import INTERPRET
+    from crossml.ops import _util
+    from crossml.ops.contrib import attention
+    from crossml.ops.registry import OpContext
+    from tests.kernels._common import record_calls
+
+    if not INTERPRET and not torch.cuda.is_available():
+        pytest.skip("needs a GPU, or Triton interpreting (TRITON_INTERPRET=1 before triton's first import)")
+    device = "cpu" if INTERPRET else "cuda"
+    ins, totals, S, (wq, wk), ref, eps = _qk_norm_case(step, True)
+    if INTERPRET:
+        monkeypatch.setattr(attention, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
+        monkeypatch.setattr(_util, "TRITON_DEVICES", ("cpu", "cuda", "xpu"))
+        monkeypatch.setattr(_util, "load_compiled", _util.load)  # the interpreter's kernels
+    calls = record_calls(monkeypatch, attention, "_fast_decode", "_fast_prompt", "_rms")
+    args = [None if ins.get(n) is None else torch.from_numpy(ins[n]).to(device) for n in _GQA_NAMES]
+    args[6] = torch.from_numpy(ins["total_sequence_length"])  # a host input
+    ctx = OpContext("gqa", "GroupQueryAttention", 1, 3, (None,) * 3, (True,) * 3)
+    got = attention.group_query_attention(*args, torch.from_numpy(wq).to(device), torch.from_numpy(wk).to(device),
+                                          num_heads=4, kv_num_heads=2, do_rotary=1, qk_norm_epsilon=eps, ctx=ctx)
+    assert calls == (["_fast_decode"] if step == "decode" else [])  # no torch-op norm (_rms)
+    compare(ref, [t.cpu().numpy() for t in got[:3]], totals, S, step == "prompt", 1e-4)
 
 
 def _resident(total: int, capacity: int, window: int) -> int:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.kernels import TRITON_DEVICES, load
-from crossml.ops._util import scalar, sdpa, sdpa_heads
+from crossml.ops._util import gpu_kernels, scalar, sdpa, sdpa_heads
 from crossml.ops.contrib.rotary import apply_rotary, gather_cos_sin
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
@@ -55,6 +55,15 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     w = x.float()
     y = w * torch.rsqrt(w.square().mean(-1, keepdim=True) + eps) * weight.float()
     return y.to(x.dtype)
+
+
+def _head_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_rms`` of each head (x [B, S, heads, H], weight of H elements): one Triton launch on a GPU
+    (``crossml.kernels.rmsnorm``, float32 arithmetic in the same order), torch's ops elsewhere."""
+    if weight.numel() == x.shape[-1] and (kernels := gpu_kernels("rmsnorm", x, weight)) is not None:
+        y, _ = kernels.rms_norm(x, weight.reshape(-1), eps)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    return _rms(x, weight, eps)
 
 
 def _attend(
@@ -408,13 +417,15 @@ def group_query_attention(
     B, S, D = query.shape
     N, Nk = num_heads, kv_num_heads
     # the CPU's numba decode step first (the Triton tests' interpreter runs take "cpu" as a Triton device instead)
-    if (S == 1 and query.device.type == "cpu" and "cpu" not in TRITON_DEVICES and not sliding_window_cache
-            and not qk_output and causal and softcap == 0.0 and head_sink is None and not smooth_softmax
-            and (key is None) == (value is None)):
+    cpu_step = (S == 1 and query.device.type == "cpu" and "cpu" not in TRITON_DEVICES and not sliding_window_cache
+                and not qk_output and causal and softcap == 0.0 and head_sink is None and not smooth_softmax
+                and (key is None) == (value is None))
+    step_kw = dict(scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                   local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")))
+    norms = q_norm_weight is not None and k_norm_weight is not None
+    if cpu_step and not norms:
         out = _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
-                        sin_cache, position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, scale=scale,
-                        do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, local_window=local_window_size,
-                        inplace=bool(ctx.extra.get("kv_inplace")))
+                        sin_cache, position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, **step_kw)
         if out is not None:
             return out
     if key is None:
@@ -428,6 +439,18 @@ def group_query_attention(
     q = q.reshape(B, S, N, H)
     k = k.reshape(B, S, Nk, H)
     v = v.reshape(B, S, Nk, H)
+    if norms:
+        # per-head query / key norms (LFM2's), before rotary: applied here, so the decode and prompt kernels below
+        # (and numba's CPU step), which take no norms, run on the normalized heads
+        q = _head_rms(q, q_norm_weight, qk_norm_epsilon)
+        k = _head_rms(k, k_norm_weight, qk_norm_epsilon)
+        q_norm_weight = k_norm_weight = None
+        if cpu_step:
+            out = _cpu_step(q.reshape(B, S, N * H), k.reshape(B, S, Nk * H), v.reshape(B, S, Nk * H), past_key,
+                            past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache, position_ids,
+                            attention_bias, None, None, N, Nk, **step_kw)
+            if out is not None:
+                return out
     total = int(scalar(total_sequence_length))
     subsequent = S > 1 and S != total
     if subsequent and B != 1:
@@ -475,9 +498,6 @@ def group_query_attention(
     steps = torch.arange(S, device=query.device)
     qpos = past_b.unsqueeze(1) + steps  # [B, S] absolute position of each new token
 
-    if q_norm_weight is not None and k_norm_weight is not None:
-        q = _rms(q, q_norm_weight, qk_norm_epsilon)
-        k = _rms(k, k_norm_weight, qk_norm_epsilon)
     if do_rotary:
         if cos_cache is None or sin_cache is None:
             raise ValueError("GroupQueryAttention: do_rotary=1 needs cos_cache and sin_cache")
