@@ -119,9 +119,12 @@ def test_gated_deltanet_builds_on_the_gpu_match_the_folder_on_the_cpu(models: Pa
     seq, logits = _generate(gpu, prompts)
     first = len(ref_seq[0]) - NEW + 4
     assert [s[:first] for s in seq] == [s[:first] for s in ref_seq]
+    # qwen35 int4's single prompt is 2.9 % of the scale off at step 1 (H200), the same with the Gated DeltaNet ops
+    # on their torch paths (ops._util.GPU_KERNELS off): not those kernels; the fp16 folder is within 0.1 %
+    rel = 0.04 if "int4" in build else 0.02
     for step in range(4):
         scale = float(np.abs(ref_logits[step]).max())
-        np.testing.assert_allclose(logits[step], ref_logits[step], atol=0.02 * scale, rtol=0,
+        np.testing.assert_allclose(logits[step], ref_logits[step], atol=rel * scale, rtol=0,
                                    err_msg=f"logits of step {step}")
 
 
@@ -445,8 +448,8 @@ def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts
         mp.setattr(LayerStates, "update", spy)
         seq, logits = _generate(static, prompts, new=24)
     assert len(_decode_recordings(static)) == 1
-    if arch == "qwen35":  # LinearAttention and CausalConvWithState write their states into the lent buffers
-        assert copies and not any(copies)
+    if arch in ("lfm2", "qwen35"):  # ShortConv, LinearAttention and CausalConvWithState write their states into the
+        assert copies and not any(copies)  # lent buffers
     ref_seq, ref_logits = _generate(_captured(folder, "0"), prompts, new=24)
     assert seq == ref_seq
     for a, b in zip(logits, ref_logits):

@@ -40,7 +40,9 @@ CASES = {  # name: batch, length, channels, k, dilation, bias, activation
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernel_matches_the_six_nodes(device: str, dtype: torch.dtype, case: str) -> None:
+@pytest.mark.parametrize("in_place", [False, True], ids=["new", "in-place"])
+def test_kernel_matches_the_six_nodes(device: str, dtype: torch.dtype, case: str, in_place: bool) -> None:
+    """``in-place``: the present state overwrites the past buffer (the GenAI static buffers), which is returned."""
     B, L, C, K, dil, has_bias, act = CASES[case]
     g = torch.Generator().manual_seed(len(case))
     h = torch.randn(B, L, 3 * C, generator=g).to(dtype)
@@ -48,8 +50,10 @@ def test_kernel_matches_the_six_nodes(device: str, dtype: torch.dtype, case: str
     bias = torch.randn(C, generator=g).to(dtype) if has_bias else None
     past = torch.randn(B, C, (K - 1) * dil, generator=g).to(dtype)
     want_y, want_present = _torch_block(h, weight, bias, past, dil, act)
-    y, present = short_conv(*(t.to(device) if t is not None else None for t in (h, weight, bias, past)), dil,
-                            act != "none")
+    args = [t.to(device) if t is not None else None for t in (h, weight, bias, past)]
+    y, present = short_conv(*args, dil, act != "none", into=args[3] if in_place else None)
+    if past.numel():  # (k = 1 carries no state: both empty)
+        assert (present.data_ptr() == args[3].data_ptr()) == in_place
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(y.cpu(), want_y, rtol=tol, atol=tol)
     torch.testing.assert_close(present.cpu(), want_present, rtol=0, atol=0)

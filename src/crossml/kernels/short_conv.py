@@ -111,15 +111,16 @@ def _run(h, L: int, C: int, gated: bool, s_h: tuple, weight, bias, past, dilatio
 
 
 def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, past: torch.Tensor, dilation: int,
-               activation: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               activation: bool, into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y [B, L, C], present [B, C, S]) of h [B, L, 3C] with weight [C, 1, k], bias [C] or None and the carried
-    state past [B, C, S = (k - 1) * dilation], all on h's device (the caller checks shapes; past in h's dtype)."""
+    state past [B, C, S = (k - 1) * dilation], all on h's device (the caller checks shapes; past in h's dtype).
+    ``into``: past itself (contiguous), which the present overwrites where the kernel allows it (``_run``)."""
     B, L, C3 = h.shape
     C = C3 // 3
     h = h if h.stride(2) == 1 else h.contiguous()
     y = torch.empty((B, L, C), dtype=h.dtype, device=h.device)
     present = _run(h, L, C, True, (h.stride(0), h.stride(1), 1), weight, bias, past, dilation, activation, y,
-                      (y.stride(0), y.stride(1), 1))
+                   (y.stride(0), y.stride(1), 1), into)
     return y, present
 
 

@@ -431,16 +431,18 @@ def attention_skip_norm(*inputs: torch.Tensor | None, gqa_inputs: int, epsilon: 
     return normed, s, present_key, present_value
 
 
-@op("ShortConv", since=1, domain=DOMAIN)
+@op("ShortConv", since=1, domain=DOMAIN, ctx=True)
 def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                past_state: torch.Tensor | None = None, *, activation: str = "none",
-               dilation: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+               dilation: int = 1, ctx: OpContext | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """LFM2's short-convolution block (graph rule SHORT_CONV, ``crossml.graph.passes.short_conv``): h [B, L, 3C] is
     split along its channels into b, c and x; the causal depthwise convolution of b * x after ``past_state``
     (com.microsoft CausalConvWithState with ``activation`` and ``dilation``), times c, is the output [B, L, C], and
     the convolution's present state the second output. On the CPU, float32 and no activation: numba's kernel
     (``crossml.kernels.cpu_conv.short_conv``), the same products and sums as the six nodes; on a Triton device one
-    launch (``crossml.kernels.short_conv``, within a rounding of the six nodes); elsewhere their ops."""
+    launch (``crossml.kernels.short_conv``, within a rounding of the six nodes); elsewhere their ops. With the GenAI
+    static buffers (``kv_inplace``) the Triton kernel writes the present state into ``past_state`` and returns it, as
+    CausalConvWithState does."""
     from crossml.ops.attention import causal_conv
 
     if h.dim() != 3 or h.shape[2] % 3:
@@ -457,7 +459,9 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         return kernels.short_conv(h, weight, bias, past, dilation)
     if (shaped and activation in ("none", "silu", "swish")
             and (triton_kernels := gpu_kernels("short_conv", h, weight, past, bias)) is not None):
-        return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none")
+        into = (past_state if past_state is not None and ctx is not None and ctx.extra.get("kv_inplace")
+                and past_state.dtype == h.dtype and past_state.is_contiguous() else None)
+        return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none", into)
     b, c, x = h.transpose(1, 2).split(C, dim=1)
     out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, "ShortConv")
     return (c * out).transpose(1, 2), present
