@@ -23,6 +23,8 @@ from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
+from crossml.graph.passes.query_scale import QUERY_SCALE
+from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.sibling_matmul import SIBLING_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
 from crossml.graph.passes.swiglu import SWIGLU
@@ -91,7 +93,8 @@ def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
         rules = fusion_rules(gpu, torch.device("cuda"))
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
-        GELU, SWIGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM]
+        GELU, SWIGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
+        ROTARY_CASTS]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
         GELU, SWIGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 

@@ -600,12 +600,12 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
 
     With disable_metacommands only fusions that call no vendor library remain. Off the CPU the gate
     and up products of SwiGLU MLPs are merged into one (GATE_UP), the other products of one activation by constant
-    weights too (SIBLING_MATMUL: Qwen3.5's four input projections of a Gated DeltaNet layer), a constant factor on
-    LinearAttention's query folds into its scale (QUERY_SCALE: Qwen3.5's query scaling Mul), the float32 Casts around
-    a half-precision MRotaryEmbedding go (ROTARY_CASTS: the same values), then RMSNorms feeding
+    weights too (SIBLING_MATMUL: Qwen3.5's four input projections of a Gated DeltaNet layer), then RMSNorms feeding
     a 4-bit product are fused into it (NORM_MATMUL), an embedding lookup feeding an RMSNorm becomes one node
     (GATHER_NORM), the attention mask's lengths become one node (MASK_LENGTHS),
-    residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM),
+    residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM), a constant factor on
+    LinearAttention's query folds into its scale (QUERY_SCALE: Qwen3.5's query scaling Mul), the float32 Casts around
+    a half-precision MRotaryEmbedding go (ROTARY_CASTS: the same values),
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM; then MATMUL_SILU_MUL
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
     projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
@@ -616,8 +616,8 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     six-node short-convolution block one node (SHORT_CONV: on the CPU its values bit for bit, on a GPU one launch
     for about ten); on the int8 kernel the fused nodes run the ops' kernels in one node (a decode step's
     nodes cost 20-50 us each in Python)."""
-    merge = ([GATE_UP, SIBLING_MATMUL, QUERY_SCALE, ROTARY_CASTS, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS,
-              SKIP_LAYER_NORM]
+    merge = ([GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
+              ROTARY_CASTS]
              if device.type != "cpu" else [GATE_UP_NBITS, NORM_MATMUL_CPU])
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]
