@@ -14,8 +14,10 @@ the buffer, so the buffers keep their addresses for the whole generation: still 
 
 ``LayerStates``: the carried states of layers without a KV cache (LFM2's short convolutions, ``past.i.conv``:
 [rows, channels, conv_cache_size]; Qwen3.5's linear-attention layers, a convolution state and ``past.i.recurrent``:
-[rows, heads, value head size, key head size]), which each run replaces whole. Its buffers keep their addresses
-(each present is copied into them), so a recorded decode step reads them in place. Such a state cannot be cut back
+[rows, heads, value head size, key head size]), which each run replaces whole. Lent buffers (the static decode path's)
+keep their addresses (each present is copied into them), so a recorded decode step reads them in place; elsewhere
+(the CPU's eager runs) each present is taken as the next past itself, as GrowingKVCache does (Qwen3.5-0.8B's 20 MB
+of states a step were copied: 3.2 ms of a 115 ms CPU step). Such a state cannot be cut back
 to an earlier position: the generator rewinds by running the kept tokens again, pads no prompt, and copies the states
 aside before a step it runs ahead (``save`` / ``restore``: the step may be dropped).
 """
@@ -102,12 +104,14 @@ def zero_states(rows: int, shapes: list[tuple[int, ...]], dtypes: list[torch.dty
 
 
 class LayerStates:
-    """Per-layer states a run replaces whole (no sequence axis to grow or cut), at fixed addresses."""
+    """Per-layer states a run replaces whole (no sequence axis to grow or cut): at fixed addresses where ``tensors``
+    are lent (the static decode buffers), else each run's presents taken as they are."""
 
     def __init__(self, past_names: list[str], present_names: list[str], rows: int, shapes: list[tuple[int, ...]],
                  dtypes: list[torch.dtype], device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
         self.past_names = past_names
         self.present_names = present_names
+        self._lent = tensors is not None  # fixed addresses: presents are copied into them
         self.tensors = tensors if tensors is not None else zero_states(rows, shapes, dtypes, device)
         self._saved: list[torch.Tensor] | None = None  # save()'s copies
 
@@ -115,17 +119,25 @@ class LayerStates:
         return dict(zip(self.past_names, self.tensors))
 
     def update(self, presents: list[torch.Tensor]) -> None:
-        for name, past, buf, p in zip(self.present_names, self.past_names, self.tensors, presents):
+        for i, (name, past, buf, p) in enumerate(zip(self.present_names, self.past_names, self.tensors, presents)):
             if p.shape != buf.shape:
                 raise RuntimeError(f"layer state: '{name}' came back with shape {tuple(p.shape)}, expected "
                                    f"{tuple(buf.shape)} (the decoder's input '{past}', model.decoder.conv_cache_size)")
-            if p.data_ptr() != buf.data_ptr():
+            if p.data_ptr() == buf.data_ptr():
+                continue
+            if not self._lent and p.dtype == buf.dtype and p.device == buf.device and p.is_contiguous():
+                self.tensors[i] = p  # the run's own new tensor: the next past as it is
+            else:
                 buf.copy_(p)
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Beam search: row i becomes old row ``rows[i]``."""
-        for t in self.tensors:
-            t.copy_(t.index_select(0, rows))
+        """Beam search: row i becomes old row ``rows[i]`` (new tensors where not lent: a present the last run showed
+        through ``get_output`` stays as it came)."""
+        for i, t in enumerate(self.tensors):
+            if self._lent:
+                t.copy_(t.index_select(0, rows))
+            else:
+                self.tensors[i] = t.index_select(0, rows)
 
     def save(self) -> None:
         """Copy the states aside (one grouped copy, queued on the device): what ``restore`` puts back."""
@@ -137,8 +149,14 @@ class LayerStates:
         """Put back the states ``save`` copied (a generator's step that ran ahead was dropped)."""
         if self._saved is None:
             raise RuntimeError("layer states: restore() without a save()")
-        torch._foreach_copy_(self.tensors, self._saved)
+        if self._lent:
+            torch._foreach_copy_(self.tensors, self._saved)
+        else:  # the copies become the states (the next save makes new ones)
+            self.tensors, self._saved = self._saved, None
 
     def reset(self) -> None:
-        for t in self.tensors:
-            t.zero_()
+        if self._lent:
+            for t in self.tensors:
+                t.zero_()
+        else:
+            self.tensors = [torch.zeros_like(t) for t in self.tensors]
