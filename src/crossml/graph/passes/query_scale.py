@@ -30,11 +30,11 @@ def _is_linear_attention(node: onnx.NodeProto) -> bool:
     return node.op_type == "LinearAttention" and node.domain == _MS
 
 
-def _factor_input(view: GraphView, mul: onnx.NodeProto) -> str | None:
-    """The Mul's input that is a one-element constant (the other one being the query), else None."""
+def _factor_input(view: GraphView, mul: onnx.NodeProto) -> tuple[str, float] | None:
+    """The Mul's input that is a one-element constant (the other one being the query) and its value, else None."""
     for name in mul.input:
-        if scalar(view, name) is not None:
-            return name
+        if (value := scalar(view, name)) is not None:
+            return name, value
     return None
 
 
@@ -44,10 +44,11 @@ def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     user = view.only_consumer(node.output[0])
     if user is None or not _is_linear_attention(user) or user.input[0] != node.output[0]:
         return None
-    factor = _factor_input(view, node)
-    if factor is None:
+    found = _factor_input(view, node)
+    if found is None:
         return None
-    return Match([node, user], {"factor": factor, "query": other_input(node, factor)})
+    factor, value = found
+    return Match([node, user], {"factor": factor, "value": value, "query": other_input(node, factor)})
 
 
 def check(view: GraphView, m: Match) -> str | None:
@@ -66,7 +67,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if not scale:
         return (f"'{la.name}' has the default scale (0: 1 / sqrt(d_k)), which folding a factor into would need "
                 "the query's shape")
-    if not math.isfinite(scale * scalar(view, factor)):
+    if not math.isfinite(scale * m.info["value"]):
         return f"scale {scale} times the factor of '{mul.name}' is not finite"
     return None
 
@@ -74,7 +75,7 @@ def check(view: GraphView, m: Match) -> str | None:
 def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     mul, la = m.nodes
     attrs = node_attrs(la)
-    attrs["scale"] = float(attrs.get("scale", 0.0)) * scalar(view, m.info["factor"])
+    attrs["scale"] = float(attrs.get("scale", 0.0)) * m.info["value"]
     node = helper.make_node(la.op_type, [m.info["query"], *la.input[1:]], list(la.output), name=la.name,
                             domain=la.domain, **attrs)
     return [node]

@@ -421,7 +421,7 @@ def group_query_attention(
                 and not qk_output and causal and softcap == 0.0 and head_sink is None and not smooth_softmax
                 and (key is None) == (value is None))
     step_kw = dict(scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                   local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")))
+                   local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace"))) if cpu_step else {}
     norms = q_norm_weight is not None and k_norm_weight is not None
     if cpu_step and not norms:
         out = _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
