@@ -234,6 +234,100 @@ def test_static_decode_path_matches_default(stateful) -> None:
     assert [list(b.prompts) for sets in model._buffers.values() for b in sets] == [[max(lens)]]
 
 
+def test_state_pieces(monkeypatch) -> None:
+    from crossml.genai import model as genai_model
+
+    assert genai_model.state_pieces(300) == [256, 32, 8, 4]
+    assert genai_model.state_pieces(1300) == [512, 512, 256, 16, 4]
+    assert genai_model.state_pieces(512) == [512] and genai_model.state_pieces(1) == [1]
+    monkeypatch.setattr(genai_model, "STATE_PIECE_MAX", 4)
+    assert genai_model.state_pieces(11) == [4, 4, 2, 1]
+    for n in range(1, 70):
+        assert sum(genai_model.state_pieces(n)) == n
+
+
+@pytest.mark.parametrize("piece_max", [512, 4])
+def test_prompts_and_turns_in_pieces_match_default(stateful, monkeypatch, piece_max) -> None:
+    """The fixed-address path (a GPU's, forced on the CPU) cuts a one-row prompt and each chat turn into pieces of
+    exact widths: the tokens, every step's logits and the prompt's "logits" output (all its columns) are the default
+    path's. Without recordings (the CPU records none) each prompt runs one piece on its buffers and the rest in one
+    eager run, on a max-length mask whose columns are set up to each piece's end."""
+    from crossml.genai import model as genai_model
+
+    monkeypatch.setattr(genai_model, "STATE_PIECE_MAX", piece_max)
+    turn = "def f(x): return x"
+
+    def chat(model):
+        tok = xg.Tokenizer(model)
+        params = xg.GeneratorParams(model)
+        params.set_search_options(max_length=MAX_LENGTH)
+        gen = xg.Generator(model, params)
+        gen.append_tokens(tok.encode(PROMPT))
+        shown = gen.get_output("logits")
+        logits = [gen.get_logits().copy()]
+        for _ in range(3):
+            gen.generate_next_token()
+            logits.append(gen.get_logits().copy())
+        gen.append_tokens(tok.encode(turn))
+        logits.append(gen.get_logits().copy())
+        for _ in range(3):
+            gen.generate_next_token()
+            logits.append(gen.get_logits().copy())
+        return gen.get_sequence(0).tolist(), logits, shown
+
+    ref = chat(xg.Model(stateful))
+    model = xg.Model(stateful)
+    model._static_decode = model._prompt_graphs = model._run_ahead = True
+    seen = []
+    run = model.run
+
+    def spy(feed, names, **kw):
+        seen.append((feed[model.io.input_ids].shape[1], int(feed[model.io.attention_mask].sum()), bool(kw.get("eager"))))
+        return run(feed, names, **kw)
+
+    model.run = spy
+    got = chat(model)
+    assert got[0] == ref[0]
+    for a, b in zip(got[1], ref[1]):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+    assert got[2].shape == ref[2].shape
+    np.testing.assert_allclose(got[2], ref[2], atol=1e-4, rtol=0)
+    tok = xg.Tokenizer(model)
+    n, m = len(tok.encode(PROMPT)), len(tok.encode(turn))
+    for start, width in ((0, n), (n + 3, m)):
+        widths = genai_model.state_pieces(width)
+        first = max(widths)
+        # the widest piece on its buffers (the mask set up to its end), then the rest eagerly
+        want = [(first, start + first, False)] + ([(width - first, start + width, True)] if len(widths) > 1 else [])
+        at = seen.index(want[0])
+        assert seen[at:at + len(want)] == want
+        assert all(w == 1 for w, _, _ in seen[at + len(want):][:3])  # then decode steps
+    bufs = next(b for sets in model._buffers.values() for b in sets)
+    assert set(bufs.pieces) == {max(genai_model.state_pieces(n)), max(genai_model.state_pieces(m))}
+    assert not bufs.prompts and not bufs.chunks
+
+
+def test_pieces_with_recordings_run_first(stateful) -> None:
+    """The order of a prompt's pieces: those whose widths have recordings, then the widest one whose plan a first
+    run warmed (else the widest), then the rest in one eager run."""
+    model = xg.Model(stateful)
+    model._static_decode = model._prompt_graphs = True
+    params = xg.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH)
+    gen = xg.Generator(model, params)
+    bufs = gen._bufs
+    assert [w for w, _ in gen._plan_pieces(29)] == [16, 13]  # 16 + 8 + 4 + 1: nothing recorded yet
+    bufs.piece(8).replay = bufs.piece(1).replay = lambda: None
+    bufs.piece(4).warmed = True
+    plan = gen._plan_pieces(29)
+    assert [w for w, _ in plan] == [8, 1, 4, 16]
+    assert [s is bufs.pieces[w] for w, s in plan[:3]] == [True] * 3 and plan[3][1] is None
+    bufs.piece(16).warmed = True
+    assert [w for w, _ in gen._plan_pieces(29)] == [8, 1, 16, 4]
+    bufs.piece(16).replay = bufs.piece(4).replay = lambda: None
+    assert [w for w, _ in gen._plan_pieces(29)] == [16, 8, 4, 1]  # all recorded: no eager run
+
+
 def test_malformed_layer_types_are_named(lfm2, tmp_path) -> None:
     import shutil
 

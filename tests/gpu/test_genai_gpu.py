@@ -200,13 +200,13 @@ def _spy_recordings(mp: pytest.MonkeyPatch) -> list[bool]:
 def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
     """A bucket's first prompt runs the bucket's plan eagerly, the second records the bucket's graph without a
     warm-up run and later generators replay it (the session does not keep it), with the same logits and tokens as
-    the recording run and close to an eager model's. Models carrying layer states (lfm2, qwen35) record first prompts
-    at their own width: pad columns would run through the states."""
+    the recording run and close to an eager model's. Models carrying layer states (lfm2, qwen35) record prompts in
+    pieces of exact widths (pad columns would run through the states): here an 8-token prompt, one piece."""
     folder = str(models / f"{arch}_fp16_cuda")
     model = og.Model(folder)
     eager = _captured(folder, "0")
-    ids = og.Tokenizer(model).encode(PROMPT)
-    width = 64 if arch == "qwen2" else len(ids)
+    ids = og.Tokenizer(model).encode(PROMPT) if arch == "qwen2" else np.arange(3, 11)
+    width = 64 if arch == "qwen2" else 8
 
     def run(m: og.Model) -> tuple[np.ndarray, list[int]]:
         params = og.GeneratorParams(m)
@@ -222,13 +222,15 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
         warm_ups = _spy_recordings(mp)
         results = [run(model)]
         bufs = model._buffers[(1, 128)][0]
-        assert list(bufs.prompts) == [width] and bufs.prompts[width].replay is None  # ran eagerly, not recorded
+        slots = bufs.prompts if arch == "qwen2" else bufs.pieces
+        assert list(slots) == [width] and slots[width].replay is None  # ran eagerly, not recorded
         assert warm_ups == [False]  # the decode step's recording (its first step ran the plan eagerly)
         runners = len(model.session._runners)
         for _ in range(3):
             results.append(run(model))
     assert warm_ups == [False, False]  # the bucket's second prompt recorded it, with no warm-up run
-    assert list(bufs.prompts) == [width] and bufs.prompts[width].replay is not None
+    assert list(slots) == [width] and slots[width].replay is not None
+    assert not bufs.prompts if arch != "qwen2" else not bufs.pieces
     assert len(model.session._runners) == runners - 1  # the recording belongs to the buffers alone
     for first, seq in results[2:]:
         assert seq == results[1][1]
@@ -237,6 +239,58 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
     for first, seq in results[:2]:
         assert seq == ref_seq
         np.testing.assert_allclose(first, ref_first, atol=1e-2 * float(np.abs(ref_first).max()), rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_state_pieces_recorded_and_replayed(models: Path, arch: str) -> None:
+    """A carried-state model's prompts and chat turns in pieces of exact widths on the GPU: a 13-token prompt (pieces
+    8, 4, 1) and a 6-token turn (4, 2), five chats on new generators. Each prompt records at most one more piece
+    (a width's first run warms its plan, the second records it), so by the fifth chat every piece replays and
+    nothing runs eagerly; tokens equal to a model that runs prompts and turns eagerly, logits close, and the fifth
+    chat's logits the fourth's (same pieces, same kernels)."""
+    folder = str(models / f"{arch}_fp16_cuda")
+    model = og.Model(folder)
+    eager = og.Model(folder)
+    eager._prompt_graphs = False  # prompts and turns eager (decode steps still recorded)
+
+    def run(m: og.Model) -> tuple[list[int], list[np.ndarray]]:
+        params = og.GeneratorParams(m)
+        params.set_search_options(max_length=64)
+        gen = og.Generator(m, params)
+        gen.append_tokens(np.arange(3, 16))
+        logits = [gen.get_logits().copy()]
+        for _ in range(2):
+            gen.generate_next_token()
+        gen.append_tokens(np.arange(30, 36))
+        logits.append(gen.get_logits().copy())
+        for _ in range(2):
+            gen.generate_next_token()
+            logits.append(gen.get_logits().copy())
+        return gen.get_sequence(0).tolist(), logits
+
+    ref_seq, ref_logits = run(eager)
+    eager_runs = []
+    plain = model.run
+
+    def spy(feed, names, **kw):
+        if kw.get("eager") and feed[model.io.input_ids].shape[1] > 1:
+            eager_runs.append(feed[model.io.input_ids].shape[1])
+        return plain(feed, names, **kw)
+
+    model.run = spy
+    results = []
+    for _ in range(5):
+        eager_runs.clear()
+        results.append(run(model))
+    bufs = model._buffers[(1, 64)][0]
+    assert sorted(bufs.pieces) == [1, 2, 4, 8] and all(s.replay is not None for s in bufs.pieces.values())
+    assert eager_runs == []  # the fifth chat: every piece replayed
+    for seq, logits in results:
+        assert seq == ref_seq
+        for a, b in zip(logits, ref_logits):
+            np.testing.assert_allclose(a, b, atol=1e-2 * float(np.abs(b).max()), rtol=0)
+    for a, b in zip(results[4][1], results[3][1]):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])

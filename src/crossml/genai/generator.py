@@ -46,7 +46,8 @@ from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, LayerStates, StaticKVCache
-from crossml.genai.model import Model, PromptBuffers, chunk_bucket, prompt_bucket
+import crossml.genai.model as genai_model
+from crossml.genai.model import Model, PromptBuffers, chunk_bucket, prompt_bucket, state_pieces
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
 from crossml.runtime.adapters import active_feed
@@ -179,6 +180,7 @@ class Generator:
         self._len = 0  # columns of _seq in use
         self._kv_len = 0  # columns already in the KV cache
         self._prompt_last: torch.Tensor | None = None  # per row: index of its last real prompt token
+        self._ragged = False  # the first prompt's rows are of different lengths (right-padded)
         self._logits: torch.Tensor | None = None  # [rows, vocab] float32, None: not computed yet
         self._outputs: dict[str, torch.Tensor] = {}
         self._run: tuple[int, int] | None = None  # columns the last shown run fed (get_input)
@@ -292,6 +294,7 @@ class Generator:
             lens = torch.as_tensor(lengths, device=self._dev).repeat_interleave(s.num_beams)
             self._mask[:, :n] = (torch.arange(n, device=self._dev)[None, :] < lens[:, None]).to(self._mask.dtype)
             self._prompt_last = lens - 1
+            self._ragged = bool((lengths != n).any())
         else:
             self._mask[:, self._len:self._len + n] = 1
         self._len += n
@@ -326,7 +329,11 @@ class Generator:
         chunk = None  # a continuation chunk's bucket buffers (likewise)
         padded = bufs is not None and model._prompt_graphs and model._logits_per_position
         states = bool(self._states.tensors)
-        if padded and start == 0:
+        pieces = None  # a carried-state model's prompt cut into exact widths: [(width, buffers or None: eager)]
+        if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers
+                and (start == 0 or end - start > 1) and not (start == 0 and self._ragged)):
+            pieces = self._plan_pieces(end - start)
+        elif padded and start == 0:
             # carried layer states (LFM2's, Qwen3.5's) would take a bucket's pad columns in: such a model's first
             # prompts are recorded at their own width (a batch's shorter rows are run again alone: _restate_short_prompts)
             slot = bufs.prompt(end if states else prompt_bucket(end, self._s.max_length))
@@ -338,7 +345,7 @@ class Generator:
                 chunk = bufs.chunk(w)
         if start == 0 and self._model._compile_ahead:
             self._model._compile_ahead = False
-            self._compile_ahead(slot.width if slot is not None else end)
+            self._compile_ahead(slot.width if slot is not None else pieces[0][0] if pieces else end)
         if ahead and self._states.tensors:
             self._states.save()  # what a dropped step put back (_drop_ahead): queued before the step, no host wait
         if bufs is not None and start > 0 and end - start == 1:
@@ -364,6 +371,8 @@ class Generator:
         elif chunk is not None:
             outs = self._run_chunk(chunk, start, end)
             width = chunk.width
+        elif pieces:
+            outs = self._run_pieces(pieces, start, end)
         else:  # growing-cache steps, chunks that do not fit a bucket, window-sized caches: eager
             mask = self._mask[:, :end]
             pos = _positions(mask)[:, start:end] if io.position_ids is not None else None
@@ -433,6 +442,53 @@ class Generator:
             for t, p in zip(self._states.tensors, outs):
                 t[row:row + beams].copy_(p.expand(beams, *p.shape[1:]))
         return restated
+
+    def _plan_pieces(self, n: int) -> list[tuple[int, PromptBuffers | None]]:
+        """The order a carried-state model's ``n`` prompt columns run in (``crossml.genai.model.state_pieces``): the
+        pieces whose widths have recordings first, then one piece without (the widest whose plan a first run
+        already warmed, else the widest: its run warms or records it), then the rest in one eager run (None)."""
+        bufs = self._bufs
+        recorded, rest = [], []
+        for w in state_pieces(n):
+            have = bufs.pieces.get(w)
+            (recorded if have is not None and have.replay is not None else rest).append(w)
+        plan: list[tuple[int, PromptBuffers | None]] = [(w, bufs.piece(w)) for w in recorded]
+        if rest:
+            w = max(rest, key=lambda w: (w in bufs.pieces and bufs.pieces[w].warmed, w))
+            rest.remove(w)
+            plan.append((w, bufs.piece(w)))
+            if rest:
+                plan.append((sum(rest), None))
+        return plan
+
+    def _run_pieces(self, plan: list[tuple[int, PromptBuffers | None]], start: int, end: int) -> list[torch.Tensor]:
+        """Columns start..end of a carried-state model in the pieces of ``plan`` (``_plan_pieces``), each on its
+        buffers with the set's whole max-length mask (``_run_chunk``), whose columns are set up to the piece's end
+        only (GroupQueryAttention reads the sequence's length from them), or eagerly. Returns the last run's
+        outputs, with the logits of all the pieces' columns where the decoder gives them per position."""
+        mask, names = self._mask, self._names
+        kv = len(self._cache.present_names)
+        logits = None
+        col = start
+        mask[:, start + plan[0][0]:end] = 0
+        for i, (w, slot) in enumerate(plan):
+            stop = col + w
+            mask[:, col:stop] = 1
+            if slot is not None:
+                outs = self._run_chunk(slot, col, stop)
+            else:
+                io = self._model.io
+                pos = _positions(mask[:, :stop])[:, col:stop] if io.position_ids is not None else None
+                outs = self._model.run(self._feed(self._seq[:, col:stop], mask[:, :stop], pos), names, eager=True)
+            if len(plan) > 1 and outs[0].dim() == 3:
+                if logits is None:
+                    logits = outs[0].new_empty((outs[0].shape[0], end - start, outs[0].shape[2]))
+                logits[:, col - start:stop - start].copy_(outs[0])  # before the slot's next replay overwrites it
+            if i + 1 < len(plan):
+                self._cache.update(outs[1:1 + kv])
+                self._states.update(outs[1 + kv:])
+            col = stop
+        return outs if logits is None else [logits, *outs[1:]]
 
     def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
         """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run
@@ -857,7 +913,7 @@ class Generator:
             # zero state (the KV cache's rows are then written again)
             self._kv_len = 0
             self._states.reset()
-            self._prompt_last = None
+            self._prompt_last, self._ragged = None, False
         self._cache.rewind(self._kv_len)
         self._done.zero_()
         self._next = None
@@ -867,4 +923,4 @@ class Generator:
         self._ahead_outputs = None
         self._run = self._ahead_run = None
         if new_length == 0:
-            self._prompt_last = None
+            self._prompt_last, self._ragged = None, False

@@ -38,6 +38,15 @@ the real columns, and their keys and values land past the sequence, overwritten 
 any query reaches them. Not with window-sized caches (the pads would evict real positions) nor where the
 bucket would run past max_length: those chunks, and decode steps with a growing cache, run eagerly (run
 config ``gpu_graph_id=-1``).
+
+Models that carry layer states (LFM2's short convolutions, Qwen3.5's Gated DeltaNet layers) cannot be padded: a
+pad column would run through the states. Their prompts and chat turns (one row width, no window-sized caches) are
+cut into pieces of exact widths (``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of
+two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps
+``MAX_PIECE_GRAPHS`` of them) with the mask's columns set up to the piece's end only. Widths recur across prompts
+of any length, so after a few prompts every piece replays a recording. A prompt runs its recorded pieces first,
+then at most one piece that has none yet (its width's first run warms the plan, its second records it), then the
+rest in one eager run: at most two unrecorded runs a prompt, however many pieces it has.
 """
 
 from __future__ import annotations
@@ -114,6 +123,11 @@ MAX_PROMPT_GRAPHS = 4
 MIN_PROMPT_BUCKET = 64
 #: narrowest continuation-chunk bucket
 MIN_CHUNK_BUCKET = 32
+#: widest piece of a carried-state model's prompt (``state_pieces``); 0 turns pieces off: such a model's first prompt
+#: is recorded at its own width only and its chat turns run eagerly
+STATE_PIECE_MAX = 512
+#: piece recordings one DecodeBuffers set keeps: every power of two up to STATE_PIECE_MAX (1 ... 512)
+MAX_PIECE_GRAPHS = 10
 
 
 def prompt_bucket(n: int, max_length: int) -> int:
@@ -136,6 +150,16 @@ def chunk_bucket(n: int) -> int:
     little against the host time of an eager run (about 25 ms for a 100-token Qwen2.5-0.5B turn on an H200
     host)."""
     return max(MIN_CHUNK_BUCKET, 1 << (n - 1).bit_length())
+
+
+def state_pieces(n: int) -> list[int]:
+    """Widths ``n`` columns of a carried-state model's prompt are cut into, largest first: STATE_PIECE_MAX while more
+    remain, then the powers of two of the rest's binary digits. 300 -> [256, 32, 8, 4]; 1300 -> [512, 512, 256, 16, 4]."""
+    top = STATE_PIECE_MAX
+    widths = [top] * (n // top)
+    rest = n % top
+    widths += [1 << b for b in range(rest.bit_length() - 1, -1, -1) if rest >> b & 1]
+    return widths
 
 
 def _position_buffer(io: DecoderIO, rows: int, width: int, device: torch.device) -> torch.Tensor | None:
@@ -179,6 +203,7 @@ class DecodeBuffers:
         self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
         self.chunks: OrderedDict[int, PromptBuffers] = OrderedDict()  # continuation chunks (full-width mask)
+        self.pieces: OrderedDict[int, PromptBuffers] = OrderedDict()  # carried-state models' pieces (state_pieces)
         #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
         self.extras: dict[str, torch.Tensor] = {}
 
@@ -193,6 +218,7 @@ class DecodeBuffers:
             self.warmed = False
             self.prompts.clear()
             self.chunks.clear()
+            self.pieces.clear()
         for k, v in values.items():
             self.extras[k].copy_(v)
 
@@ -206,12 +232,16 @@ class DecodeBuffers:
         """``prompt`` for continuation chunks, which feed the whole max-length mask (another recording)."""
         return self._slot(self.chunks, width)
 
-    def _slot(self, slots: OrderedDict[int, PromptBuffers], width: int) -> PromptBuffers:
+    def piece(self, width: int) -> PromptBuffers:
+        """``chunk`` for a carried-state model's prompt pieces (exact widths, no pad columns)."""
+        return self._slot(self.pieces, width, MAX_PIECE_GRAPHS)
+
+    def _slot(self, slots: OrderedDict[int, PromptBuffers], width: int, keep: int = MAX_PROMPT_GRAPHS) -> PromptBuffers:
         slot = slots.pop(width, None)
         if slot is None:
             slot = PromptBuffers(self._io, self.rows, width, self._device)
         slots[width] = slot
-        while len(slots) > MAX_PROMPT_GRAPHS:
+        while len(slots) > keep:
             slots.popitem(last=False)
         return slot
 
