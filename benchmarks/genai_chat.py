@@ -12,7 +12,14 @@ before. This benchmark times those, each phase ending when the host holds the ph
 * ``new widths``: five new generators in turn, prompts of 300, 300, 300, 1000 and 37 tokens (the first, second
   and third prompt of one width, then two new widths; crossml runs a width's first prompt eagerly on the plan
   specialised for its bucket, records that plan's graph on the second, without a warm-up run, and replays it
-  from the third).
+  from the third);
+* ``turns again``: a new generator, the same first prompt and the same five turns (what a longer chat settles to:
+  crossml's recordings of the first round's widths are made by then).
+
+Models that carry layer states (LFM2, Qwen3.5) run prompts and turns in pieces of exact widths
+(``crossml.genai.model.state_pieces``), recorded as they recur. ``--set MODULE.ATTRIBUTE=VALUE`` (repeatable)
+overrides a module constant in crossml's child processes, e.g. ``--set crossml.genai.model.STATE_PIECE_MAX=0``
+for the code before pieces; ``--name`` names the result files.
 
 Every generator asks for max_length 2048. Each (model, precision, runtime) runs in its own process, twice: the
 first run warms the on-disk caches (Triton's kernels; the model files; Python's bytecode, which an installed
@@ -49,8 +56,10 @@ def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     sys.path.insert(0, HERE)
-    from _common import genai_config
+    from _common import SETTINGS_ENV, apply_settings, genai_config
 
+    if runtime == "crossml":
+        apply_settings(json.loads(os.environ.get(SETTINGS_ENV, "{}")))
     og, config = genai_config(folder, runtime)
     t0 = time.perf_counter()
     model = og.Model(config)
@@ -89,6 +98,13 @@ def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
         gen = generator()
         out["width_ms"].append(timed(gen, n))
         del gen
+    gen = generator()
+    out["again_prompt_ms"] = timed(gen, prompt)
+    more(gen, 15)
+    out["again_turn_ms"] = []
+    for n in TURNS:
+        out["again_turn_ms"].append(timed(gen, n))
+        more(gen, 15)
     return out
 
 
@@ -107,20 +123,25 @@ def markdown(payload: dict[str, Any]) -> str:
         "the second of two (on-disk caches warm, Python's bytecode caches included); ms until the host holds the "
         "phase's first new token.", "",
         f"Turns: continuation prompts of {', '.join(map(str, TURNS))} tokens on the first generator. New widths: "
-        f"new generators with prompts of {', '.join(map(str, WIDTHS))} tokens.", "",
+        f"new generators with prompts of {', '.join(map(str, WIDTHS))} tokens. Again: a new generator, the first "
+        "prompt and the same turns (each turn's ms).", "",
         "| model | precision | runtime | load s | first prompt ms | first turn ms | turns median ms "
-        "| width 300: 1st / 2nd / 3rd ms | width 1000 ms | width 37 ms |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| width 300: 1st / 2nd / 3rd ms | width 1000 ms | width 37 ms | again: prompt ms | again: turns ms |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    if payload.get("settings"):
+        lines[-4:-4] = [f"Settings of crossml's processes (--set): "
+                        f"{', '.join(f'{k}={v!r}' for k, v in payload['settings'].items())}.", ""]
     for r in payload["rows"]:
         head = f"| {r['model']} | {r['precision']} | {r['runtime']} |"
         if "error" in r:
-            lines.append(f"{head} error: {r['error'].replace('|', '/')[:160]} | | | | | | |")
+            lines.append(f"{head} error: {r['error'].replace('|', '/')[:160]} | | | | | | | | |")
             continue
         w = r["width_ms"]
+        again = " / ".join(f"{t:.1f}" for t in r["again_turn_ms"])
         lines.append(f"{head} {r['load_s']:.2f} | {r['first_prompt_ms']:.0f} | {r['turn_ms'][0]:.1f} | "
                      f"{statistics.median(r['turn_ms']):.1f} | {w[0]:.1f} / {w[1]:.1f} / {w[2]:.1f} | {w[3]:.1f} | "
-                     f"{w[4]:.1f} |")
+                     f"{w[4]:.1f} | {r['again_prompt_ms']:.1f} | {again} |")
     lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/genai_chat.py.", ""]
     return "\n".join(lines)
 
@@ -131,12 +152,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     sys.path.insert(0, HERE)
     import genai_bench as gb
-    from _common import genai_parser, machine, write
+    from _common import SETTINGS_ENV, genai_parser, machine, parse_settings, write
 
     ap = genai_parser(__doc__)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
     ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTRIBUTE=VALUE",
+                    help="a module constant for crossml's child processes (repeatable)")
+    ap.add_argument("--name", default="genai_chat", help="result files OUT/NAME.json and OUT/NAME.md")
     args = ap.parse_args(argv)
+    settings = parse_settings(args.set)
+    os.environ[SETTINGS_ENV] = json.dumps(settings)
     t_start = time.perf_counter()
     names = [n for n in args.models.split(",") if n]
     precisions = [p for p in args.precisions.split(",") if p]
@@ -161,9 +187,9 @@ def main(argv: list[str] | None = None) -> None:
                 row["error"] = f"{type(exc).__name__}: {exc}"
             print(json.dumps(row), flush=True)
             rows.append(row)
-    payload = {"machine": machine(), "ortgenai_version": ort_version, "prompt": args.prompt,
+    payload = {"machine": machine(), "ortgenai_version": ort_version, "prompt": args.prompt, "settings": settings,
                "wall_s": time.perf_counter() - t_start, "rows": rows}
-    write("genai_chat", payload, markdown(payload), args.out)
+    write(args.name, payload, markdown(payload), args.out)
 
 
 if __name__ == "__main__":
