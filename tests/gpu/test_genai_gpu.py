@@ -244,9 +244,9 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
 @pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
 def test_state_pieces_recorded_and_replayed(models: Path, arch: str) -> None:
     """A carried-state model's prompts and chat turns in pieces of exact widths on the GPU: a 13-token prompt (pieces
-    8, 4, 1) and a 6-token turn (4, 2), five chats on new generators. Each prompt records at most one more piece
-    (a width's first run warms its plan, the second records it), so by the fifth chat every piece replays and
-    nothing runs eagerly; tokens equal to a model that runs prompts and turns eagerly, logits close, and the fifth
+    8, 4, 1) and a 6-token turn (4, 2), five chats on new generators. A width's first run on its buffers warms its
+    plan, the second records it; a prompt with more than two pieces unrecorded runs one of them so and the rest
+    eagerly. By the fifth chat every piece replays and nothing runs eagerly; tokens equal to a model that runs prompts and turns eagerly, logits close, and the fifth
     chat's logits the fourth's (same pieces, same kernels)."""
     folder = str(models / f"{arch}_fp16_cuda")
     model = og.Model(folder)

@@ -445,20 +445,21 @@ class Generator:
 
     def _plan_pieces(self, n: int) -> list[tuple[int, PromptBuffers | None]]:
         """The order a carried-state model's ``n`` prompt columns run in (``crossml.genai.model.state_pieces``): the
-        pieces whose widths have recordings first, then one piece without (the widest whose plan a first run
-        already warmed, else the widest: its run warms or records it), then the rest in one eager run (None)."""
+        pieces whose widths have recordings first, then those without on their buffers (each run warms or records
+        its width's plan) where there are at most two of them; else one of them (the widest whose plan a first run
+        already warmed, else the widest) and the rest in one eager run (None). A run costs about the same host time
+        whatever it does (the warm run, the recording run and an eager run each walk the plan once), so a prompt
+        costs at most two runs beside its replays."""
         bufs = self._bufs
         recorded, rest = [], []
         for w in state_pieces(n):
             have = bufs.pieces.get(w)
             (recorded if have is not None and have.replay is not None else rest).append(w)
-        plan: list[tuple[int, PromptBuffers | None]] = [(w, bufs.piece(w)) for w in recorded]
-        if rest:
-            w = max(rest, key=lambda w: (w in bufs.pieces and bufs.pieces[w].warmed, w))
-            rest.remove(w)
-            plan.append((w, bufs.piece(w)))
-            if rest:
-                plan.append((sum(rest), None))
+        rest.sort(key=lambda w: (w in bufs.pieces and bufs.pieces[w].warmed, w), reverse=True)
+        runs = rest if len(rest) <= 2 else rest[:1]
+        plan: list[tuple[int, PromptBuffers | None]] = [(w, bufs.piece(w)) for w in recorded + runs]
+        if len(rest) > 2:
+            plan.append((sum(rest[1:]), None))
         return plan
 
     def _run_pieces(self, plan: list[tuple[int, PromptBuffers | None]], start: int, end: int) -> list[torch.Tensor]:

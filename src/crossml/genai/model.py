@@ -44,9 +44,9 @@ pad column would run through the states. Their prompts and chat turns (one row w
 cut into pieces of exact widths (``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of
 two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps
 ``MAX_PIECE_GRAPHS`` of them) with the mask's columns set up to the piece's end only. Widths recur across prompts
-of any length, so after a few prompts every piece replays a recording. A prompt runs its recorded pieces first,
-then at most one piece that has none yet (its width's first run warms the plan, its second records it), then the
-rest in one eager run: at most two unrecorded runs a prompt, however many pieces it has.
+of any length, so after a few prompts every piece replays a recording. A prompt runs its recorded pieces first, then
+the others on their buffers if there are at most two (a width's first run warms its plan, its second records it),
+else one of them and the rest in one eager run: at most two runs beside the replays, however many pieces.
 """
 
 from __future__ import annotations
