@@ -251,11 +251,11 @@ def test_prompts_and_turns_in_pieces_match_default(stateful, monkeypatch, piece_
     """The fixed-address path (a GPU's, forced on the CPU) cuts a one-row prompt and each chat turn into pieces of
     exact widths: the tokens, every step's logits and the prompt's "logits" output (all its columns) are the default
     path's. Without recordings (the CPU records none) each prompt runs one piece on its buffers and the rest in one
-    eager run (two pieces: both on their buffers), on a max-length mask whose columns are set up to each piece's
-    end."""
+    eager run, on a max-length mask whose columns are set up to each piece's end."""
     from crossml.genai import model as genai_model
 
     monkeypatch.setattr(genai_model, "STATE_PIECE_MAX", piece_max)
+    monkeypatch.setattr(genai_model, "STATE_PIECE_AFTER", 0)
     turn = "def f(x): return x"
 
     def chat(model):
@@ -298,17 +298,38 @@ def test_prompts_and_turns_in_pieces_match_default(stateful, monkeypatch, piece_
     for start, width in ((0, n), (n + 3, m)):
         widths = genai_model.state_pieces(width)
         at = next(i for i, (_, total, _) in enumerate(seen) if total > start)
-        runs = seen[at:at + (len(widths) if len(widths) <= 2 else 2)]
-        # pieces on their buffers (the mask set up to each one's end): all of them, or one and the rest eagerly
-        on_buffers = sorted(w for w, _, eager in runs if not eager)
-        assert on_buffers == sorted(widths) if len(widths) <= 2 else on_buffers == [runs[0][0]] and runs[0][0] in widths
-        assert [eager for _, _, eager in runs] == [False] * len(widths) if len(widths) <= 2 else [False, True]
+        runs = seen[at:at + min(len(widths), 2)]
+        # one piece on its buffers (the mask set up to its end), the rest eagerly
+        assert runs[0][0] in widths and [eager for _, _, eager in runs] == [False, True][:len(runs)]
         assert [total for _, total, _ in runs] == list(start + np.cumsum([w for w, _, _ in runs]))
         assert all(w == 1 for w, _, _ in seen[at + len(runs):][:3])  # then decode steps
     bufs = next(b for sets in model._buffers.values() for b in sets)
     assert {w for w, _, eager in seen if not eager and w > 1} <= set(bufs.pieces)
     assert all(w & (w - 1) == 0 for w in bufs.pieces)  # powers of two
     assert not bufs.prompts and not bufs.chunks
+
+
+def test_pieces_after_a_number_of_prompts(stateful, monkeypatch) -> None:
+    """A model takes pieces once it has run STATE_PIECE_AFTER prompts and turns: before, its first prompts take the
+    buffers of their own width and its turns run eagerly."""
+    from crossml.genai import model as genai_model
+
+    monkeypatch.setattr(genai_model, "STATE_PIECE_AFTER", 2)
+    model = xg.Model(stateful)
+    model._static_decode = model._prompt_graphs = True
+    tok = xg.Tokenizer(model)
+    params = xg.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH)
+    gen = xg.Generator(model, params)
+    gen.append_tokens(tok.encode(PROMPT))  # 1
+    gen.generate_next_token()
+    gen.append_tokens(tok.encode("def f"))  # 2
+    bufs = gen._bufs
+    n = len(tok.encode(PROMPT))
+    assert list(bufs.prompts) == [n] and not bufs.pieces
+    gen.generate_next_token()
+    gen.append_tokens(tok.encode("def f"))  # 3: pieces
+    assert bufs.pieces and model._state_prompts == 3
 
 
 def test_pieces_with_recordings_run_first(stateful) -> None:
@@ -324,12 +345,12 @@ def test_pieces_with_recordings_run_first(stateful) -> None:
     assert [w for w, _ in plan] == [16, 13] and plan[0][1] is bufs.pieces[16] and plan[1][1] is None
     bufs.piece(1).replay = lambda: None
     bufs.piece(4).warmed = True
-    plan = gen._plan_pieces(29)  # the warmed 4 before the wider ones
+    plan = gen._plan_pieces(29)  # the warmed 4 (its run records it) before the wider ones
     assert [w for w, _ in plan] == [1, 4, 24] and plan[1][1] is bufs.pieces[4] and plan[2][1] is None
-    bufs.piece(8).replay = lambda: None
-    plan = gen._plan_pieces(29)  # two without recordings: both on their buffers, the warmed one first
-    assert [w for w, _ in plan] == [8, 1, 4, 16] and all(s is bufs.pieces[w] for w, s in plan)
-    bufs.piece(16).replay = bufs.piece(4).replay = lambda: None
+    bufs.piece(8).replay = bufs.piece(4).replay = lambda: None
+    plan = gen._plan_pieces(29)  # one without a recording: on its buffers, no eager run
+    assert [w for w, _ in plan] == [8, 4, 1, 16] and all(s is bufs.pieces[w] for w, s in plan)
+    bufs.piece(16).replay = lambda: None
     assert [w for w, _ in gen._plan_pieces(29)] == [16, 8, 4, 1]  # all recorded: no eager run
 
 

@@ -200,8 +200,9 @@ def _spy_recordings(mp: pytest.MonkeyPatch) -> list[bool]:
 def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
     """A bucket's first prompt runs the bucket's plan eagerly, the second records the bucket's graph without a
     warm-up run and later generators replay it (the session does not keep it), with the same logits and tokens as
-    the recording run and close to an eager model's. Models carrying layer states (lfm2, qwen35) record prompts in
-    pieces of exact widths (pad columns would run through the states): here an 8-token prompt, one piece."""
+    the recording run and close to an eager model's. Models carrying layer states (lfm2, qwen35) record their first
+    prompts at their own width (pad columns would run through the states; pieces come after STATE_PIECE_AFTER
+    prompts: test_state_pieces_recorded_and_replayed)."""
     folder = str(models / f"{arch}_fp16_cuda")
     model = og.Model(folder)
     eager = _captured(folder, "0")
@@ -222,7 +223,7 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
         warm_ups = _spy_recordings(mp)
         results = [run(model)]
         bufs = model._buffers[(1, 128)][0]
-        slots = bufs.prompts if arch == "qwen2" else bufs.pieces
+        slots = bufs.prompts
         assert list(slots) == [width] and slots[width].replay is None  # ran eagerly, not recorded
         assert warm_ups == [False]  # the decode step's recording (its first step ran the plan eagerly)
         runners = len(model.session._runners)
@@ -230,7 +231,7 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
             results.append(run(model))
     assert warm_ups == [False, False]  # the bucket's second prompt recorded it, with no warm-up run
     assert list(slots) == [width] and slots[width].replay is not None
-    assert not bufs.prompts if arch != "qwen2" else not bufs.pieces
+    assert not bufs.pieces
     assert len(model.session._runners) == runners - 1  # the recording belongs to the buffers alone
     for first, seq in results[2:]:
         assert seq == results[1][1]
@@ -244,10 +245,13 @@ def test_prompt_graph_recorded_and_replayed(models: Path, arch: str) -> None:
 @pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
 def test_state_pieces_recorded_and_replayed(models: Path, arch: str) -> None:
     """A carried-state model's prompts and chat turns in pieces of exact widths on the GPU: a 13-token prompt (pieces
-    8, 4, 1) and a 6-token turn (4, 2), five chats on new generators. A width's first run on its buffers warms its
-    plan, the second records it; a prompt with more than two pieces unrecorded runs one of them so and the rest
-    eagerly. By the fifth chat every piece replays and nothing runs eagerly; tokens equal to a model that runs prompts and turns eagerly, logits close, and the fifth
-    chat's logits the fourth's (same pieces, same kernels)."""
+    8, 4, 1) and a 6-token turn (4, 2), five chats on new generators (pieces from the first prompt on:
+    STATE_PIECE_AFTER 0). A width's first run on its buffers warms its plan, the second records it; a prompt runs
+    one unrecorded piece so and the rest eagerly. By the fifth chat every piece replays and nothing runs eagerly;
+    tokens equal to a model that runs prompts and turns eagerly, logits close, and the fifth chat's logits the
+    fourth's (same pieces, same kernels)."""
+    import crossml.genai.model as genai_model
+
     folder = str(models / f"{arch}_fp16_cuda")
     model = og.Model(folder)
     eager = og.Model(folder)
@@ -279,9 +283,11 @@ def test_state_pieces_recorded_and_replayed(models: Path, arch: str) -> None:
 
     model.run = spy
     results = []
-    for _ in range(5):
-        eager_runs.clear()
-        results.append(run(model))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(genai_model, "STATE_PIECE_AFTER", 0)
+        for _ in range(5):
+            eager_runs.clear()
+            results.append(run(model))
     bufs = model._buffers[(1, 64)][0]
     assert sorted(bufs.pieces) == [1, 2, 4, 8] and all(s.replay is not None for s in bufs.pieces.values())
     assert eager_runs == []  # the fifth chat: every piece replayed

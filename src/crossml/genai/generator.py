@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+import crossml.genai.model as genai_model
 from crossml import dtypes
 from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
@@ -46,7 +47,6 @@ from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
 from crossml.genai.kv_cache import GrowingKVCache, KVCache, LayerStates, StaticKVCache
-import crossml.genai.model as genai_model
 from crossml.genai.model import Model, PromptBuffers, chunk_bucket, prompt_bucket, state_pieces
 from crossml.genai.tokenizer import Tensor
 from crossml.kernels import TRITON_DEVICES, load_compiled
@@ -332,8 +332,10 @@ class Generator:
         pieces = None  # a carried-state model's prompt cut into exact widths: [(width, buffers or None: eager)]
         if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers
                 and (start == 0 or end - start > 1) and not (start == 0 and self._ragged)):
-            pieces = self._plan_pieces(end - start)
-        elif padded and start == 0:
+            model._state_prompts += 1  # pieces once the model has run STATE_PIECE_AFTER such prompts
+            if model._state_prompts > genai_model.STATE_PIECE_AFTER:
+                pieces = self._plan_pieces(end - start)
+        if pieces is None and padded and start == 0:
             # carried layer states (LFM2's, Qwen3.5's) would take a bucket's pad columns in: such a model's first
             # prompts are recorded at their own width (a batch's shorter rows are run again alone: _restate_short_prompts)
             slot = bufs.prompt(end if states else prompt_bucket(end, self._s.max_length))
@@ -445,20 +447,19 @@ class Generator:
 
     def _plan_pieces(self, n: int) -> list[tuple[int, PromptBuffers | None]]:
         """The order a carried-state model's ``n`` prompt columns run in (``crossml.genai.model.state_pieces``): the
-        pieces whose widths have recordings first, then those without on their buffers (each run warms or records
-        its width's plan) where there are at most two of them; else one of them (the widest whose plan a first run
-        already warmed, else the widest) and the rest in one eager run (None). A run costs about the same host time
-        whatever it does (the warm run, the recording run and an eager run each walk the plan once), so a prompt
-        costs at most two runs beside its replays."""
+        pieces whose widths have recordings first, then one piece without on its buffers (the widest whose plan a
+        first run already warmed, so this run records it, else the widest, whose run warms its plan), then the rest
+        in one eager run (None). A width's warm run costs several eager runs of host time on a GPU (the plan built
+        for its shapes, kernels specialised for them: about 190 ms against 35 for Qwen3.5-0.8B's eager run on an
+        H200 host), its recording run about two, so a prompt makes one of them at most."""
         bufs = self._bufs
         recorded, rest = [], []
         for w in state_pieces(n):
             have = bufs.pieces.get(w)
             (recorded if have is not None and have.replay is not None else rest).append(w)
         rest.sort(key=lambda w: (w in bufs.pieces and bufs.pieces[w].warmed, w), reverse=True)
-        runs = rest if len(rest) <= 2 else rest[:1]
-        plan: list[tuple[int, PromptBuffers | None]] = [(w, bufs.piece(w)) for w in recorded + runs]
-        if len(rest) > 2:
+        plan: list[tuple[int, PromptBuffers | None]] = [(w, bufs.piece(w)) for w in recorded + rest[:1]]
+        if len(rest) > 1:
             plan.append((sum(rest[1:]), None))
         return plan
 

@@ -44,9 +44,11 @@ pad column would run through the states. Their prompts and chat turns (one row w
 cut into pieces of exact widths (``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of
 two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps
 ``MAX_PIECE_GRAPHS`` of them) with the mask's columns set up to the piece's end only. Widths recur across prompts
-of any length, so after a few prompts every piece replays a recording. A prompt runs its recorded pieces first, then
-the others on their buffers if there are at most two (a width's first run warms its plan, its second records it),
-else one of them and the rest in one eager run: at most two runs beside the replays, however many pieces.
+of any length, so every piece comes to replay a recording. A prompt runs its recorded pieces first, then one
+piece without a recording on its buffers (a width's first run warms its plan, its second records it), then the rest
+in one eager run. A width's first runs cost several eager runs of host time, repaid over many prompts: a model takes
+pieces only once it has run ``STATE_PIECE_AFTER`` such prompts (before that its first prompts are recorded at their
+own width, its chat turns run eagerly).
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ MIN_CHUNK_BUCKET = 32
 STATE_PIECE_MAX = 512
 #: piece recordings one DecodeBuffers set keeps: every power of two up to STATE_PIECE_MAX (1 ... 512)
 MAX_PIECE_GRAPHS = 10
+#: a carried-state model's prompts and chat turns take pieces once the model has run this many of them (its first
+#: prompts of a width recorded at their own width, chat turns eager): a width's first runs cost far more host time
+#: than an eager run, repaid only over many prompts (see Generator._plan_pieces)
+STATE_PIECE_AFTER = 16
 
 
 def prompt_bucket(n: int, max_length: int) -> int:
@@ -291,6 +297,8 @@ class Model:
         self._decode_compiles: Any = None  # a CompileAhead of the decode step's kernels, still compiling
         self._buffers: dict[tuple[int, int], list[DecodeBuffers]] = {}
         self._buffers_lock = threading.Lock()
+        #: prompts and chat turns of a carried-state model run on the static path (see STATE_PIECE_AFTER)
+        self._state_prompts = 0
 
         #: layers whose KV caches are window-sized (model.decoder.sliding_window.layers: their GroupQueryAttention
         #: has sliding_window_cache=1) and those caches' capacity: window_size + cache_slack (0: the default)
