@@ -108,6 +108,95 @@ def child_result(script: str, *args: str, timeout: float = 600) -> dict:
     raise RuntimeError(f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
 
 
+def add_child_settings(ap: argparse.ArgumentParser, name: str) -> None:
+    """``--set MODULE.ATTRIBUTE=VALUE`` (repeatable: module constants for crossml's child processes, read there by
+    ``child_settings``) and ``--name`` (the result files' name, default ``name``)."""
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTRIBUTE=VALUE",
+                    help="a module constant for crossml's child processes (repeatable)")
+    ap.add_argument("--name", default=name, help="result files OUT/NAME.json and OUT/NAME.md")
+
+
+def export_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``add_child_settings``' --set values, parsed and handed to the child processes (SETTINGS_ENV)."""
+    settings = parse_settings(args.set)
+    os.environ[SETTINGS_ENV] = json.dumps(settings)
+    return settings
+
+
+def child_settings(runtime: str) -> None:
+    """In a child process: apply the --set values to crossml's runs (not to the peers')."""
+    if runtime == "crossml":
+        apply_settings(json.loads(os.environ.get(SETTINGS_ENV, "{}")))
+
+
+def runtime_models(ap: argparse.ArgumentParser, args: argparse.Namespace,
+                   known: tuple[str, ...]) -> tuple[dict[tuple[str, str], str], list[str], str]:
+    """For a GenAI benchmark with a --runtimes list (of ``known``): (model, precision) -> builder folder (built where
+    missing, ``genai_parser``'s arguments), the runtimes asked for, and onnxruntime-genai's version or why it is
+    unavailable. An unknown model or runtime is the parser's error."""
+    import genai_bench as gb
+
+    names = [n for n in args.models.split(",") if n]
+    runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = [n for n in names if n not in gb.SHAPES] + [r for r in runtimes if r not in known]
+    if unknown:
+        ap.error(f"unknown model/runtime {unknown}; models: {list(gb.SHAPES)}, runtimes: {list(known)}")
+    os.makedirs(args.workdir, exist_ok=True)
+    folders = gb.build_all(args.workdir, names, [p for p in args.precisions.split(",") if p], print)
+    try:
+        ort_version = gb._import_ortgenai().__version__
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        ort_version = f"unavailable ({type(exc).__name__})"
+    return folders, runtimes, ort_version
+
+
+def child_model(runtime: str, folder: str) -> tuple[Any, Any, float]:
+    """In a GenAI benchmark's child process: CUDA started, the --set values applied (``child_settings``), and the
+    runtime's model of ``folder`` loaded; returns (module, model, load seconds)."""
+    import torch
+
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    child_settings(runtime)
+    og, config = genai_config(folder, runtime)
+    t0 = time.perf_counter()
+    model = og.Model(config)
+    return og, model, time.perf_counter() - t0
+
+
+def first_token_ms(gen: Any, tokens: int) -> float:
+    """ms from appending ``tokens`` ids (3, 4, ...) to ``gen`` to the host holding the next token."""
+    import numpy as np
+    import torch
+
+    ids = np.arange(3, 3 + tokens, dtype=np.int32)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    gen.append_tokens(ids)
+    gen.generate_next_token()
+    gen.get_next_tokens()
+    return (time.perf_counter() - t) * 1e3
+
+
+def warm_process_rows(script: str, folders: dict[tuple[str, str], str], runtimes: list[str],
+                      *args: str) -> list[dict[str, Any]]:
+    """One row per (model, precision) folder and runtime: ``script``'s child result (``child_result``) for
+    ``runtime folder args...``, from the second of two processes (the first warms the on-disk caches); a failure
+    is the row's "error"."""
+    rows: list[dict[str, Any]] = []
+    for (name, prec), folder in folders.items():
+        for rt in runtimes:
+            row: dict[str, Any] = {"model": name, "precision": prec, "runtime": rt}
+            try:
+                child_result(script, rt, folder, *args)  # warms the on-disk caches
+                row.update(child_result(script, rt, folder, *args))
+            except Exception as exc:  # noqa: BLE001 - one row's failure is reported in the table
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            print(json.dumps({k: v for k, v in row.items() if not isinstance(v, list)}), flush=True)
+            rows.append(row)
+    return rows
+
+
 def in_graph_us(calls: list[Callable[[], object]], replays: int = 20) -> float:
     """Mean µs of one call among ``calls``, captured back to back in one CUDA graph (each called once before the
     capture, the graph replayed ``replays`` times after one unmeasured replay)."""

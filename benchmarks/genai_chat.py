@@ -50,68 +50,42 @@ MAX_LENGTH = 2048
 
 def session(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
     """One chat session in this process: the phases' wall times in ms (and load in s)."""
-    import numpy as np
-    import torch
-
-    torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
     sys.path.insert(0, HERE)
-    from _common import SETTINGS_ENV, apply_settings, genai_config
+    from _common import child_model
+    from _common import first_token_ms as timed
 
-    if runtime == "crossml":
-        apply_settings(json.loads(os.environ.get(SETTINGS_ENV, "{}")))
-    og, config = genai_config(folder, runtime)
-    t0 = time.perf_counter()
-    model = og.Model(config)
-    out: dict[str, Any] = {"load_s": time.perf_counter() - t0}
+    og, model, load_s = child_model(runtime, folder)
+    out: dict[str, Any] = {"load_s": load_s}
 
     def generator() -> Any:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=MAX_LENGTH, min_length=MAX_LENGTH, do_sample=False)
         return og.Generator(model, params)
 
-    def timed(gen: Any, tokens: int) -> float:
-        """ms from appending ``tokens`` ids to the host holding the next token."""
-        ids = np.arange(3, 3 + tokens, dtype=np.int32)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        gen.append_tokens(ids)
-        gen.generate_next_token()
-        gen.get_next_tokens()
-        return (time.perf_counter() - t) * 1e3
-
     def more(gen: Any, n: int) -> None:
         for _ in range(n):
             gen.generate_next_token()
             gen.get_next_tokens()
 
-    gen = generator()
-    out["first_prompt_ms"] = timed(gen, prompt)
-    more(gen, 15)
-    out["turn_ms"] = []
-    for n in TURNS:
-        out["turn_ms"].append(timed(gen, n))
+    def chat(key: str) -> float:
+        """The first prompt and the turns on a new generator: the prompt's ms (the turns' in out[key])."""
+        gen = generator()
+        first = timed(gen, prompt)
         more(gen, 15)
-    del gen
+        out[key] = []
+        for n in TURNS:
+            out[key].append(timed(gen, n))
+            more(gen, 15)
+        return first
+
+    out["first_prompt_ms"] = chat("turn_ms")
     out["width_ms"] = []
     for n in WIDTHS:
         gen = generator()
         out["width_ms"].append(timed(gen, n))
         del gen
-    gen = generator()
-    out["again_prompt_ms"] = timed(gen, prompt)
-    more(gen, 15)
-    out["again_turn_ms"] = []
-    for n in TURNS:
-        out["again_turn_ms"].append(timed(gen, n))
-        more(gen, 15)
+    out["again_prompt_ms"] = chat("again_turn_ms")
     return out
-
-
-def run_child(runtime: str, folder: str, prompt: int) -> dict[str, Any]:
-    from _common import child_result
-
-    return child_result(__file__, runtime, folder, str(prompt))
 
 
 def markdown(payload: dict[str, Any]) -> str:
@@ -151,42 +125,25 @@ def main(argv: list[str] | None = None) -> None:
         print("RESULT " + json.dumps(session(sys.argv[2], sys.argv[3], int(sys.argv[4]))), flush=True)
         return
     sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import SETTINGS_ENV, genai_parser, machine, parse_settings, write
+    from _common import (
+        add_child_settings,
+        export_settings,
+        genai_parser,
+        machine,
+        runtime_models,
+        warm_process_rows,
+        write,
+    )
 
     ap = genai_parser(__doc__)
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
     ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTRIBUTE=VALUE",
-                    help="a module constant for crossml's child processes (repeatable)")
-    ap.add_argument("--name", default="genai_chat", help="result files OUT/NAME.json and OUT/NAME.md")
+    add_child_settings(ap, "genai_chat")
     args = ap.parse_args(argv)
-    settings = parse_settings(args.set)
-    os.environ[SETTINGS_ENV] = json.dumps(settings)
+    settings = export_settings(args)
     t_start = time.perf_counter()
-    names = [n for n in args.models.split(",") if n]
-    precisions = [p for p in args.precisions.split(",") if p]
-    runtimes = [r for r in args.runtimes.split(",") if r]
-    unknown = [n for n in names if n not in gb.SHAPES] + [r for r in runtimes if r not in RUNTIMES]
-    if unknown:
-        ap.error(f"unknown model/runtime {unknown}; models: {list(gb.SHAPES)}, runtimes: {list(RUNTIMES)}")
-    os.makedirs(args.workdir, exist_ok=True)
-    folders = gb.build_all(args.workdir, names, precisions, print)
-    try:
-        ort_version = gb._import_ortgenai().__version__
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        ort_version = f"unavailable ({type(exc).__name__})"
-    rows: list[dict[str, Any]] = []
-    for (name, prec), folder in folders.items():
-        for rt in runtimes:
-            row: dict[str, Any] = {"model": name, "precision": prec, "runtime": rt}
-            try:
-                run_child(rt, folder, args.prompt)  # warms the on-disk caches
-                row.update(run_child(rt, folder, args.prompt))
-            except Exception as exc:  # noqa: BLE001 - one row's failure is reported in the table
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+    folders, runtimes, ort_version = runtime_models(ap, args, RUNTIMES)
+    rows = warm_process_rows(__file__, folders, runtimes, str(args.prompt))
     payload = {"machine": machine(), "ortgenai_version": ort_version, "prompt": args.prompt, "settings": settings,
                "wall_s": time.perf_counter() - t_start, "rows": rows}
     write(args.name, payload, markdown(payload), args.out)

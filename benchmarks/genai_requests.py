@@ -40,32 +40,15 @@ def lengths(n: int, seed: int = 0) -> list[int]:
 
 def session(runtime: str, folder: str, requests: int) -> dict[str, Any]:
     """One serving loop in this process: the first request's ms and every later request's ms."""
-    import numpy as np
-    import torch
-
-    torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
     sys.path.insert(0, HERE)
-    from _common import SETTINGS_ENV, apply_settings, genai_config
+    from _common import child_model, first_token_ms
 
-    if runtime == "crossml":
-        apply_settings(json.loads(os.environ.get(SETTINGS_ENV, "{}")))
-    og, config = genai_config(folder, runtime)
-    model = og.Model(config)
+    og, model, _ = child_model(runtime, folder)
 
     def request(n: int) -> float:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=MAX_LENGTH, do_sample=False)
-        gen = og.Generator(model, params)
-        ids = np.arange(3, 3 + n, dtype=np.int32)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        gen.append_tokens(ids)
-        gen.generate_next_token()
-        gen.get_next_tokens()
-        ms = (time.perf_counter() - t) * 1e3
-        del gen
-        return ms
+        return first_token_ms(og.Generator(model, params), n)  # the generator is dropped on return
 
     first = request(512)
     return {"first_ms": first, "ms": [request(n) for n in lengths(requests)]}
@@ -107,44 +90,20 @@ def main(argv: list[str] | None = None) -> None:
         print("RESULT " + json.dumps(session(sys.argv[2], sys.argv[3], int(sys.argv[4]))), flush=True)
         return
     sys.path.insert(0, HERE)
-    import genai_bench as gb
-    from _common import SETTINGS_ENV, child_result, genai_parser, machine, parse_settings, write
+    import _common as common
 
-    ap = genai_parser(__doc__, models="lfm2-350m,qwen3.5-0.8b")
+    ap = common.genai_parser(__doc__, models="lfm2-350m,qwen3.5-0.8b")
     ap.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"any of {','.join(RUNTIMES)}")
     ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTRIBUTE=VALUE",
-                    help="a module constant for crossml's child processes (repeatable)")
-    ap.add_argument("--name", default="genai_requests", help="result files OUT/NAME.json and OUT/NAME.md")
+    common.add_child_settings(ap, "genai_requests")
     args = ap.parse_args(argv)
-    settings = parse_settings(args.set)
-    os.environ[SETTINGS_ENV] = json.dumps(settings)
+    settings = common.export_settings(args)
     t_start = time.perf_counter()
-    names = [n for n in args.models.split(",") if n]
-    runtimes = [r for r in args.runtimes.split(",") if r]
-    unknown = [n for n in names if n not in gb.SHAPES] + [r for r in runtimes if r not in RUNTIMES]
-    if unknown:
-        ap.error(f"unknown model/runtime {unknown}; models: {list(gb.SHAPES)}, runtimes: {list(RUNTIMES)}")
-    os.makedirs(args.workdir, exist_ok=True)
-    folders = gb.build_all(args.workdir, names, [p for p in args.precisions.split(",") if p], print)
-    try:
-        ort_version = gb._import_ortgenai().__version__
-    except Exception as exc:  # noqa: BLE001 - reported, not fatal
-        ort_version = f"unavailable ({type(exc).__name__})"
-    rows: list[dict[str, Any]] = []
-    for (name, prec), folder in folders.items():
-        for rt in runtimes:
-            row: dict[str, Any] = {"model": name, "precision": prec, "runtime": rt}
-            try:
-                child_result(__file__, rt, folder, str(args.requests))  # warms the on-disk caches
-                row.update(child_result(__file__, rt, folder, str(args.requests)))
-            except Exception as exc:  # noqa: BLE001 - one row's failure is reported in the table
-                row["error"] = f"{type(exc).__name__}: {exc}"
-            print(json.dumps({k: v for k, v in row.items() if k != "ms"}), flush=True)
-            rows.append(row)
-    payload = {"machine": machine(), "ortgenai_version": ort_version, "requests": args.requests, "lengths":
+    folders, runtimes, ort_version = common.runtime_models(ap, args, RUNTIMES)
+    rows = common.warm_process_rows(__file__, folders, runtimes, str(args.requests))
+    payload = {"machine": common.machine(), "ortgenai_version": ort_version, "requests": args.requests, "lengths":
                lengths(args.requests), "settings": settings, "wall_s": time.perf_counter() - t_start, "rows": rows}
-    write(args.name, payload, markdown(payload), args.out)
+    common.write(args.name, payload, markdown(payload), args.out)
 
 
 if __name__ == "__main__":
