@@ -449,9 +449,10 @@ class Generator:
         """The order a carried-state model's ``n`` prompt columns run in (``crossml.genai.model.state_pieces``): the
         pieces whose widths have recordings first, then one piece without on its buffers (the widest whose plan a
         first run already warmed, so this run records it, else the widest, whose run warms its plan), then the rest
-        in one eager run (None). A width's warm run costs several eager runs of host time on a GPU (the plan built
-        for its shapes, kernels specialised for them: about 190 ms against 35 for Qwen3.5-0.8B's eager run on an
-        H200 host), its recording run about two, so a prompt makes one of them at most."""
+        in one eager run (None). A width's warm run costs two or more eager runs of host time on a GPU (the plan built
+        for its shapes, kernels specialised for them; H200, Qwen3.5-0.8B fp16, 16- to 128-token pieces: 120-145 ms
+        against about 57 for an eager run of a turn), its recording run about one (63-66 ms), so a prompt makes one
+        of them at most."""
         bufs = self._bufs
         recorded, rest = [], []
         for w in state_pieces(n):

@@ -42,8 +42,8 @@ config ``gpu_graph_id=-1``).
 Models that carry layer states (LFM2's short convolutions, Qwen3.5's Gated DeltaNet layers) cannot be padded: a
 pad column would run through the states. Their prompts and chat turns (one row width, no window-sized caches) are
 cut into pieces of exact widths (``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of
-two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps
-``MAX_PIECE_GRAPHS`` of them) with the mask's columns set up to the piece's end only. Widths recur across prompts
+two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps one per power
+of two up to STATE_PIECE_MAX) with the mask's columns set up to the piece's end only. Widths recur across prompts
 of any length, so every piece comes to replay a recording. A prompt runs its recorded pieces first, then one
 piece without a recording on its buffers (a width's first run warms its plan, its second records it), then the rest
 in one eager run. A width's first runs cost several eager runs of host time, repaid over many prompts: a model takes
@@ -125,11 +125,10 @@ MAX_PROMPT_GRAPHS = 4
 MIN_PROMPT_BUCKET = 64
 #: narrowest continuation-chunk bucket
 MIN_CHUNK_BUCKET = 32
-#: widest piece of a carried-state model's prompt (``state_pieces``); 0 turns pieces off: such a model's first prompt
-#: is recorded at its own width only and its chat turns run eagerly
+#: widest piece of a carried-state model's prompt (``state_pieces``; a power of two); 0 turns pieces off: such a
+#: model's first prompt is recorded at its own width only and its chat turns run eagerly. A DecodeBuffers set keeps a
+#: recording for every power of two up to it (1 ... 512: ten)
 STATE_PIECE_MAX = 512
-#: piece recordings one DecodeBuffers set keeps: every power of two up to STATE_PIECE_MAX (1 ... 512)
-MAX_PIECE_GRAPHS = 10
 #: a carried-state model's prompts and chat turns take pieces once the model has run this many of them (its first
 #: prompts of a width recorded at their own width, chat turns eager): a width's first runs cost far more host time
 #: than an eager run, repaid only over many prompts (see Generator._plan_pieces)
@@ -240,7 +239,7 @@ class DecodeBuffers:
 
     def piece(self, width: int) -> PromptBuffers:
         """``chunk`` for a carried-state model's prompt pieces (exact widths, no pad columns)."""
-        return self._slot(self.pieces, width, MAX_PIECE_GRAPHS)
+        return self._slot(self.pieces, width, max(1, STATE_PIECE_MAX.bit_length()))
 
     def _slot(self, slots: OrderedDict[int, PromptBuffers], width: int, keep: int = MAX_PROMPT_GRAPHS) -> PromptBuffers:
         slot = slots.pop(width, None)
