@@ -79,3 +79,17 @@ def test_sdpa_on_cuda_keeps_cudnn_out_and_puts_the_switch_back(monkeypatch: pyte
         assert torch.backends.cuda.cudnn_sdp_enabled() == (not user_off)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_inplace_target() -> None:
+    """A state op's present goes into its past buffer only where the session allows it and the buffer takes it
+    as it is (contiguous, of the present's dtype when one is asked for)."""
+    from crossml.ops._util import inplace_target
+
+    past = torch.zeros(2, 3, 4)
+    assert inplace_target(past, True) is past
+    assert inplace_target(past, True, torch.float32) is past
+    assert inplace_target(past, False) is None
+    assert inplace_target(None, True) is None
+    assert inplace_target(past, True, torch.float16) is None
+    assert inplace_target(past.transpose(1, 2), True) is None

@@ -178,6 +178,15 @@ GPU_KERNELS = True
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
+def inplace_target(past: torch.Tensor | None, allowed: bool, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """The past state a state op's kernel writes its present into (the GenAI static buffers: the session marks the
+    op ``kv_inplace``), returned as the present: ``past`` where ``allowed``, contiguous and, with ``dtype``, of that
+    dtype; else None (the kernel makes a new tensor)."""
+    if not allowed or past is None or not past.is_contiguous() or (dtype is not None and past.dtype != dtype):
+        return None
+    return past
+
+
 def gpu_kernels(name: str, *tensors: torch.Tensor | None) -> ModuleType | None:
     """``crossml.kernels.<name>`` (compiled, not interpreted) where the given tensors (None skipped; the first is the
     op's input) are float16 / bfloat16 / float32 tensors on one Triton device and GPU_KERNELS is on; else None."""

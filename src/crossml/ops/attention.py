@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.dtypes import torch_dtype
-from crossml.ops._util import cpu_kernels, gpu_kernels, sdpa, sdpa_heads
+from crossml.ops._util import cpu_kernels, gpu_kernels, inplace_target, sdpa, sdpa_heads
 from crossml.ops.registry import OpContext, op
 
 _SDPA_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -349,7 +349,7 @@ def linear_recurrence(
     # one Triton launch for the whole recurrence on a GPU (crossml.kernels.linear_attention)
     if (not keep_states and d_k <= 256 and d_v <= 256
             and (kernels := gpu_kernels("linear_attention", *tensors)) is not None):
-        into = past_state if in_place and past_state is not None and past_state.is_contiguous() else None
+        into = inplace_target(past_state, in_place)
         out, state = kernels.linear_attention(query, key, value, past_state, decay, beta, q_num_heads, kv_num_heads,
                                               key_heads, scale_v, state_dtype, into)
         return out, state, []
@@ -425,7 +425,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return out, present, None
     if not keep_padded and (triton_kernels := gpu_kernels("short_conv", x, weight, past_state, bias)) is not None:
         # one launch for the torch path's concatenation, taps, sum, casts and SiLU (crossml.kernels.short_conv)
-        into = past_state if in_place and past_state.dtype == x.dtype and past_state.is_contiguous() else None
+        into = inplace_target(past_state, in_place, x.dtype)
         out, present = triton_kernels.causal_conv(x, weight, bias, past_state.to(x.dtype), dilation,
                                                   activation != "none", into)
         return out, present, None

@@ -28,7 +28,7 @@ import torch
 from crossml import dtypes
 from crossml.device.vendor import fused_conv_add_relu, strict_fp32_bias_apart
 from crossml.kernels import TRITON_DEVICES, load
-from crossml.ops._util import cpu_kernels, gpu_kernels, sdpa
+from crossml.ops._util import cpu_kernels, gpu_kernels, inplace_target, sdpa
 from crossml.ops.contrib.matmul_nbits import (
     KERNEL_MAX_M,
     constant_weight,
@@ -459,8 +459,7 @@ def short_conv(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         return kernels.short_conv(h, weight, bias, past, dilation)
     if (shaped and activation in ("none", "silu", "swish")
             and (triton_kernels := gpu_kernels("short_conv", h, weight, past, bias)) is not None):
-        into = (past_state if past_state is not None and ctx is not None and ctx.extra.get("kv_inplace")
-                and past_state.dtype == h.dtype and past_state.is_contiguous() else None)
+        into = inplace_target(past_state, ctx is not None and bool(ctx.extra.get("kv_inplace")), h.dtype)
         return triton_kernels.short_conv(h, weight, bias, past.to(h.dtype), dilation, activation != "none", into)
     b, c, x = h.transpose(1, 2).split(C, dim=1)
     out, present, _ = causal_conv(b * x, weight, bias, past, activation, dilation, "ShortConv")
