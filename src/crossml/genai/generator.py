@@ -450,9 +450,9 @@ class Generator:
         pieces whose widths have recordings first, then one piece without on its buffers (the widest whose plan a
         first run already warmed, so this run records it, else the widest, whose run warms its plan), then the rest
         in one eager run (None). A width's warm run costs two or more eager runs of host time on a GPU (the plan built
-        for its shapes, kernels specialised for them; H200, Qwen3.5-0.8B fp16, 16- to 128-token pieces: 120-145 ms
-        against about 57 for an eager run of a turn), its recording run about one (63-66 ms), so a prompt makes one
-        of them at most."""
+        for its shapes, kernels specialised for them; H200, Qwen3.5-0.8B fp16, 16- and 128-token pieces: 116-134 ms
+        against 49-51 for an eager turn, benchmarks/results/state_pieces.md), its recording run about one (56-60
+        ms), so a prompt makes one of them at most."""
         bufs = self._bufs
         recorded, rest = [], []
         for w in state_pieces(n):
