@@ -309,6 +309,35 @@ def test_prompts_and_turns_in_pieces_match_default(stateful, monkeypatch, piece_
     assert not bufs.prompts and not bufs.chunks
 
 
+@pytest.mark.parametrize("case", ["beams", "batch"])
+def test_several_rows_take_no_pieces(stateful, monkeypatch, case) -> None:
+    """Several rows (beam search's rows of one prompt; a batch of two prompts of one length) take no pieces, even
+    where one row would (STATE_PIECE_AFTER 0, STATE_PIECE_MAX 4): GroupQueryAttention refuses a prompt on a past
+    context for a batch of more than one ("batch_size must be 1 when sequence_length > 1 and past context is given",
+    as onnxruntime), so the prompt runs whole at its own width as before, with the default path's sequences."""
+    from crossml.genai import model as genai_model
+
+    monkeypatch.setattr(genai_model, "STATE_PIECE_MAX", 4)
+    monkeypatch.setattr(genai_model, "STATE_PIECE_AFTER", 0)
+    tok = xg.Tokenizer(xg.Model(stateful))
+    if case == "beams":
+        prompts, options = [PROMPT], {"num_beams": 3, "num_return_sequences": 2}
+    else:
+        ids = tok.encode(PROMPT)
+        prompts, options = [PROMPT, tok.decode(ids[::-1])], {}
+        assert len(tok.encode(prompts[1])) == len(ids)  # one length: no ragged batch
+    ref = generate_with(xg, xg.Model(stateful), prompts, MAX_LENGTH, **options)
+    model = xg.Model(stateful)
+    model._static_decode = model._prompt_graphs = True
+    got = generate_with(xg, model, prompts, MAX_LENGTH, **options)
+    assert got[0] == ref[0]
+    if case == "batch":
+        for a, b in zip(got[1], ref[1]):
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+    bufs = next(b for sets in model._buffers.values() for b in sets)
+    assert not bufs.pieces and list(bufs.prompts) == [len(tok.encode(PROMPT))]  # whole, at its own width
+
+
 def test_pieces_after_a_number_of_prompts(stateful, monkeypatch) -> None:
     """A model takes pieces once it has run STATE_PIECE_AFTER prompts and turns: before, its first prompts take the
     buffers of their own width and its turns run eagerly."""

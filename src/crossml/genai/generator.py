@@ -180,7 +180,6 @@ class Generator:
         self._len = 0  # columns of _seq in use
         self._kv_len = 0  # columns already in the KV cache
         self._prompt_last: torch.Tensor | None = None  # per row: index of its last real prompt token
-        self._ragged = False  # the first prompt's rows are of different lengths (right-padded)
         self._logits: torch.Tensor | None = None  # [rows, vocab] float32, None: not computed yet
         self._outputs: dict[str, torch.Tensor] = {}
         self._run: tuple[int, int] | None = None  # columns the last shown run fed (get_input)
@@ -294,7 +293,6 @@ class Generator:
             lens = torch.as_tensor(lengths, device=self._dev).repeat_interleave(s.num_beams)
             self._mask[:, :n] = (torch.arange(n, device=self._dev)[None, :] < lens[:, None]).to(self._mask.dtype)
             self._prompt_last = lens - 1
-            self._ragged = bool((lengths != n).any())
         else:
             self._mask[:, self._len:self._len + n] = 1
         self._len += n
@@ -330,8 +328,9 @@ class Generator:
         padded = bufs is not None and model._prompt_graphs and model._logits_per_position
         states = bool(self._states.tensors)
         pieces = None  # a carried-state model's prompt cut into exact widths: [(width, buffers or None: eager)]
-        if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers
-                and (start == 0 or end - start > 1) and not (start == 0 and self._ragged)):
+        if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers and self._rows == 1
+                and (start == 0 or end - start > 1)):
+            # one row: GroupQueryAttention takes a prompt on top of a past context for a batch of one only
             model._state_prompts += 1  # pieces once the model has run STATE_PIECE_AFTER such prompts
             if model._state_prompts > genai_model.STATE_PIECE_AFTER:
                 pieces = self._plan_pieces(end - start)
@@ -916,7 +915,7 @@ class Generator:
             # zero state (the KV cache's rows are then written again)
             self._kv_len = 0
             self._states.reset()
-            self._prompt_last, self._ragged = None, False
+            self._prompt_last = None
         self._cache.rewind(self._kv_len)
         self._done.zero_()
         self._next = None
@@ -926,4 +925,4 @@ class Generator:
         self._ahead_outputs = None
         self._run = self._ahead_run = None
         if new_length == 0:
-            self._prompt_last, self._ragged = None, False
+            self._prompt_last = None
