@@ -314,7 +314,6 @@ class Generator:
     def _forward(self, ahead: bool = False) -> None:
         """Run the decoder on columns kv_len..len and keep each row's last-token logits. ``ahead``: the step runs
         before it is asked for; its outputs are shown by ``_ready``."""
-        io = self._model.io
         start, end = self._kv_len, self._len
         bufs = self._bufs
         names = self._names
@@ -375,9 +374,7 @@ class Generator:
         elif pieces:
             outs = self._run_pieces(pieces, start, end)
         else:  # growing-cache steps, chunks that do not fit a bucket, window-sized caches: eager
-            mask = self._mask[:, :end]
-            pos = _positions(mask)[:, start:end] if io.position_ids is not None else None
-            outs = self._model.run(self._feed(self._seq[:, start:end], mask, pos), names, eager=True)
+            outs = self._run_eager(start, end)
         logits = outs[0]
         if width != end - start and logits.dim() == 3:
             logits = logits[:, :end - start]  # the bucket's pad columns are not the user's
@@ -468,7 +465,7 @@ class Generator:
         buffers with the set's whole max-length mask (``_run_chunk``), whose columns are set up to the piece's end
         only (GroupQueryAttention reads the sequence's length from them), or eagerly. Returns the last run's
         outputs, with the logits of all the pieces' columns where the decoder gives them per position."""
-        mask, names = self._mask, self._names
+        mask = self._mask
         kv = len(self._cache.present_names)
         logits = None
         col = start
@@ -476,12 +473,7 @@ class Generator:
         for i, (w, slot) in enumerate(plan):
             stop = col + w
             mask[:, col:stop] = 1
-            if slot is not None:
-                outs = self._run_chunk(slot, col, stop)
-            else:
-                io = self._model.io
-                pos = _positions(mask[:, :stop])[:, col:stop] if io.position_ids is not None else None
-                outs = self._model.run(self._feed(self._seq[:, col:stop], mask[:, :stop], pos), names, eager=True)
+            outs = self._run_chunk(slot, col, stop) if slot is not None else self._run_eager(col, stop)
             if len(plan) > 1 and outs[0].dim() == 3:
                 if logits is None:
                     logits = outs[0].new_empty((outs[0].shape[0], end - start, outs[0].shape[2]))
@@ -491,6 +483,12 @@ class Generator:
                 self._states.update(outs[1 + kv:])
             col = stop
         return outs if logits is None else [logits, *outs[1:]]
+
+    def _run_eager(self, start: int, end: int) -> list[torch.Tensor]:
+        """Columns start..end run eagerly (not recorded) on the mask's first ``end`` columns."""
+        mask = self._mask[:, :end]
+        pos = _positions(mask)[:, start:end] if self._model.io.position_ids is not None else None
+        return self._model.run(self._feed(self._seq[:, start:end], mask, pos), self._names, eager=True)
 
     def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
         """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run

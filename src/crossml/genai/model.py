@@ -40,10 +40,9 @@ bucket would run past max_length: those chunks, and decode steps with a growing 
 config ``gpu_graph_id=-1``).
 
 Models that carry layer states (LFM2's short convolutions, Qwen3.5's Gated DeltaNet layers) cannot be padded: a
-pad column would run through the states. Their prompts and chat turns (one row: GroupQueryAttention takes a prompt on
-a past context for a batch of one only; no window-sized caches) are
-cut into pieces of exact widths (``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of
-two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps one per power
+pad column would run through the states. Their prompts and chat turns (one row: GroupQueryAttention takes a prompt
+on a past context for a batch of one only; no window-sized caches) are cut into pieces of exact widths
+(``state_pieces``: STATE_PIECE_MAX columns while more remain, then the powers of two of the rest), each fed like a continuation chunk from ``PromptBuffers`` of its width (a set keeps one per power
 of two up to STATE_PIECE_MAX) with the mask's columns set up to the piece's end only. Widths recur across prompts
 of any length, so every piece comes to replay a recording. A prompt runs its recorded pieces first, then one
 piece without a recording on its buffers (a width's first run warms its plan, its second records it), then the rest
