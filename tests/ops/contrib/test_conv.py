@@ -116,3 +116,34 @@ def test_cpu_kernel_matches_the_torch_path(length, dilation, bias):
     ref_out, ref_present, _ = causal_conv(x, w, b, past, "silu", dilation, keep_padded=True)
     torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(present, ref_present, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("length,dilation,bias", [(1, 1, True), (2, 2, False), (5, 1, True), (6, 3, False)])
+def test_cpu_kernel_paths_are_bit_identical(gated, length, dilation, bias):
+    """numba's two loop orders (a few positions: each tap over all channels; wider inputs: one channel at a time)
+    add the same products in the same order, so they give the same bits at every width."""
+    import numpy as np
+
+    from crossml.kernels import load
+
+    kernels = load("cpu_conv")
+    if kernels is None:
+        pytest.skip("numba is not installed: the torch path is the only one")
+    rng = np.random.default_rng(length * 10 + dilation)
+    rows, channels, taps = 2, 37, 4
+    h = rng.standard_normal((rows, length, 3 * channels) if gated else (rows, channels, length)).astype(np.float32)
+    past = rng.standard_normal((rows, channels, (taps - 1) * dilation)).astype(np.float32)
+    w = rng.standard_normal((channels, taps)).astype(np.float32)
+    b = rng.standard_normal(channels).astype(np.float32)
+    got = []
+    for fn in (kernels._across_channels, kernels._channel_at_a_time, kernels._conv):
+        y = np.full((rows, length, channels) if gated else (rows, channels, length), np.nan, np.float32)
+        present = np.full(past.shape, np.nan, np.float32)
+        fn(h, past, w, b, bias, dilation, gated, y, present)
+        got.append((y, present))
+    assert not np.isnan(got[0][0]).any() and not np.isnan(got[0][1]).any()
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][0], got[2][0])
+    np.testing.assert_array_equal(got[0][1], got[2][1])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
