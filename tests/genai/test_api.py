@@ -40,6 +40,46 @@ def _greedy(model: og.Model, n: int = 8, **options) -> og.Generator:
     return run_steps(og, model, n, 64, PROMPT, **options)
 
 
+_FREEZE_SCRIPT = """
+import gc, json, sys, weakref
+import crossml.genai as og
+before = gc.get_freeze_count()
+model = og.Model(sys.argv[1])
+frozen = gc.get_freeze_count()
+gen = og.Generator(model, og.GeneratorParams(model))
+gen.append_tokens([1, 2, 3])
+gen.generate_next_token()
+alive = weakref.ref(model)
+del model, gen
+gc.collect()
+again = og.Model(sys.argv[1])
+print(json.dumps({"before": before, "frozen": frozen, "dropped": alive() is None,
+                  "second": gc.get_freeze_count()}))
+"""
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_first_model_freezes_the_objects_before_it(folder, setting) -> None:
+    """The first Model() of a process freezes the objects that exist before its own (gc.freeze: the imports, which
+    full collections need not walk); a dropped model is still collected, a second Model() freezes nothing more, and
+    CROSSML_GC_FREEZE=0 leaves the collector alone."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CROSSML_GC_FREEZE=setting)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.abspath("src"), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", _FREEZE_SCRIPT, folder], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["before"] == 0 and got["dropped"]
+    if setting == "1":
+        assert got["frozen"] > 10_000 and got["second"] <= got["frozen"], got  # (frozen objects freed by refcount leave)
+    else:
+        assert got["frozen"] == 0 and got["second"] == 0, got
+
+
 # -- errors -------------------------------------------------------------------------------------
 def test_missing_folder_and_config(tmp_path) -> None:
     with pytest.raises(og.ModelFileNotFound, match="does not exist"):

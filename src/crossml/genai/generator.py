@@ -345,7 +345,7 @@ class Generator:
                 chunk = bufs.chunk(w)
         if start == 0 and self._model._compile_ahead:
             self._model._compile_ahead = False
-            self._compile_ahead(slot.width if slot is not None else pieces[0][0] if pieces else end)
+            self._compile_ahead(slot.width if slot is not None else pieces[0][0] if pieces else end, end)
         if ahead and self._states.tensors:
             self._states.save()  # what a dropped step put back (_drop_ahead): queued before the step, no host wait
         if bufs is not None and start > 0 and end - start == 1:
@@ -507,7 +507,7 @@ class Generator:
         self._mask[:, end:stop] = 0
         return outs
 
-    def _compile_ahead(self, width: int) -> None:
+    def _compile_ahead(self, width: int, end: int) -> None:
         """The model's first prompt, on a Triton device: run the prompt (``width`` columns), then a decode step, with
         Triton's launches compiling side by side and running nothing (``crossml.kernels.CompileAhead``), so the
         real runs find their kernels compiled. The prompt's kernels are waited for; the decode step's compile in
@@ -535,10 +535,33 @@ class Generator:
             if self._bufs is not None:
                 decode = CompileAhead(self._dev)
                 with decode.collect():
-                    self._model.run(self._feed(self._bufs.ids, self._mask, self._bufs.pos), self._names, eager=True)
+                    outs = self._model.run(self._feed(self._bufs.ids, self._mask, self._bufs.pos), self._names,
+                                           eager=True)
+                    if self._greedy is not None:
+                        self._greedy_ahead(outs[0], end)
                 self._model._decode_compiles = decode
         except Exception as exc:  # noqa: BLE001 - the real runs compile what is missing and report real errors
             log.debug("compiling the first prompt's kernels ahead failed: %s", exc)
+
+    def _greedy_ahead(self, logits: torch.Tensor, col: int) -> None:
+        """Inside the decode step's ``CompileAhead.collect``: the greedy step's launches as the first two steps make
+        them (``_greedy_step``: the prompt's last logits as their float32 copy, then a recorded step's logits
+        buffer, copied to float32 as the kernel reads it; ``ban_eos`` as min_length gives), so their kernels and
+        host launchers compile in the pool with the model's rather than on the main thread at the first
+        ``generate_next_token``; ``col``: the first step's column (the prompt's end). The launches only compile:
+        nothing is written."""
+        if logits.dim() == 3:
+            logits = logits[:, -1]
+        if not self._host_slots:
+            self._host_slots = [Queue(self._dev).host_visible((2 * self._rows,), torch.long) for _ in range(2)]
+        host = self._host_slots[0][0]
+        copy = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+        for c, x, into in ((col, copy, None), (col + 1, logits, copy)):
+            if c >= self._s.max_length:
+                break
+            self._greedy.greedy_step(x, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
+                                     pad=self._pad, col=c, ban_eos=c < self._s.min_length, out=self._step_out,
+                                     ids=self._bufs.ids, pos=self._bufs.pos, copy=into, host=host)
 
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
         io = self._model.io

@@ -63,7 +63,7 @@ def _argmax_chunks_kernel(x_ptr, eos_ptr, val_ptr, idx_ptr, copy_ptr, V, s_x, E,
     tl.store(idx_ptr + r * CHUNKS + c, c * BLOCK + i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["col"])  # one variant for every column (a column divisible by 16 made a second one)
 def _finish_kernel(val_ptr, idx_ptr, CHUNKS, done_ptr, eos_ptr, E, pad, seq_ptr, s_seq, mask_ptr, s_mask,
                    ids_ptr, pos_ptr, out_ptr, host_ptr, ROWS, col,
                    STAGE: tl.constexpr, HAS_POS: tl.constexpr, HOST: tl.constexpr, BLOCK_C: tl.constexpr,
