@@ -84,11 +84,7 @@ def _conv(h, past, w, bias, has_bias, dilation, gated, y, present):  # pragma: n
     Plain: the input is h [B, C, L] and y [B, C, L] the output. ``gated`` (LFM2's block,
     ``crossml.graph.passes.short_conv``): h is [B, L, 3C] (b | c | x along the channels), the input b * x, and y
     [B, L, C] the output times c. present [B, C, S]: the last S positions of past followed by the input."""
-    B = h.shape[0]
-    C = past.shape[1]
     L = h.shape[1] if gated else h.shape[2]
-    S = past.shape[2]
-    k = w.shape[1]
     if L <= ACROSS_CHANNELS:
         _across_channels(h, past, w, bias, has_bias, dilation, gated, y, present)
     else:
