@@ -93,15 +93,11 @@ def run_child(folder: str, variant: str) -> dict[str, Any]:
     return child_result(__file__, folder, variant)
 
 
-def markdown(payload: dict[str, Any]) -> str:
-    m = payload["machine"]
-    lines = ["# A process's first prompt: the compile-ahead dry runs with and without their launch dedupe", "",
-             f"GPU: {m.get('gpu')}; torch {m.get('torch')}; Python {m.get('python')}. Fresh processes, warm on-disk "
-             "caches, variants alternated; a 512-token prompt, max_length 2048. ms; full GCs: Python's generation-2 "
-             "collections in the phase.", "",
-             "| model | precision | variant | round | load | dry runs | first prompt | next 8 tokens | full GCs, prompt "
+def process_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-process table (``child``'s timings, one row each) in markdown lines."""
+    lines = ["| model | precision | variant | round | load | dry runs | first prompt | next 8 tokens | full GCs, prompt "
              "| full GCs, next 8 |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in payload["rows"]:
+    for r in rows:
         head = f"| {r['model']} | {r['precision']} | {r['variant']} | {r['round']} |"
         if "error" in r:
             lines.append(f"{head} error: {r['error'][:120]} | | | | | |")
@@ -109,18 +105,34 @@ def markdown(payload: dict[str, Any]) -> str:
         gcs = [" ".join(f"{x:.0f}" for x in r[k]) or "-" for k in ("full_gc_prompt_ms", "full_gc_next8_ms")]
         lines.append(f"{head} {r['load_ms']:.0f} | {r.get('dry_runs_ms', float('nan')):.0f} | "
                      f"{r['first_prompt_ms']:.0f} | {r['next8_ms']:.0f} | {gcs[0]} | {gcs[1]} |")
-    lines += ["", "Medians over the rounds:", "", "| model | precision | variant | dry runs | first prompt | "
-              "first prompt + next 8 |", "| --- | --- | --- | ---: | ---: | ---: |"]
-    keys = sorted({(r["model"], r["precision"]) for r in payload["rows"]})
-    for model, prec in keys:
-        for v in VARIANTS:
-            rs = [r for r in payload["rows"] if (r["model"], r["precision"], r["variant"]) == (model, prec, v)
-                  and "error" not in r]
+    return lines
+
+
+def median_rows(rows: list[dict[str, Any]], variants: tuple[str, ...],
+                columns: dict[str, Any]) -> list[str]:
+    """Medians over the rounds, per (model, precision, variant) in markdown lines; ``columns``: header -> a
+    function of a row."""
+    lines = ["| model | precision | variant | " + " | ".join(columns) + " |",
+             "| --- | --- | --- |" + " ---: |" * len(columns)]
+    for model, prec in sorted({(r["model"], r["precision"]) for r in rows}):
+        for v in variants:
+            rs = [r for r in rows if (r["model"], r["precision"], r["variant"]) == (model, prec, v) and "error" not in r]
             if rs:
-                lines.append(f"| {model} | {prec} | {v} | {statistics.median(r['dry_runs_ms'] for r in rs):.0f} | "
-                             f"{statistics.median(r['first_prompt_ms'] for r in rs):.0f} | "
-                             f"{statistics.median(r['first_prompt_ms'] + r['next8_ms'] for r in rs):.0f} |")
-    lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/first_prompt.py.", ""]
+                lines.append(f"| {model} | {prec} | {v} | " + " | ".join(
+                    f"{statistics.median(fn(r) for r in rs):.0f}" for fn in columns.values()) + " |")
+    return lines
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    m = payload["machine"]
+    lines = ["# A process's first prompt: the compile-ahead dry runs with and without their launch dedupe", "",
+             f"GPU: {m.get('gpu')}; torch {m.get('torch')}; Python {m.get('python')}. Fresh processes, warm on-disk "
+             "caches, variants alternated; a 512-token prompt, max_length 2048. ms; full GCs: Python's generation-2 "
+             "collections in the phase.", "", *process_rows(payload["rows"]), "", "Medians over the rounds:", "",
+             *median_rows(payload["rows"], VARIANTS, {
+                 "dry runs": lambda r: r["dry_runs_ms"], "first prompt": lambda r: r["first_prompt_ms"],
+                 "first prompt + next 8": lambda r: r["first_prompt_ms"] + r["next8_ms"]}),
+             "", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/first_prompt.py.", ""]
     return "\n".join(lines)
 
 

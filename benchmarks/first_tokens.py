@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -67,36 +66,21 @@ def run_child(folder: str, variant: str) -> dict[str, Any]:
 
 
 def markdown(payload: dict[str, Any]) -> str:
+    from first_prompt import median_rows, process_rows
+
     m = payload["machine"]
     lines = ["# A process's first prompt and first 8 tokens: full collections and the greedy step's compiles", "",
              f"GPU: {m.get('gpu')}; torch {m.get('torch')}; Python {m.get('python')}. Fresh processes, variants "
              "alternated; a 512-token prompt, max_length 2048. ms; full GCs: Python's generation-2 collections in "
              "the phase. `shipped` / `gc-on`: warm on-disk caches, with and without the first Model()'s gc.freeze; "
              "`cold` / `cold-no-greedy-ahead`: an empty Triton cache per process, with and without the greedy "
-             "step's kernels in the compile-ahead pool.", "",
-             "| model | precision | variant | round | load | dry runs | first prompt | next 8 tokens | full GCs, prompt "
-             "| full GCs, next 8 |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in payload["rows"]:
-        head = f"| {r['model']} | {r['precision']} | {r['variant']} | {r['round']} |"
-        if "error" in r:
-            lines.append(f"{head} error: {r['error'][:120]} | | | | | |")
-            continue
-        gcs = [" ".join(f"{x:.0f}" for x in r[k]) or "-" for k in ("full_gc_prompt_ms", "full_gc_next8_ms")]
-        lines.append(f"{head} {r['load_ms']:.0f} | {r.get('dry_runs_ms', float('nan')):.0f} | "
-                     f"{r['first_prompt_ms']:.0f} | {r['next8_ms']:.0f} | {gcs[0]} | {gcs[1]} |")
-    lines += ["", "Medians over the rounds:", "", "| model | precision | variant | load | first prompt | next 8 tokens "
-              "| first prompt + next 8 |", "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
-    keys = sorted({(r["model"], r["precision"]) for r in payload["rows"]})
-    for model, prec in keys:
-        for v in (*WARM, *COLD):
-            rs = [r for r in payload["rows"] if (r["model"], r["precision"], r["variant"]) == (model, prec, v)
-                  and "error" not in r]
-            if rs:
-                lines.append(f"| {model} | {prec} | {v} | {statistics.median(r['load_ms'] for r in rs):.0f} | "
-                             f"{statistics.median(r['first_prompt_ms'] for r in rs):.0f} | "
-                             f"{statistics.median(r['next8_ms'] for r in rs):.0f} | "
-                             f"{statistics.median(r['first_prompt_ms'] + r['next8_ms'] for r in rs):.0f} |")
-    lines += ["", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/first_tokens.py.", ""]
+             "step's kernels in the compile-ahead pool.", "", *process_rows(payload["rows"]), "",
+             "Medians over the rounds:", "",
+             *median_rows(payload["rows"], (*WARM, *COLD), {
+                 "load": lambda r: r["load_ms"], "first prompt": lambda r: r["first_prompt_ms"],
+                 "next 8 tokens": lambda r: r["next8_ms"],
+                 "first prompt + next 8": lambda r: r["first_prompt_ms"] + r["next8_ms"]}),
+             "", f"Wall time: {payload['wall_s']:.0f} s. Produced by benchmarks/first_tokens.py.", ""]
     return "\n".join(lines)
 
 
