@@ -429,3 +429,71 @@ def test_run_ahead_queues_the_step_before_the_host_reads_the_token(genai_models)
     params.set_search_options(num_beams=2)
     beams = og.Generator(model, params)
     assert not beams._ahead
+
+
+def _launch_kind(kwargs: dict[str, Any], logits: torch.Tensor) -> tuple:
+    """What of a greedy step's arguments Triton specializes its kernels on (the column's value aside: it is not
+    specialized): each tensor's dtype, shape, strides and 16-byte alignment, the other values themselves."""
+    def kind(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return (v.dtype, tuple(v.shape), v.stride(), v.data_ptr() % 16 == 0)
+        return v
+
+    return (kind(logits), tuple(sorted((k, kind(v)) for k, v in kwargs.items() if k != "col")))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, arch: str, monkeypatch) -> None:
+    """The first prompt's compile-ahead (forced active on the CPU, its launches run) makes the greedy step's launches
+    with the arguments the first two real steps give it (the prompt's float32 logits, then a step's logits with a
+    float32 copy), so Triton's cache holds those kernels before the first generate_next_token."""
+    from crossml import kernels
+    from crossml.genai import generator
+
+    class Active:
+        active = True
+
+        def __init__(self, device: Any) -> None:
+            pass
+
+        def collect(self) -> Any:
+            import contextlib
+
+            return contextlib.nullcontext()
+
+        def wait(self) -> None:
+            pass
+
+    monkeypatch.setattr(kernels, "CompileAhead", Active)
+    model = _model(genai_models[(arch, "fp32")], True, ahead=True)
+    model._compile_ahead = True
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH)
+    gen = og.Generator(model, params)
+    calls: list[tuple[str, tuple]] = []
+    phase = ["step"]
+    module = _greedy_module()
+
+    def greedy_step(logits: torch.Tensor, **kw: Any) -> None:
+        calls.append((phase[0], _launch_kind(kw, logits)))
+        module.greedy_step(logits, **kw)
+
+    gen._greedy = types.SimpleNamespace(greedy_step=greedy_step)
+    real_ahead = generator.Generator._greedy_ahead
+
+    def ahead(self: Any, logits: torch.Tensor, col: int) -> None:
+        phase[0] = "ahead"
+        try:
+            real_ahead(self, logits, col)
+        finally:
+            phase[0] = "step"
+
+    monkeypatch.setattr(generator.Generator, "_greedy_ahead", ahead)
+    gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    for _ in range(3):
+        gen.generate_next_token()
+    ahead_calls = [k for p, k in calls if p == "ahead"]
+    steps = [k for p, k in calls if p == "step"]
+    assert len(ahead_calls) == 2 and len(steps) == 3
+    assert ahead_calls == steps[:2]
+    assert steps[2] == steps[1]  # later steps launch what the second did
