@@ -446,9 +446,12 @@ def _launch_kind(kwargs: dict[str, Any], logits: torch.Tensor) -> tuple:
 def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, arch: str, monkeypatch) -> None:
     """The first prompt's compile-ahead (forced active on the CPU, its launches run) makes the greedy step's launches
     with the arguments the first two real steps give it (the prompt's float32 logits, then a step's logits with a
-    float32 copy), so Triton's cache holds those kernels before the first generate_next_token."""
+    float32 copy), and the first real greedy step waits for the dry decode step's compiles first (their wait puts
+    the kernels in Triton's in-memory cache), so that step compiles nothing."""
     from crossml import kernels
     from crossml.genai import generator
+
+    calls: list[tuple[str, Any]] = []
 
     class Active:
         active = True
@@ -462,7 +465,7 @@ def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, a
             return contextlib.nullcontext()
 
         def wait(self) -> None:
-            pass
+            calls.append(("wait", self))
 
     monkeypatch.setattr(kernels, "CompileAhead", Active)
     model = _model(genai_models[(arch, "fp32")], True, ahead=True)
@@ -470,7 +473,6 @@ def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, a
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=MAX_LENGTH)
     gen = og.Generator(model, params)
-    calls: list[tuple[str, tuple]] = []
     phase = ["step"]
     module = _greedy_module()
 
@@ -490,8 +492,12 @@ def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, a
 
     monkeypatch.setattr(generator.Generator, "_greedy_ahead", ahead)
     gen.append_tokens(og.Tokenizer(model).encode(PROMPT))
+    decode_compiles = model._decode_compiles
+    assert isinstance(decode_compiles, Active)  # handed over, not yet waited for
     for _ in range(3):
         gen.generate_next_token()
+    first_step = next(i for i, (p, _) in enumerate(calls) if p == "step")
+    assert ("wait", decode_compiles) in calls[:first_step] and model._decode_compiles is None
     ahead_calls = [k for p, k in calls if p == "ahead"]
     steps = [k for p, k in calls if p == "step"]
     assert len(ahead_calls) == 2 and len(steps) == 3

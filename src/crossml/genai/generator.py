@@ -350,9 +350,7 @@ class Generator:
             self._states.save()  # what a dropped step put back (_drop_ahead): queued before the step, no host wait
         if bufs is not None and start > 0 and end - start == 1:
             # decode: a max-length mask (zeros after `end`); shapes and addresses the same every step
-            if self._model._decode_compiles is not None:  # compiled in the background since the first prompt
-                self._model._decode_compiles.wait()
-                self._model._decode_compiles = None
+            self._decode_kernels_ready()
             if self._staged != start:
                 self._stage(start)
             if bufs.replay is not None:  # the recorded step: nothing to convert or check
@@ -543,6 +541,16 @@ class Generator:
         except Exception as exc:  # noqa: BLE001 - the real runs compile what is missing and report real errors
             log.debug("compiling the first prompt's kernels ahead failed: %s", exc)
 
+    def _decode_kernels_ready(self) -> None:
+        """Wait for the kernels the dry decode step handed over at the first prompt (``Model._decode_compiles``,
+        compiling in the background since), which puts them in Triton's in-memory cache: until then a launch of one
+        of them compiles it again (from the on-disk cache, if its compile has finished). The first decode step and
+        the first greedy step, which runs just before it, call this."""
+        compiles = self._model._decode_compiles
+        if compiles is not None:
+            compiles.wait()
+            self._model._decode_compiles = None
+
     def _greedy_ahead(self, logits: torch.Tensor, col: int) -> None:
         """Inside the decode step's ``CompileAhead.collect``: the greedy step's launches as the first two steps make
         them (``_greedy_step``: the prompt's last logits as their float32 copy, then a recorded step's logits
@@ -720,6 +728,7 @@ class Generator:
 
     def _greedy_step(self) -> None:
         """``_select`` + ``_append`` for plain greedy search, in one Triton step (same results)."""
+        self._decode_kernels_ready()  # the step's kernels compiled with the decode step's (_greedy_ahead)
         col = self._len
         bufs = self._bufs
         logits = self._logits
