@@ -508,9 +508,9 @@ class Generator:
     def _compile_ahead(self, width: int, end: int) -> None:
         """The model's first prompt, on a Triton device: run the prompt (``width`` columns), then a decode step, with
         Triton's launches compiling side by side and running nothing (``crossml.kernels.CompileAhead``), so the
-        real runs find their kernels compiled. The prompt's kernels are waited for; the decode step's compile in
-        the background while the prompt runs, and the first decode step waits for them (``Model._decode_compiles``).
-        The dry runs' other ops run on unwritten values, which the builder's decoders use only in arithmetic
+        real runs find their kernels compiled. The prompt's kernels are waited for; the decode step's (and the greedy
+        step's, ``_greedy_ahead``) compile in the background while the prompt runs, and the first greedy or decode
+        step waits for them (``_decode_kernels_ready``). The dry runs' other ops run on unwritten values, which the builder's decoders use only in arithmetic
         (integers come from the feed or from all-integer kernels, which run), and nothing is kept: the KV cache is
         written by the attention kernel alone. Any failure leaves the real runs to compile as they go.
 
