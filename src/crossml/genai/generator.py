@@ -510,9 +510,10 @@ class Generator:
         Triton's launches compiling side by side and running nothing (``crossml.kernels.CompileAhead``), so the
         real runs find their kernels compiled. The prompt's kernels are waited for; the decode step's (and the greedy
         step's, ``_greedy_ahead``) compile in the background while the prompt runs, and the first greedy or decode
-        step waits for them (``_decode_kernels_ready``). The dry runs' other ops run on unwritten values, which the builder's decoders use only in arithmetic
-        (integers come from the feed or from all-integer kernels, which run), and nothing is kept: the KV cache is
-        written by the attention kernel alone. Any failure leaves the real runs to compile as they go.
+        step waits for them (``_decode_kernels_ready``). The dry runs' other ops run on unwritten values, which the
+        builder's decoders use only in arithmetic (integers come from the feed or from all-integer kernels, which
+        run), and nothing is kept: the KV cache is written by the attention kernel alone. Any failure leaves the real
+        runs to compile as they go.
 
         Measured and dropped: skipping the dry runs in a process whose Triton cache already holds the kernels (a
         marker file per decoder, options, shapes and versions). On the H200 host, three warm-cache processes
