@@ -28,3 +28,31 @@ def test_numba_matches_the_torch_recurrence(case: str) -> None:
     torch.testing.assert_close(state, want_state, rtol=2e-5, atol=2e-5)
     if tensors[3] is not None:
         assert not torch.equal(tensors[3], state)  # a new state: the past one is left as it was
+
+
+@pytest.mark.parametrize(("heads", "rule"), [((4, 4, 4), "gated"), ((8, 4, 4), "delta"), ((4, 8, 4), "plain"),
+                                             ((4, 4, 2), "gated_delta_key")])
+def test_threaded_and_serial_agree(heads: tuple[int, int, int], rule: str) -> None:
+    """Many tokens run the state heads on numba's threads: the same outputs and states, bit for bit, as the calling
+    thread's (one head per iteration either way)."""
+    module = load("cpu_linear_attention")
+    qh, kvh, kh = heads
+    B, T, dk, dv = 2, 9, 16, 8
+    g = torch.Generator().manual_seed(sum(heads))
+    q, k = torch.randn(B, T, qh * dk, generator=g), torch.randn(B, T, kh * dk, generator=g)
+    v, past = torch.randn(B, T, kvh * dv, generator=g), torch.randn(B, kvh, dk, dv, generator=g)
+    decay = None if rule in ("plain", "delta") else -torch.rand(B, T, kvh * (dk if rule.endswith("key") else 1),
+                                                                 generator=g)
+    beta = torch.rand(B, T, kvh, generator=g) if "delta" in rule else None
+    serial = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=False)
+    threaded = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=True)
+    assert all(torch.equal(a, b) for a, b in zip(serial, threaded))
+
+
+def test_threaded_builds_have_their_own_cache_entries() -> None:
+    """numba's on-disk cache keys a function's entries by signature alone, so a serial and a parallel build of one
+    function shared one (whichever compiled first ran as both): the threaded builds are copies of their own name."""
+    for name in ("cpu_linear_attention", "cpu_attention"):
+        module = load(name)
+        assert module._threaded.py_func.__qualname__ == module._serial.py_func.__qualname__ + "_threaded"
+        assert module._threaded.targetoptions.get("parallel") and not module._serial.targetoptions.get("parallel")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import types
 from typing import NamedTuple
 
 import numba
@@ -201,6 +202,18 @@ def _parallel(kernel, *args):
         if _serial is None:
             _serial = numba.threading_layer() == "workqueue"
     return out
+
+
+def threaded_build(fn, **flags):
+    """``njit(parallel=True, **flags)`` of a copy of ``fn`` named ``<name>_threaded``, for a kernel also compiled
+    serially: numba's on-disk cache names its files after the function's qualified name and first line, and keys
+    their entries by signature alone, so the two builds of one function shared an entry, and whichever compiled
+    first was loaded for both (a "threaded" build that ran on one thread, or a serial one that did not)."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_threaded", fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + "_threaded"
+    copy.__module__ = fn.__module__
+    copy.__doc__ = fn.__doc__
+    return numba.njit(parallel=True, **flags)(copy)
 
 
 def _threads() -> int:
