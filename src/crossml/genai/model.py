@@ -258,6 +258,7 @@ class DecodeBuffers:
 #: turns it off
 GC_FREEZE = os.environ.get("CROSSML_GC_FREEZE", "1") != "0"
 _frozen = False
+_freeze_lock = threading.Lock()  # models made on several threads at once: one freeze, before any model's objects
 
 
 def _freeze_imports() -> None:
@@ -270,9 +271,11 @@ def _freeze_imports() -> None:
     global _frozen
     if _frozen or not GC_FREEZE:
         return
-    _frozen = True
-    gc.collect()
-    gc.freeze()
+    with _freeze_lock:
+        if not _frozen:
+            gc.collect()
+            gc.freeze()
+            _frozen = True
 
 
 class Model:
