@@ -561,16 +561,12 @@ class Generator:
         nothing is written."""
         if logits.dim() == 3:
             logits = logits[:, -1]
-        if not self._host_slots:
-            self._host_slots = [Queue(self._dev).host_visible((2 * self._rows,), torch.long) for _ in range(2)]
-        host = self._host_slots[0][0]
+        host = self._host_slot(0)[0]
         copy = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
         for c, x, into in ((col, copy, None), (col + 1, logits, copy)):
             if c >= self._s.max_length:
                 break
-            self._greedy.greedy_step(x, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
-                                     pad=self._pad, col=c, ban_eos=c < self._s.min_length, out=self._step_out,
-                                     ids=self._bufs.ids, pos=self._bufs.pos, copy=into, host=host)
+            self._launch_greedy(x, c, into, host)
 
     def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
         io = self._model.io
@@ -731,7 +727,6 @@ class Generator:
         """``_select`` + ``_append`` for plain greedy search, in one Triton step (same results)."""
         self._decode_kernels_ready()  # the step's kernels compiled with the decode step's (_greedy_ahead)
         col = self._len
-        bufs = self._bufs
         logits = self._logits
         copy = None
         if self._live:  # the graph's buffer: keep its float32 copy, made as the kernel reads it
@@ -740,17 +735,26 @@ class Generator:
             if isinstance(shown, _Shown) and shown.live and shown.logits is logits:
                 shown.logits, shown.live = copy, False
             self._logits, self._live = copy, False
-        if not self._host_slots:
-            self._host_slots = [Queue(self._dev).host_visible((2 * self._rows,), torch.long) for _ in range(2)]
-        host, host_np = self._host_slots[self._slot]
+        host, host_np = self._host_slot(self._slot)
         self._slot ^= 1
-        self._greedy.greedy_step(logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
-                                 pad=self._pad, col=col, ban_eos=col < self._s.min_length, out=self._step_out,
-                                 ids=bufs.ids, pos=bufs.pos, copy=copy, host=host)
+        self._launch_greedy(logits, col, copy, host)
         # staged even for the last column, whose step never runs: one compiled variant of the kernel for every step
         # (a variant first compiled at the last token cost a benchmark's first run 4-11 ms on an H200)
         self._staged = col
         self._advance(self._step_out[:self._rows], self._step_out, (Queue(self._dev).signal(), host_np))
+
+    def _host_slot(self, i: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Host slot ``i`` (of two, used in turn) the greedy step writes each step's [tokens, done flags] to: page-locked
+        memory the device writes and its numpy view (made at first use)."""
+        if not self._host_slots:
+            self._host_slots = [Queue(self._dev).host_visible((2 * self._rows,), torch.long) for _ in range(2)]
+        return self._host_slots[i]
+
+    def _launch_greedy(self, logits: torch.Tensor, col: int, copy: torch.Tensor | None, host: torch.Tensor) -> None:
+        """The greedy step's launch for column ``col`` (``_greedy_step``, and its dry launches in ``_greedy_ahead``)."""
+        self._greedy.greedy_step(logits, seq=self._seq, mask=self._mask, done=self._done, eos=self._eos,
+                                 pad=self._pad, col=col, ban_eos=col < self._s.min_length, out=self._step_out,
+                                 ids=self._bufs.ids, pos=self._bufs.pos, copy=copy, host=host)
 
     def _advance(self, token: torch.Tensor, both: torch.Tensor | None = None,
                  pending: tuple[Fence, np.ndarray] | None = None) -> None:

@@ -102,7 +102,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             _array(beta) if beta is not None else _NONE, out, G, inv, kv_heads // key_heads, np.float32(scale),
             decay is not None, decay is not None and decay.shape[2] == kv_heads * dk, beta is not None,
             beta is not None and beta.shape[2] == kv_heads)
-    if threads if threads is not None else state.size * T >= PARALLEL_MIN_WORK and B * kv_heads > 1:
+    if threads is None:
+        threads = state.size * T >= PARALLEL_MIN_WORK and B * kv_heads > 1
+    if threads:
         _parallel(_threaded, *args)
     else:
         _serial(*args)
