@@ -87,21 +87,23 @@ def apply_settings(settings: dict[str, Any]) -> None:
 PYCACHE = os.path.join(tempfile.gettempdir(), "crossml-bench-pycache")
 
 
-def child_result(script: str, *args: str, timeout: float = 600) -> dict:
+def child_result(script: str, *args: str, timeout: float = 600, env: dict[str, str] | None = None) -> dict:
     """Run ``python script --child args...`` in a fresh process and return the JSON of the ``RESULT `` line it
     prints; RuntimeError with the tail of its output where it printed none.
 
     The child writes and reads Python's bytecode caches (under PYCACHE), as an installed package has them (pip
     compiles them at install), whatever PYTHONDONTWRITEBYTECODE says: the GPU machines set it, so every process
     compiled each module of crossml and Triton from source, 100-150 ms of a fresh process's first prompt and
-    200-300 ms of its ``Model()`` on an H200 (Qwen2.5-0.5B fp16, processes with and without the caches alternated)."""
+    200-300 ms of its ``Model()`` on an H200 (Qwen2.5-0.5B fp16, processes with and without the caches alternated).
+    ``env``: environment variables set for the child alone."""
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    child_env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    child_env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    child_env.update(env or {})
     proc = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+                          timeout=timeout, env=child_env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])

@@ -54,15 +54,7 @@ def run_child(folder: str, variant: str) -> dict[str, Any]:
     if not variant.startswith("cold"):
         return child_result(__file__, folder, variant)
     with tempfile.TemporaryDirectory() as cache:
-        saved = os.environ.get("TRITON_CACHE_DIR")
-        os.environ["TRITON_CACHE_DIR"] = cache
-        try:
-            return child_result(__file__, folder, variant)
-        finally:
-            if saved is None:
-                del os.environ["TRITON_CACHE_DIR"]
-            else:
-                os.environ["TRITON_CACHE_DIR"] = saved
+        return child_result(__file__, folder, variant, env={"TRITON_CACHE_DIR": cache})
 
 
 def markdown(payload: dict[str, Any]) -> str:
