@@ -129,6 +129,11 @@ OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl")
 #: the tiny models' 32-row experts)
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"],
                  ("qwen35moe", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
+#: builder variants of another architecture's checkpoint: name -> (architecture, builder options). qwen35gdn: Qwen3.5's
+#: Gated DeltaNet export (com.microsoft GatedDeltaNet over V-major float32 recurrent states; the builder makes it for
+#: ``-e cuda`` only, and at fp32 its attention-mask subgraph reads a past_key_values.0.key the model lacks, so fp16 and
+#: int4)
+VARIANTS = {"qwen35gdn": ("qwen35", ["linear_attn_op=gated_delta_net"])}
 
 
 def make_tokenizer(out: str, vocab: int = 400) -> int:
@@ -242,14 +247,16 @@ def main(out_dir: str, specs: list[str]) -> None:
     _flat_gemma3_rope()
 
     for spec in specs:
-        arch, precision, *rest = spec.split(":")
+        name, precision, *rest = spec.split(":")
         ep = rest[0] if rest else "cpu"
+        arch, variant_options = VARIANTS.get(name, (name, []))
         hf = os.path.join(out_dir, f"hf_{arch}")
         if not os.path.isfile(os.path.join(hf, "config.json")):
             make_hf_model(arch, hf)
-        dst = os.path.join(out_dir, f"{arch}_{precision}" + ("" if ep == "cpu" else f"_{ep}"))
+        dst = os.path.join(out_dir, f"{name}_{precision}" + ("" if ep == "cpu" else f"_{ep}"))
         args = (None, hf, dst, precision, ep, os.path.join(out_dir, "cache"))
-        create_model(*args, **parse_extra_options(*args, EXTRA_OPTIONS.get((arch, precision, ep))))
+        options = [*EXTRA_OPTIONS.get((arch, precision, ep), []), *variant_options]
+        create_model(*args, **parse_extra_options(*args, options or None))
         if arch in QWEN35_TOKENIZER:
             path = os.path.join(dst, "tokenizer_config.json")
             with open(path) as f:

@@ -30,7 +30,8 @@ ARCHS = ("llama", "qwen2")
 SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:cuda")] + [
     "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda",
     "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda",
-    "qwen35:fp32", "qwen35:fp16:cuda", "qwen35:int4:cuda", "qwen35moe:fp16:cuda", "qwen35moe:int4:cuda"]
+    "qwen35:fp32", "qwen35:fp16:cuda", "qwen35:int4:cuda", "qwen35moe:fp16:cuda", "qwen35moe:int4:cuda",
+    "qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda"]
 BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -101,10 +102,12 @@ def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[
 
 
 @pytest.mark.parametrize("prompts", [[PROMPT], BATCH], ids=["batch1", "batch2"])
-@pytest.mark.parametrize("build", ["qwen35_int4_cuda", "qwen35moe_fp16_cuda", "qwen35moe_int4_cuda"])
+@pytest.mark.parametrize("build", ["qwen35_int4_cuda", "qwen35moe_fp16_cuda", "qwen35moe_int4_cuda",
+                                   "qwen35gdn_fp16_cuda", "qwen35gdn_int4_cuda"])
 def test_gated_deltanet_builds_on_the_gpu_match_the_folder_on_the_cpu(models: Path, build: str,
                                                                      prompts: list[str]) -> None:
-    """Qwen3.5 at int4 and Qwen3.5-MoE (QMoE experts at int4) on the GPU against the same folder run on the CPU
+    """Qwen3.5 at int4, Qwen3.5-MoE (QMoE experts at int4) and Qwen3.5's Gated DeltaNet export (com.microsoft
+    GatedDeltaNet, one fused launch a layer on the GPU) on the GPU against the same folder run on the CPU
     (torch's CPU ops on the same fp16 tensors and 4-bit weights). Not against the fp32 / CPU int4 builds as above:
     these exports keep the recurrent state in fp16 and the CPU int4 build quantizes activations to int8, and on these
     random 2-layer models either moves a near-tie within the first four tokens on the CPU alone (qwen35moe fp16's

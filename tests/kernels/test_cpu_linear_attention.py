@@ -30,9 +30,24 @@ def test_numba_matches_the_torch_recurrence(case: str) -> None:
         assert not torch.equal(tensors[3], state)  # a new state: the past one is left as it was
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_v_major_kernel_matches_the_k_major_one(case: str) -> None:
+    """com.microsoft GatedDeltaNet's V-major states [B, H, d_v, d_k] (one pass a token, row by row): the outputs of
+    the K-major kernel within a float32 rounding (its sums run in another order), and its state transposed."""
+    module = load("cpu_linear_attention")
+    tensors, (hq, hk, hkv, rule) = _inputs(case, torch.float32)
+    q, k, v, past, decay, beta = tensors
+    want_out, want_state = module.linear_attention(q, k, v, past, decay, beta, hq, hkv, hk, 0.3)
+    out, state = module.linear_attention(q, k, v, past.transpose(-1, -2).contiguous() if past is not None else None,
+                                         decay, beta, hq, hkv, hk, 0.3, v_major=True)
+    torch.testing.assert_close(out, want_out, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(state.transpose(-1, -2), want_state, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("v_major", [False, True], ids=["k-major", "v-major"])
 @pytest.mark.parametrize(("heads", "rule"), [((4, 4, 4), "gated"), ((8, 4, 4), "delta"), ((4, 8, 4), "plain"),
                                              ((4, 4, 2), "gated_delta_key")])
-def test_threaded_and_serial_agree(heads: tuple[int, int, int], rule: str) -> None:
+def test_threaded_and_serial_agree(heads: tuple[int, int, int], rule: str, v_major: bool) -> None:
     """Many tokens run the state heads on numba's threads: the same outputs and states, bit for bit, as the calling
     thread's (one head per iteration either way)."""
     module = load("cpu_linear_attention")
@@ -41,11 +56,12 @@ def test_threaded_and_serial_agree(heads: tuple[int, int, int], rule: str) -> No
     g = torch.Generator().manual_seed(sum(heads))
     q, k = torch.randn(B, T, qh * dk, generator=g), torch.randn(B, T, kh * dk, generator=g)
     v, past = torch.randn(B, T, kvh * dv, generator=g), torch.randn(B, kvh, dk, dv, generator=g)
+    past = past.transpose(-1, -2).contiguous() if v_major else past
     decay = None if rule in ("plain", "delta") else -torch.rand(B, T, kvh * (dk if rule.endswith("key") else 1),
                                                                  generator=g)
     beta = torch.rand(B, T, kvh, generator=g) if "delta" in rule else None
-    serial = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=False)
-    threaded = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=True)
+    serial = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=False, v_major=v_major)
+    threaded = module.linear_attention(q, k, v, past, decay, beta, qh, kvh, kh, 0.25, threads=True, v_major=v_major)
     assert all(torch.equal(a, b) for a, b in zip(serial, threaded))
 
 
@@ -54,5 +70,9 @@ def test_threaded_builds_have_their_own_cache_entries() -> None:
     function shared one (whichever compiled first ran as both): the threaded builds are copies of their own name."""
     for name in ("cpu_linear_attention", "cpu_attention"):
         module = load(name)
-        assert module._threaded.py_func.__qualname__ == module._serial.py_func.__qualname__ + "_threaded"
-        assert module._threaded.targetoptions.get("parallel") and not module._serial.targetoptions.get("parallel")
+        pairs = [(module._serial, module._threaded)]
+        if name == "cpu_linear_attention":
+            pairs.append((module._serial_v, module._threaded_v))
+        for serial, threaded in pairs:
+            assert threaded.py_func.__qualname__ == serial.py_func.__qualname__ + "_threaded"
+            assert threaded.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")

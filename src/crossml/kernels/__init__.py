@@ -357,7 +357,8 @@ CPU_KERNEL_OPS = {"MatMulNBits": ("cpu_nbits", "cpu_int8"), "GroupQueryAttention
                   "SkipSimplifiedLayerNormalization": ("cpu_norm",), "SiluMulMatMulNBits": ("cpu_nbits", "cpu_int8"),
                   "NormMatMulNBits": ("cpu_norm", "cpu_nbits", "cpu_int8"), "CausalConvWithState": ("cpu_conv",),
                   "ShortConv": ("cpu_conv",), "GatherBlockQuantized": ("cpu_gather",),
-                  "LinearAttention": ("cpu_linear_attention",), "LpNormalization": ("cpu_gated_delta",),
+                  "LinearAttention": ("cpu_linear_attention",), "GatedDeltaNet": ("cpu_linear_attention",),
+                  "LpNormalization": ("cpu_gated_delta",),
                   "GatedRMSNorm": ("cpu_gated_delta",), "LinearAttentionGate": ("cpu_gated_delta",),
                   "MRotaryEmbedding": ("cpu_gated_delta",)}
 

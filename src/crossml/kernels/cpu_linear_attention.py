@@ -13,6 +13,8 @@ sums in another order than torch's einsums, so the two agree within a rounding (
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from numba import njit, prange
@@ -70,9 +72,52 @@ def _recurrence(q, k, v, state, g, beta, out, G, INV, KDIV, scale, gated, per_ke
                     out[b, t, h * G + gi, j] = scale * o[j]
 
 
+def _recurrence_v_major(q, k, v, state, g, beta, out, G, INV, KDIV, scale, gated, per_key, delta,
+                        beta_per_head):  # pragma: no cover - compiled by numba
+    """``_recurrence`` over V-major states [B, Hkv, dv, dk] (com.microsoft GatedDeltaNet's layout): each value
+    column's key row is contiguous and evolves alone, so one pass a token does all of it, row by row (decay, the
+    retrieval ``S^T k``, the update, each query head's read-out), while the row is in the cache."""
+    B, T = q.shape[0], q.shape[1]
+    Hkv, dv, dk = state.shape[1], state.shape[2], state.shape[3]
+    for bh in prange(B * Hkv):
+        b = bh // Hkv
+        h = bh % Hkv
+        dec = np.ones(dk, np.float32)
+        S = state[b, h]
+        kh = h // KDIV
+        qh = (h * G) // INV
+        for t in range(T):
+            kt = k[b, t, kh]
+            if gated:
+                for i in range(dk):
+                    dec[i] = np.float32(np.exp(g[b, t, h * dk + i] if per_key else g[b, t, h]))
+            bt = beta[b, t, h if beta_per_head else 0] if delta else np.float32(1.0)
+            for j in range(dv):
+                row = S[j]
+                r = np.float32(0.0)
+                if gated:
+                    for i in range(dk):
+                        row[i] = row[i] * dec[i]
+                for i in range(dk):
+                    r += row[i] * kt[i]
+                u = bt * (v[b, t, h, j] - r) if delta else v[b, t, h, j]
+                for i in range(dk):
+                    row[i] += kt[i] * u
+                for gi in range(G):
+                    qt = q[b, t, qh + gi]
+                    o = np.float32(0.0)
+                    for i in range(dk):
+                        o += qt[i] * row[i]
+                    out[b, t, h * G + gi, j] = scale * o
+
+
 _FLAGS = {"cache": True, "nogil": True, "boundscheck": False}
 _serial = njit(**_FLAGS)(_recurrence)
 _threaded = threaded_build(_recurrence, **_FLAGS)  # (its own cache entry: threaded_build)
+# the V-major rows' sums (the retrieval, the read-out) are reductions: reassociation lets the compiler vectorize them
+_V_FLAGS = {**_FLAGS, "fastmath": {"reassoc"}}
+_serial_v = njit(**_V_FLAGS)(_recurrence_v_major)
+_threaded_v = threaded_build(_recurrence_v_major, **_V_FLAGS)
 #: state elements times tokens from which a call runs its heads on numba's threads (``cpu_nbits._parallel``): a
 #: Qwen3.5-0.8B decode step (16 heads of 128 x 128, one token) is 262,144
 PARALLEL_MIN_WORK = 1 << 16
@@ -83,11 +128,12 @@ _NONE = np.zeros((1, 1, 1), np.float32)  # the kernel's input for an absent deca
 
 def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: torch.Tensor | None,
                      decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
-                     key_heads: int, scale: float, threads: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     key_heads: int, scale: float, threads: bool | None = None, *,
+                     v_major: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, T, max(q_heads, kv_heads) * d_v], state [B, kv_heads, d_k, d_v]) of float32 CPU tensors, laid out
     as ``crossml.kernels.linear_attention.linear_attention`` takes them (the caller checks shapes and dtypes).
     ``threads``: run the state heads on numba's threads (None: from PARALLEL_MIN_WORK state elements times tokens, with
-    more than one head)."""
+    more than one head). ``v_major``: past and returned states [B, kv_heads, d_v, d_k] (com.microsoft GatedDeltaNet)."""
     B, T, _ = query.shape
     dk = query.shape[2] // q_heads
     dv = value.shape[2] // kv_heads
@@ -96,7 +142,10 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     q = _array(query).reshape(B, T, q_heads, dk)
     k = _array(key).reshape(B, T, key_heads, dk)
     v = _array(value).reshape(B, T, kv_heads, dv)
-    state = _array(past).copy() if past is not None else np.zeros((B, kv_heads, dk, dv), np.float32)
+    if past is not None:
+        state = _array(past).copy()
+    else:
+        state = np.zeros((B, kv_heads, dv, dk) if v_major else (B, kv_heads, dk, dv), np.float32)
     out = np.empty((B, T, kv_heads * G, dv), np.float32)
     args = (q, k, v, state, _array(decay) if decay is not None else _NONE,
             _array(beta) if beta is not None else _NONE, out, G, inv, kv_heads // key_heads, np.float32(scale),
@@ -105,9 +154,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if threads is None:
         threads = state.size * T >= PARALLEL_MIN_WORK and B * kv_heads > 1
     if threads:
-        _parallel(_threaded, *args)
+        _parallel(_threaded_v if v_major else _threaded, *args)
     else:
-        _serial(*args)
+        (_serial_v if v_major else _serial)(*args)
     return torch.from_numpy(out.reshape(B, T, -1)), torch.from_numpy(state)
 
 
@@ -118,7 +167,7 @@ def _array(t: torch.Tensor) -> np.ndarray:
 def warm() -> None:
     """Load the kernel for the argument types the op passes (``crossml.kernels.warm_cpu``), on tiny inputs."""
     z = torch.zeros(1, 1, 2)
-    for threads in (False, True):  # both builds
+    for threads, v_major in itertools.product((False, True), (False, True)):  # all four builds
         linear_attention(z, z, z, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), 1, 1, 1, 1.0,
-                         threads=threads)
-        linear_attention(z, z, z, None, None, None, 1, 1, 1, 1.0, threads=threads)
+                         threads=threads, v_major=v_major)
+        linear_attention(z, z, z, None, None, None, 1, 1, 1, 1.0, threads=threads, v_major=v_major)

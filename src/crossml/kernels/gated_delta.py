@@ -57,15 +57,21 @@ def _gated_rms_norm_kernel(x_ptr, g_ptr, w_ptr, y_ptr, C, eps, SIGMOID: tl.const
 
 
 @triton.jit
+def softplus(x):
+    """torch's softplus of float32 ``x``: ``x`` above 20, else ``log1p(exp(x))`` (see the module's docstring)."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
+    return tl.where(x > 20.0, x, log1p)
+
+
+@triton.jit
 def _gate_kernel(a_ptr, dt_ptr, ds_ptr, b_ptr, decay_ptr, beta_ptr, n, H, HAS_B: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
     h = i % H
     x = tl.load(a_ptr + i, mask=ok, other=0.0).to(tl.float32) + tl.load(dt_ptr + h, mask=ok, other=0.0).to(tl.float32)
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
-    soft = tl.where(x > 20.0, x, log1p)
+    soft = softplus(x)
     scale = tl.load(ds_ptr + h, mask=ok, other=0.0).to(tl.float32)
     tl.store(decay_ptr + i, (scale * soft).to(decay_ptr.dtype.element_ty), mask=ok)
     if HAS_B:

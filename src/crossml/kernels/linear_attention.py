@@ -22,19 +22,25 @@ import triton
 import triton.language as tl
 
 from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interpreter
+from crossml.kernels.gated_delta import softplus
 
 __all__ = ["linear_attention"]
 
 
 @triton.jit
-def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr, so_ptr, T, HKV, DK, DV, G, INV,
-                             KDIV, scale, s_qb, s_qt, s_kb, s_kt, s_vb, s_vt, s_gb, s_gt, s_bb, s_bt, s_ob, s_ot,
-                             HAS_PAST: tl.constexpr, GATED: tl.constexpr, PER_KEY: tl.constexpr,
-                             DELTA: tl.constexpr, BETA_PER_HEAD: tl.constexpr, BLOCK_G: tl.constexpr,
+def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr, so_ptr, alog_ptr, dtb_ptr, T, HKV,
+                             DK, DV, G, INV, KDIV, scale, s_qb, s_qt, s_kb, s_kt, s_vb, s_vt, s_gb, s_gt, s_bb, s_bt,
+                             s_ob, s_ot, SK, SV, HAS_PAST: tl.constexpr, GATED: tl.constexpr, PER_KEY: tl.constexpr,
+                             DELTA: tl.constexpr, BETA_PER_HEAD: tl.constexpr, QK_L2: tl.constexpr,
+                             QWEN_GATE: tl.constexpr, SIGMOID_BETA: tl.constexpr, BLOCK_G: tl.constexpr,
                              BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
     """Program (b * HKV + h, value block): state head h of entry b, value columns ``value block * BLOCK_V ..``. Query
     heads ``(h * G) // INV + 0 .. G - 1`` read it (G > 1: GQA; INV > 1: inverse GQA, G = 1), and write output heads
-    ``h * G + 0 .. G - 1``; key head ``h // KDIV``."""
+    ``h * G + 0 .. G - 1``; key head ``h // KDIV``. A head's state element (key row i, value column j) is at
+    ``i * SK + j * SV`` (LinearAttention's [d_k, d_v]: SK = DV, SV = 1; GatedDeltaNet's V-major [d_v, d_k]: SK = 1,
+    SV = DK). com.microsoft GatedDeltaNet's fused steps: QK_L2 (the query and key heads L2-normalized, ``x *
+    rsqrt(sum x^2 + 1e-12)``), QWEN_GATE (the decay input ``a`` becomes ``-exp(a_log[h]) * softplus(a + dt_bias[h])``)
+    and SIGMOID_BETA."""
     pid = tl.program_id(0)
     h = pid % HKV
     b = (pid // HKV).to(tl.int64)
@@ -43,7 +49,7 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < DK
     tile = k_ok[:, None] & v_ok[None, :]
-    s_off = ((b * HKV + h) * DK + ks[:, None]) * DV + vs[None, :]
+    s_off = (b * HKV + h) * DK * DV + ks[:, None] * SK + vs[None, :] * SV
     if HAS_PAST:
         state = tl.load(s_ptr + s_off, mask=tile, other=0.0).to(tl.float32)
     else:
@@ -63,6 +69,9 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
         else:
             gb = g_ptr + b * s_gb + h
             g_n = tl.load(gb, mask=any_t, other=0.0)
+        if QWEN_GATE:
+            neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+            dt_h = tl.load(dtb_ptr + h).to(tl.float32)
     if DELTA:
         bb = beta_ptr + b * s_bb + (h if BETA_PER_HEAD else 0)
         beta_n = tl.load(bb, mask=any_t, other=0.0)
@@ -75,12 +84,17 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
     o_ok = g_ok[:, None] & v_ok[None, :]
     for t in range(T):
         kt = kt_n.to(tl.float32)
+        if QK_L2:
+            kt = kt * (1.0 / tl.sqrt(tl.sum(kt * kt, 0) + 1e-12))
         vt = vt_n.to(tl.float32)
         nxt = t + 1 < T
         kt_n = tl.load(kb + (t + 1) * s_kt, mask=k_ok & nxt, other=0.0)
         vt_n = tl.load(vb + (t + 1) * s_vt, mask=v_ok & nxt, other=0.0)
         if GATED:
-            g = tl.exp(g_n.to(tl.float32))
+            if QWEN_GATE:
+                g = tl.exp(neg_a * softplus(g_n.to(tl.float32) + dt_h))
+            else:
+                g = tl.exp(g_n.to(tl.float32))
             if PER_KEY:
                 g_n = tl.load(gb + (t + 1) * s_gt, mask=k_ok & nxt, other=0.0)
                 state = state * g[:, None]
@@ -89,9 +103,13 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
                 state = state * g
         if DELTA:
             beta = beta_n.to(tl.float32)
+            if SIGMOID_BETA:
+                beta = tl.sigmoid(beta)
             beta_n = tl.load(bb + (t + 1) * s_bt, mask=nxt, other=0.0)
             vt = beta * (vt - tl.sum(state * kt[:, None], 0))
         qt = qt_n.to(tl.float32)
+        if QK_L2:
+            qt = qt * (1.0 / tl.sqrt(tl.sum(qt * qt, 1) + 1e-12))[:, None]
         qt_n = tl.load(qb + (t + 1) * s_qt, mask=q_ok & nxt, other=0.0)
         state = state + kt[:, None] * vt[None, :]
         out = scale * tl.sum(qt[:, :, None] * state[None, :, :], 1)  # [BLOCK_G, BLOCK_V]
@@ -101,28 +119,36 @@ def _linear_attention_kernel(q_ptr, k_ptr, v_ptr, s_ptr, g_ptr, beta_ptr, o_ptr,
 
 def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past: torch.Tensor | None,
                      decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
-                     key_heads: int, scale: float, state_dtype: torch.dtype,
-                     into: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     key_heads: int, scale: float, state_dtype: torch.dtype, into: torch.Tensor | None = None, *,
+                     v_major: bool = False, qk_l2: bool = False, qwen_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     sigmoid_beta: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, T, max(q_heads, kv_heads) * d_v] in query's dtype, state [B, kv_heads, d_k, d_v] in state_dtype)
     of LinearAttention's packed query [B, T, q_heads * d_k], key [B, T, key_heads * d_k], value
     [B, T, kv_heads * d_v], the past state (None: zeros), decay [B, T, kv_heads] or [B, T, kv_heads * d_k] (log space;
     None: no gate) and beta [B, T, kv_heads] or [B, T, 1] (None: no delta rule). The caller has checked the shapes
     (``linear_recurrence``). ``into``: the past state itself (contiguous, state_dtype), which the final state
-    overwrites (each program reads its tile of it before writing it), and which is returned."""
+    overwrites (each program reads its tile of it before writing it), and which is returned.
+
+    com.microsoft GatedDeltaNet's options (``crossml.ops.contrib.gated_delta_net``): ``v_major``, past and returned
+    states [B, kv_heads, d_v, d_k]; ``qk_l2``, the query and key heads L2-normalized first; ``qwen_gate`` = (a_log,
+    dt_bias), each [kv_heads], the decay input being the raw ``a`` of ``-exp(a_log) * softplus(a + dt_bias)``;
+    ``sigmoid_beta``, beta taken through a sigmoid."""
     B, T, _ = query.shape
     dk = query.shape[2] // q_heads
     dv = value.shape[2] // kv_heads
     G = max(q_heads // kv_heads, 1)
     inv = max(kv_heads // q_heads, 1)
     out = torch.empty((B, T, max(q_heads, kv_heads) * dv), dtype=query.dtype, device=query.device)
-    state = into if into is not None else torch.empty((B, kv_heads, dk, dv), dtype=state_dtype, device=query.device)
+    shape = (B, kv_heads, dv, dk) if v_major else (B, kv_heads, dk, dv)
+    state = into if into is not None else torch.empty(shape, dtype=state_dtype, device=query.device)
     if B == 0:
         return out, state.zero_()
     q, k, v = (x if x.stride(2) == 1 else x.contiguous() for x in (query, key, value))
     g = decay.contiguous() if decay is not None else q
     bt = beta.contiguous() if beta is not None else q
     s = state if into is not None else past.contiguous() if past is not None else state
-    interpret = use_interpreter(query, "LinearAttention")
+    a_log, dt_bias = (t.contiguous() for t in qwen_gate) if qwen_gate is not None else (q, q)
+    interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
     block_k = max(16, next_power_of_2(dk))
     if T > 1:
         # a prompt walks its tokens in turn, each a chain of two reductions over the key axis: one warp each (warp
@@ -135,11 +161,12 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     launch = on_device(query, interpret)
     with launch:
         _linear_attention_kernel[(B * kv_heads, cdiv(dv, block_v))](
-            q, k, v, s, g, bt, out, state, T, kv_heads, dk, dv, G, inv, kv_heads // key_heads, float(scale),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
-            bt.stride(0), bt.stride(1), out.stride(0), out.stride(1),
-            HAS_PAST=past is not None, GATED=decay is not None,
+            q, k, v, s, g, bt, out, state, a_log, dt_bias, T, kv_heads, dk, dv, G, inv, kv_heads // key_heads,
+            float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
+            g.stride(1), bt.stride(0), bt.stride(1), out.stride(0), out.stride(1), 1 if v_major else dv,
+            dk if v_major else 1, HAS_PAST=past is not None, GATED=decay is not None,
             PER_KEY=decay is not None and decay.shape[2] == kv_heads * dk, DELTA=beta is not None,
-            BETA_PER_HEAD=beta is not None and beta.shape[2] == kv_heads, BLOCK_G=next_power_of_2(G),
-            BLOCK_K=block_k, BLOCK_V=block_v, **({} if interpret else {"num_warps": warps}))
+            BETA_PER_HEAD=beta is not None and beta.shape[2] == kv_heads, QK_L2=qk_l2, QWEN_GATE=qwen_gate is not None,
+            SIGMOID_BETA=sigmoid_beta, BLOCK_G=next_power_of_2(G), BLOCK_K=block_k, BLOCK_V=block_v,
+            **({} if interpret else {"num_warps": warps}))
     return out, state
