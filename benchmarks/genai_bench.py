@@ -19,6 +19,10 @@ Measured per (model, precision, runtime), batch 1, greedy:
 * bandwidth fraction: decode tokens/s x bytes read per token (the weights every token reads, plus the
   KV cache at the average context) / a measured device-to-device copy bandwidth (bytes read + written).
 
+A precision ``P-gdn`` (``--precisions fp16,fp16-gdn``) is the builder's Gated DeltaNet export of Qwen3.5 at P
+(``--extra_options linear_attn_op=gated_delta_net``: com.microsoft GatedDeltaNet over float32 recurrent states),
+beside the default export (LinearAttention).
+
 Run (about 8 minutes on an H200 with a cold --workdir, far less once models are built)::
 
     PYTHONPATH=src:$ORT_GENAI_CUDA python benchmarks/genai_bench.py --out benchmarks/results
@@ -120,9 +124,14 @@ def make_hf(name: str, dst: str) -> None:
         torch.cuda.empty_cache()
 
 
+#: builder options of a precision's variant suffix (``fp16-gdn``)
+VARIANTS = {"gdn": ["--extra_options", "linear_attn_op=gated_delta_net"]}
+
+
 def build_cmd(hf: str, dst: str, precision: str, cache: str) -> list[str]:
-    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", precision,
-            "-e", "cuda", "-c", cache]
+    base, _, variant = precision.partition("-")
+    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", base,
+            "-e", "cuda", "-c", cache, *(VARIANTS[variant] if variant else [])]
 
 
 def build_all(work: str, names: list[str], precisions: list[str], log: Callable[[str], None]) -> dict[tuple, str]:
@@ -174,8 +183,10 @@ def bytes_per_token(folder: str, shape: dict[str, Any], context: float) -> dict[
     kinds = shape.get("layer_types") or ["full_attention"] * shape["num_hidden_layers"]
     kv_layers = sum(k not in ("conv", "linear_attention") for k in kinds)
     kv = 2 * kv_layers * shape["num_key_value_heads"] * head * 2 * context
-    # fp16 states the state-carrying layers read and write whole every token: LFM2's convolution state; Qwen3.5's
-    # convolution state (q | k | v channels) and recurrent state
+    # states the state-carrying layers read and write whole every token: LFM2's convolution state; Qwen3.5's
+    # convolution state (q | k | v channels) and recurrent state (fp16; float32 in the Gated DeltaNet export)
+    recurrent = {i.type.tensor_type.elem_type for i in g.input if i.name.endswith(".recurrent")}
+    state_bytes = 4 if onnx.TensorProto.FLOAT in recurrent else 2
     states = 0
     for k in kinds:
         if k == "conv":
@@ -183,8 +194,8 @@ def bytes_per_token(folder: str, shape: dict[str, Any], context: float) -> dict[
         elif k == "linear_attention":
             dk, dv = shape["linear_key_head_dim"], shape["linear_value_head_dim"]
             channels = 2 * shape["linear_num_key_heads"] * dk + shape["linear_num_value_heads"] * dv
-            states += 2 * 2 * (channels * (shape["linear_conv_kernel_dim"] - 1)
-                               + shape["linear_num_value_heads"] * dk * dv)
+            states += 2 * (2 * channels * (shape["linear_conv_kernel_dim"] - 1)
+                           + state_bytes * shape["linear_num_value_heads"] * dk * dv)
     return {"weights": float(weights), "kv": float(kv), "states": float(states),
             "total": float(weights + kv + states)}
 
