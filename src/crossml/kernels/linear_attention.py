@@ -121,7 +121,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
                      key_heads: int, scale: float, state_dtype: torch.dtype, into: torch.Tensor | None = None, *,
                      v_major: bool = False, qk_l2: bool = False, qwen_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     sigmoid_beta: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     sigmoid_beta: bool = False, tiles: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, T, max(q_heads, kv_heads) * d_v] in query's dtype, state [B, kv_heads, d_k, d_v] in state_dtype)
     of LinearAttention's packed query [B, T, q_heads * d_k], key [B, T, key_heads * d_k], value
     [B, T, kv_heads * d_v], the past state (None: zeros), decay [B, T, kv_heads] or [B, T, kv_heads * d_k] (log space;
@@ -132,7 +132,8 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     com.microsoft GatedDeltaNet's options (``crossml.ops.contrib.gated_delta_net``): ``v_major``, past and returned
     states [B, kv_heads, d_v, d_k]; ``qk_l2``, the query and key heads L2-normalized first; ``qwen_gate`` = (a_log,
     dt_bias), each [kv_heads], the decay input being the raw ``a`` of ``-exp(a_log) * softplus(a + dt_bias)``;
-    ``sigmoid_beta``, beta taken through a sigmoid."""
+    ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) in place of the
+    chosen ones (for benchmarks' sweeps)."""
     B, T, _ = query.shape
     dk = query.shape[2] // q_heads
     dv = value.shape[2] // kv_heads
@@ -152,12 +153,15 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     block_k = max(16, next_power_of_2(dk))
     if T > 1:
         # a prompt walks its tokens in turn, each a chain of two reductions over the key axis: one warp each (warp
-        # shuffles, no block barrier) over 8 value columns, more programs with shorter chains (Qwen3.5's 512-token
+        # shuffles, no block barrier) over 4 value columns, more programs with shorter chains (Qwen3.5's 512-token
         # prompt layer on an H200, the kernel alone in a sweep of 8-64 columns x 1-8 warps: 0.35 ms, against 0.62 ms
-        # at 16 columns of 4 warps)
-        block_v, warps = min(8, next_power_of_2(dv)), 1
+        # at 16 columns of 4 warps; a later sweep of 2-16 columns, the minimum of four interleaved medians: 0.30 ms
+        # at 4 columns against 0.34 at 8, GatedDeltaNet's V-major walk 0.40 against 0.42)
+        block_v, warps = min(4, next_power_of_2(dv)), 1
     else:  # a decode step: one token, 2.7 µs at 32 columns of 4 warps (Qwen3.5's layer, in a graph)
         block_v, warps = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16), 4
+    if tiles is not None:
+        block_v, warps = tiles
     launch = on_device(query, interpret)
     with launch:
         _linear_attention_kernel[(B * kv_heads, cdiv(dv, block_v))](
@@ -170,3 +174,4 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             SIGMOID_BETA=sigmoid_beta, BLOCK_G=next_power_of_2(G), BLOCK_K=block_k, BLOCK_V=block_v,
             **({} if interpret else {"num_warps": warps}))
     return out, state
+
