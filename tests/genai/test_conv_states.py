@@ -437,3 +437,30 @@ def test_a_dropped_step_run_ahead_puts_the_states_back(stateful, tmp_path) -> No
     fresh = xg.Generator(xg.Model(stateful), params)
     fresh.append_tokens(np.array(seq + more.tolist(), dtype=np.int32))
     np.testing.assert_allclose(gen.get_logits(), fresh.get_logits(), atol=2e-4, rtol=0)
+
+
+@pytest.mark.parametrize("lent", [True, False], ids=["lent", "own"])
+def test_saved_states_of_two_types_are_copied_in_one_group_each(monkeypatch, lent: bool) -> None:
+    """save() / restore() of states of two element types (the Gated DeltaNet export's fp16 convolution and float32
+    recurrent states): one grouped copy per type (torch's grouped copy copies one tensor at a time across types), and
+    restore() gives back exactly what save() saw."""
+    import torch
+
+    from crossml.genai.kv_cache import LayerStates
+
+    shapes, dtypes = [(6, 3), (2, 4, 4)] * 3, [torch.float16, torch.float32] * 3
+    tensors = [torch.randn(2, *s).to(d) for s, d in zip(shapes, dtypes)] if lent else None
+    states = LayerStates([f"p{i}" for i in range(6)], [f"q{i}" for i in range(6)], 2, shapes, dtypes,
+                         torch.device("cpu"), tensors)
+    for t in states.tensors:
+        t.copy_(torch.randn(t.shape))
+    want = [t.clone() for t in states.tensors]
+    groups = []
+    real = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda d, s: groups.append({t.dtype for t in d}) or real(d, s))
+    states.save()
+    assert sorted(groups, key=str) == [{torch.float16}, {torch.float32}]
+    for t in states.tensors:
+        t.zero_()
+    states.restore()
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(states.tensors, want))
