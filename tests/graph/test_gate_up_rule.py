@@ -18,6 +18,7 @@ from onnx.reference import ReferenceEvaluator
 import crossml
 from crossml.graph.load import prepare
 from crossml.graph.passes import GraphView, Match, Rule, apply_rules
+from crossml.graph.passes.gate_casts import GATE_CASTS
 from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
@@ -94,7 +95,7 @@ def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
         GELU, SWIGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
-        ROTARY_CASTS]
+        ROTARY_CASTS, GATE_CASTS]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
         GELU, SWIGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 

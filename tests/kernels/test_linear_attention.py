@@ -85,8 +85,9 @@ def _gdn_inputs(per_key: bool, dtype: torch.dtype):
     g = torch.Generator().manual_seed(7 + per_key)
     q, k = (torch.randn(B, T, hq * dk, generator=g).to(dtype) for _ in range(2))
     v = torch.randn(B, T, hv * dv, generator=g).to(dtype)
-    a = torch.randn(B, T, hv * dk if per_key else hv, generator=g)
-    b = torch.randn(B, T, hv, generator=g)
+    # the gates in the activations' type (fp16: com.crossml's GatedDeltaNet, the float32 Casts folded)
+    a = torch.randn(B, T, hv * dk if per_key else hv, generator=g).to(dtype)
+    b = torch.randn(B, T, hv, generator=g).to(dtype)
     state = 0.3 * torch.randn(B, hv, dv, dk, generator=g)
     return (q, k, v, state, a, b), (0.5 * torch.randn(hv, generator=g), torch.randn(hv, generator=g)), (hq, hv)
 

@@ -23,6 +23,7 @@ from crossml.graph.load import apply_free_dimension_overrides, load_model, prepa
 from crossml.graph.passes import apply_rules
 from crossml.graph.passes.attention import RULE as ATTENTION
 from crossml.graph.passes.conv_relu import RULE as CONV_RELU
+from crossml.graph.passes.gate_casts import GATE_CASTS
 from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
@@ -605,7 +606,8 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     (GATHER_NORM), the attention mask's lengths become one node (MASK_LENGTHS),
     residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM), a constant factor on
     LinearAttention's query folds into its scale (QUERY_SCALE: Qwen3.5's query scaling Mul), the float32 Casts around
-    a half-precision MRotaryEmbedding go (ROTARY_CASTS: the same values),
+    a half-precision MRotaryEmbedding go (ROTARY_CASTS: the same values), and those of a GatedDeltaNet's decay and beta
+    (GATE_CASTS: the same values),
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM; then MATMUL_SILU_MUL
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
     projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
@@ -617,7 +619,7 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     for about ten); on the int8 kernel the fused nodes run the ops' kernels in one node (a decode step's
     nodes cost 20-50 us each in Python)."""
     merge = ([GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
-              ROTARY_CASTS]
+              ROTARY_CASTS, GATE_CASTS]
              if device.type != "cpu" else [GATE_UP_NBITS, NORM_MATMUL_CPU])
     if gpu is not None and gpu.disable_metacommands:
         return [GELU, SWIGLU, *merge]

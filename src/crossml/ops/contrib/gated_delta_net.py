@@ -44,6 +44,9 @@ from crossml.ops._util import cpu_kernels, gpu_kernels, inplace_target
 from crossml.ops.attention import causal_conv
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
+#: the domain of the GatedDeltaNet graph rule FoldGatedDeltaNetGateCasts makes (``crossml.graph.passes.gate_casts``)
+CROSSML_DOMAIN = "com.crossml"
+
 _GDN = "GatedDeltaNet (com.microsoft)"
 _VCC = "VarlenCausalConvWithState (com.microsoft)"
 #: the L2 norm's epsilon, added to the sum of squares (onnxruntime's kernels)
@@ -75,7 +78,7 @@ def gated_delta_net(
     a_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None, capture_count: torch.Tensor | None = None,
     state_update_active: torch.Tensor | None = None, *, update_rule: str = "gated_delta", scale: float = 0.0,
     gate_activation: str = "none", beta_activation: str = "none", qk_l2_norm: int = 0, chunk_size: int = 64,
-    state_update_capacity: int = 0, ctx: OpContext | None = None,
+    state_update_capacity: int = 0, ctx: OpContext | None = None, half_gates: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if not 0 <= state_update_capacity <= 8:
         raise ValueError(f"{_GDN}: state_update_capacity must be within [0, 8], got {state_update_capacity}")
@@ -127,7 +130,8 @@ def gated_delta_net(
         raise ValueError(f"{_GDN}: beta must be {lead + (hv,)}, got {tuple(beta.shape)}")
     for name, t in (("decay", decay), ("beta", beta), ("initial_state", initial_state), ("a_log", a_log),
                     ("dt_bias", dt_bias)):
-        if t is not None and t.dtype != torch.float32:
+        if t is not None and t.dtype != torch.float32 and not (half_gates and name in ("decay", "beta")
+                                                                and t.dtype in (torch.float16, torch.bfloat16)):
             raise ValueError(f"{_GDN}: {name} must be float32 (tensor(float)), got {t.dtype}")
     if cu_seqlens is not None and rank != 3:
         raise ValueError(f"{_GDN}: cu_seqlens needs rank-3 (N, heads, head size) inputs, got rank {rank}")
@@ -231,6 +235,7 @@ def _recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.
     f32 = torch.float32
     B, T, _ = q.shape
     qf, kf, vf = q.to(f32), k.to(f32), v.to(f32)
+    g, beta = (t.to(f32) if t is not None else None for t in (g, beta))  # (com.crossml's: half-precision gates)
     if qk_l2:
         qf, kf = (x.reshape(B, T, hq, dk) for x in (qf, kf))
         qf, kf = (x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPSILON) for x in (qf, kf))
@@ -307,3 +312,11 @@ def varlen_causal_conv_with_state(
         n = max(0, min(int(count), state_update_capacity, end - start))
         captured[row, :n] = x[start:start + n]
     return out, final, captured
+
+
+@op("GatedDeltaNet", domain=CROSSML_DOMAIN, ctx=True, host_inputs=(3, 9, 10))
+def gated_delta_net_half_gates(*inputs: torch.Tensor | None, ctx: OpContext | None = None,
+                               **attrs: object) -> tuple[torch.Tensor, ...]:
+    """com.microsoft GatedDeltaNet whose decay and beta may also be float16 / bfloat16 (read as float32, exactly):
+    what graph rule FoldGatedDeltaNetGateCasts makes of the op and the float32 Casts feeding its gates."""
+    return gated_delta_net(*inputs, ctx=ctx, half_gates=True, **attrs)
