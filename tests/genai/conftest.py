@@ -27,19 +27,25 @@ def _have(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@pytest.fixture(scope="session")
-def genai_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], str]:
-    """(arch, precision) -> model folder written by the onnxruntime-genai model builder."""
+def build_models(tmp_path_factory: pytest.TempPathFactory, name: str, specs: list[str]) -> Path:
+    """A new folder ``name`` of tiny builder models (``_build.py``'s specs), built in a subprocess; skips the test
+    where the builder's packages are missing."""
     missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if not _have(m)]
     if missing:
         pytest.skip(f"building genai test models needs {', '.join(missing)} (pip install crossml[test])")
-    out = tmp_path_factory.mktemp("genai_models")
-    specs = [f"{a}:{p}" for a in ARCHS for p in PRECISIONS]
+    out = tmp_path_factory.mktemp(name)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, str(BUILD), str(out), *specs], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run([sys.executable, str(BUILD), str(out), *specs], capture_output=True, text=True, env=env,
+                          timeout=900)
     if proc.returncode:
         raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def genai_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], str]:
+    """(arch, precision) -> model folder written by the onnxruntime-genai model builder."""
+    out = build_models(tmp_path_factory, "genai_models", [f"{a}:{p}" for a in ARCHS for p in PRECISIONS])
     return {(a, p): str(out / f"{a}_{p}") for a in ARCHS for p in PRECISIONS}
 
 
@@ -47,18 +53,10 @@ def genai_models(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
 def more_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """arch -> fp32 CPU model folder of each architecture in ``_build.MORE_CLASSES``, and "arch:int4" -> the int4
     one of those in ``_build.MORE_INT4``."""
-    missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if not _have(m)]
-    if missing:
-        pytest.skip(f"building genai test models needs {', '.join(missing)} (pip install crossml[test])")
     from tests.genai._build import MORE_CLASSES, MORE_INT4
 
-    out = tmp_path_factory.mktemp("genai_more_models")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    specs = [f"{a}:fp32" for a in MORE_CLASSES] + [f"{a}:int4" for a in MORE_INT4]
-    proc = subprocess.run([sys.executable, str(BUILD), str(out), *specs],
-                          capture_output=True, text=True, env=env, timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
+    out = build_models(tmp_path_factory, "genai_more_models",
+                       [f"{a}:fp32" for a in MORE_CLASSES] + [f"{a}:int4" for a in MORE_INT4])
     return {**{a: str(out / f"{a}_fp32") for a in MORE_CLASSES}, **{f"{a}:int4": str(out / f"{a}_int4") for a in MORE_INT4}}
 
 

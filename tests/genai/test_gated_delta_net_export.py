@@ -5,9 +5,6 @@ both on the CPU (the folders' CUDA provider cleared), and against the default ex
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +14,8 @@ import torch
 import crossml.genai as xg
 from tests.genai._build import VARIANTS
 from tests.genai._generation import assert_greedy_match, generate_with
+from tests.genai.conftest import build_models
 
-BUILD = Path(__file__).with_name("_build.py")
 SPECS = ["qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda", "qwen35:fp16:cuda"]
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
@@ -27,17 +24,7 @@ MAX_LENGTH = 48
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir")
-               if __import__("importlib").util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"building genai test models needs {', '.join(missing)} (pip install crossml[test])")
-    out = tmp_path_factory.mktemp("genai_gdn_models")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, str(BUILD), str(out), *SPECS], capture_output=True, text=True, env=env,
-                          timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
-    return out
+    return build_models(tmp_path_factory, "genai_gdn_models", SPECS)
 
 
 def _on_cpu(og, folder: Path):

@@ -54,6 +54,16 @@ L2_EPSILON = 1e-12
 _RULES = ("linear", "gated", "delta", "gated_delta")
 
 
+def _check_capture(name: str, capacity: int, capture_count: torch.Tensor | None) -> None:
+    """The transition-capture attributes of both ops: a capacity within [0, 8], a capture_count exactly with one."""
+    if not 0 <= capacity <= 8:
+        raise ValueError(f"{name}: state_update_capacity must be within [0, 8], got {capacity}")
+    if bool(capacity) != (capture_count is not None):
+        raise ValueError(f"{name}: capture_count is required exactly when state_update_capacity > 0 "
+                         f"(state_update_capacity={capacity}, capture_count "
+                         f"{'given' if capture_count is not None else 'absent'})")
+
+
 def _sequences(cu: torch.Tensor | None, tokens: int, batch: int | None, name: str) -> list[tuple[int, int]] | None:
     """The (start, end) token range of each sequence of ``cu`` (B + 1 cumulative lengths, on the host), checked."""
     if cu is None:
@@ -80,12 +90,7 @@ def gated_delta_net(
     gate_activation: str = "none", beta_activation: str = "none", qk_l2_norm: int = 0, chunk_size: int = 64,
     state_update_capacity: int = 0, ctx: OpContext | None = None, half_gates: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if not 0 <= state_update_capacity <= 8:
-        raise ValueError(f"{_GDN}: state_update_capacity must be within [0, 8], got {state_update_capacity}")
-    if bool(state_update_capacity) != (capture_count is not None):
-        raise ValueError(f"{_GDN}: capture_count is required exactly when state_update_capacity > 0 "
-                         f"(state_update_capacity={state_update_capacity}, capture_count "
-                         f"{'given' if capture_count is not None else 'absent'})")
+    _check_capture(_GDN, state_update_capacity, capture_count)
     if update_rule not in _RULES:
         raise ValueError(f"{_GDN}: unsupported update_rule '{update_rule}'; expected one of {', '.join(_RULES)}")
     if gate_activation not in ("none", "qwen"):
@@ -285,12 +290,7 @@ def varlen_causal_conv_with_state(
         raise ValueError(f"{_VCC}: input must be (N, channels), got {tuple(x.shape)}")
     if initial_state is None:
         raise ValueError(f"{_VCC}: initial_state (B, channels, (K - 1) * dilation) is required")
-    if not 0 <= state_update_capacity <= 8:
-        raise ValueError(f"{_VCC}: state_update_capacity must be within [0, 8], got {state_update_capacity}")
-    if bool(state_update_capacity) != (capture_count is not None):
-        raise ValueError(f"{_VCC}: capture_count is required exactly when state_update_capacity > 0 "
-                         f"(state_update_capacity={state_update_capacity}, capture_count "
-                         f"{'given' if capture_count is not None else 'absent'})")
+    _check_capture(_VCC, state_update_capacity, capture_count)
     spans = _sequences(cumulative_sequence_length, x.shape[0], initial_state.shape[0], _VCC)
     channels = x.shape[1]
     out = x.new_empty(x.shape)
