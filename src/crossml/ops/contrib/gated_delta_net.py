@@ -17,7 +17,11 @@ GatedDeltaNet
     and key heads become ``x * rsqrt(sum x^2 + 1e-12)`` first. ``scale`` 0 means ``1 / sqrt(d_k)``. ``cu_seqlens``
     (B + 1, int32) splits rank-3 tokens into sequences, sequence b advancing state row b; without it the N tokens are
     B equal sequences (B from the state). ``chunk_size`` is a tuning hint of the spec and changes nothing here.
-    Transition capture (``state_update_capacity`` > 0) is refused with an error.
+    Transition capture (``state_update_capacity`` C > 0, with ``capture_count`` (B) and the host input
+    ``state_update_active``): a third output (B, C * (H_v + H_qk * d_k + H_v * d_v)) holds each row's first
+    min(capture_count, C, length) tokens' decays exp(g), normalized keys and deltas ``beta (v - S^T k)``, struct of
+    arrays as onnxruntime lays it out, zeros elsewhere (all zeros where state_update_active is 0); it runs the torch
+    loop. com.crossml's GatedDeltaNet (graph rule FoldGatedDeltaNetGateCasts) is this op taking half-precision gates.
 
     On a Triton device the whole op is one launch of LinearAttention's kernel (``crossml.kernels.linear_attention``,
     with the V-major state, the L2 norms and the gates fused); on the CPU numba's V-major kernel
@@ -176,7 +180,7 @@ def gated_delta_net(
     if spans is None:
         out, final, *captured = dense(batch, slice(None), state, inplace_target(initial_state, in_place, torch.float32))
         out = out.reshape(*lead, hv, dv)
-        lengths = [math.prod(lead) // batch] * batch
+        lengths = [tokens // batch] * batch
     else:
         out = query.new_empty((lead[0], hv * dv))
         finals, captured = [], []
