@@ -82,3 +82,48 @@ def test_gated_delta_net_and_linear_attention_exports_agree(folders: Path) -> No
     gdn = generate_with(xg, _on_cpu(xg, folders / "qwen35gdn_fp16_cuda"), [PROMPT], MAX_LENGTH)
     default = generate_with(xg, _on_cpu(xg, folders / "qwen35_fp16_cuda"), [PROMPT], MAX_LENGTH)
     assert_greedy_match(gdn, default, atol=5e-2)
+
+
+def test_gpu_rewrites_fold_the_exports_gate_casts_with_the_same_values(folders: Path) -> None:
+    """A GPU session's graph rules on the fp16 export: every GatedDeltaNet takes its half-precision gates directly
+    (com.crossml's, FoldGatedDeltaNetGateCasts), no Cast feeds one, and a prompt's logits and states equal the
+    unrewritten graph's bit for bit where the rest of the rewrites leave the values alone (run here on the CPU with
+    only that rule applied)."""
+    import onnx
+
+    from crossml.graph.load import prepare
+    from crossml.graph.passes import apply_rules
+    from crossml.graph.passes.gate_casts import GATE_CASTS
+    from crossml.runtime.session import fusion_rules
+    from tests.graph._rules import unfused_session
+
+    path = str(folders / "qwen35gdn_fp16_cuda" / "model.onnx")
+    rewritten = prepare(onnx.load(path))
+    fired = apply_rules(rewritten, fusion_rules(None, torch.device("cuda")))
+    assert fired.get("FoldGatedDeltaNetGateCasts") == 1  # the tiny model's one Gated DeltaNet layer
+    nodes = {o: n for n in rewritten.graph.node for o in n.output}
+    for node in (n for n in rewritten.graph.node if n.op_type == "GatedDeltaNet"):
+        assert node.domain == "com.crossml"
+        assert all(nodes[i].op_type != "Cast" for i in node.input[4:6] if i in nodes)
+    model = prepare(onnx.load(path))
+    alone = prepare(onnx.load(path))
+    apply_rules(alone, [GATE_CASTS])
+    ref, got = unfused_session(model), unfused_session(alone)
+    rng = np.random.default_rng(5)
+    feeds = {}
+    for inp in ref.get_inputs():
+        dims = [d if isinstance(d, int) else 1 for d in inp.shape]
+        if inp.name == "input_ids":
+            feeds[inp.name] = rng.integers(3, 300, (1, 6)).astype(np.int64)
+        elif inp.name == "attention_mask":
+            feeds[inp.name] = np.ones((1, 6), np.int64)
+        elif inp.name == "position_ids":
+            feeds[inp.name] = np.broadcast_to(np.arange(6), (3, 1, 6)).astype(np.int64).copy()
+        elif "past_key_values" in inp.name:
+            dims[2] = 0
+            feeds[inp.name] = np.zeros(dims, np.float16)
+        else:
+            feeds[inp.name] = (0.1 * rng.standard_normal(dims)).astype(
+                np.float32 if inp.type == "tensor(float)" else np.float16)
+    for a, b in zip(ref.run(None, feeds), got.run(None, feeds)):
+        np.testing.assert_array_equal(a, b)
