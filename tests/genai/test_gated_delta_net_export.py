@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -36,8 +37,8 @@ def _on_cpu(og, folder: Path):
 def test_the_export_carries_v_major_float32_states(folders: Path) -> None:
     assert VARIANTS["qwen35gdn"][1] == ["linear_attn_op=gated_delta_net"]
     model = _on_cpu(xg, folders / "qwen35gdn_fp16_cuda")
-    ops = {n.op_type for n in __import__("onnx").load(str(folders / "qwen35gdn_fp16_cuda" / "model.onnx"),
-                                                       load_external_data=False).graph.node}
+    ops = {n.op_type for n in onnx.load(str(folders / "qwen35gdn_fp16_cuda" / "model.onnx"),
+                                         load_external_data=False).graph.node}
     assert "GatedDeltaNet" in ops and "LinearAttention" not in ops
     recurrent = [(shape, dtype) for name, shape, dtype in zip(model.io.state_names, model.io.state_shapes,
                                                               model.io.state_dtypes) if name.endswith("recurrent")]
@@ -89,8 +90,6 @@ def test_gpu_rewrites_fold_the_exports_gate_casts_with_the_same_values(folders: 
     (com.crossml's, FoldGatedDeltaNetGateCasts), no Cast feeds one, and a prompt's logits and states equal the
     unrewritten graph's bit for bit where the rest of the rewrites leave the values alone (run here on the CPU with
     only that rule applied)."""
-    import onnx
-
     from crossml.graph.load import prepare
     from crossml.graph.passes import apply_rules
     from crossml.graph.passes.gate_casts import GATE_CASTS

@@ -156,7 +156,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         # shuffles, no block barrier) over 4 value columns, more programs with shorter chains (Qwen3.5's 512-token
         # prompt layer on an H200, the kernel alone in a sweep of 8-64 columns x 1-8 warps: 0.35 ms, against 0.62 ms
         # at 16 columns of 4 warps; a later sweep of 2-16 columns, the minimum of four interleaved medians: 0.30 ms
-        # at 4 columns against 0.34 at 8, GatedDeltaNet's V-major walk 0.40 against 0.42)
+        # at 4 columns against 0.34 at 8, GatedDeltaNet's V-major walk 0.40 against 0.42: benchmarks/linear_attention_tiles.py)
         block_v, warps = min(4, next_power_of_2(dv)), 1
     else:  # a decode step: one token, 2.7 µs at 32 columns of 4 warps (Qwen3.5's layer, in a graph)
         block_v, warps = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16), 4

@@ -24,7 +24,8 @@ _HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 GATES = (4, 5)
 
 
-def _foldable(view: GraphView, node: onnx.NodeProto, name: str) -> onnx.NodeProto | None:
+def _foldable(view: GraphView, name: str) -> onnx.NodeProto | None:
+    """The Cast producing gate input ``name`` where the rule can fold it, else None."""
     cast = view.producer.get(name) if name else None
     if (cast is None or cast.op_type != "Cast" or cast.domain not in ("", "ai.onnx")
             or node_attrs(cast).get("to") != onnx.TensorProto.FLOAT or view.elem_type(cast.input[0]) not in _HALF
@@ -36,7 +37,7 @@ def _foldable(view: GraphView, node: onnx.NodeProto, name: str) -> onnx.NodeProt
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if node.op_type != "GatedDeltaNet" or node.domain != _MS:
         return None
-    casts = {i: c for i in GATES if i < len(node.input) and (c := _foldable(view, node, node.input[i])) is not None}
+    casts = {i: c for i in GATES if i < len(node.input) and (c := _foldable(view, node.input[i])) is not None}
     if not casts:
         return None
     return Match([*casts.values(), node], {"casts": casts})
