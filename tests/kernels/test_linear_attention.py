@@ -126,8 +126,9 @@ def test_gated_delta_net_runs_the_kernel_on_a_gpu_in_place(monkeypatch) -> None:
     monkeypatch.setattr(module, "linear_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     (q, k, v, state, a, b), (a_log, dt_bias), (hq, hv) = _gdn_inputs(False, torch.float16)
     B, T = q.shape[:2]
-    args = [q.reshape(B, T, hq, -1), k.reshape(B, T, hq, -1), v.reshape(B, T, hv, -1), None, a, b, state, a_log,
-            dt_bias]
+    # com.microsoft's op takes float32 gates (as onnxruntime's does); fp16 ones are com.crossml's half_gates variant
+    args = [q.reshape(B, T, hq, -1), k.reshape(B, T, hq, -1), v.reshape(B, T, hv, -1), None, a.float(), b.float(),
+            state, a_log, dt_bias]
     attrs = dict(gate_activation="qwen", beta_activation="sigmoid", qk_l2_norm=1)
     want_out, want_state = gated_delta_net(*args, **attrs)
     ctx = OpContext("gdn", "GatedDeltaNet", 1, 2, (None, None), (True, True), extra={"kv_inplace": True})
