@@ -138,3 +138,117 @@ def test_gated_delta_net_runs_the_kernel_on_a_gpu_in_place(monkeypatch) -> None:
     assert calls == [1] and present is past
     torch.testing.assert_close(out.cpu(), want_out, rtol=4e-3, atol=4e-3)
     torch.testing.assert_close(present.cpu(), want_state, rtol=1e-4, atol=1e-4)
+
+
+CHUNK_CASES = {  # name: batch, tokens, query/key heads, state heads, d_k, d_v, GatedDeltaNet's steps, gate, beta shared
+    "gdn-ragged-chunks": (2, 37, 2, 4, 16, 24, True, "qwen", False),
+    "gdn-mixed-decay": (1, 40, 1, 2, 16, 16, True, "mixed", False),
+    "linear-attention-k-major": (1, 40, 2, 2, 32, 16, False, "log", False),
+    "delta-shared-beta": (2, 33, 3, 3, 16, 16, False, None, True),
+    "inverse-one-key": (1, 20, 1, 4, 16, 16, False, "log", False),
+}
+
+
+def _chunk_inputs(case: str, dtype: torch.dtype, past: bool):
+    B, T, hq, hv, dk, dv, gdn, gate, shared = CHUNK_CASES[case]
+    g = torch.Generator().manual_seed(len(case) + 3 * past)
+    q, k = (torch.randn(B, T, hq, dk, generator=g) for _ in range(2))
+    if not gdn:  # LinearAttention's exports feed normalized keys
+        k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, T, hv * dv, generator=g)
+    state = 0.3 * torch.randn((B, hv, dv, dk) if gdn else (B, hv, dk, dv), generator=g) if past else None
+    decay = qwen = None
+    if gate in ("qwen", "mixed"):  # the raw a of Qwen's gate
+        decay = torch.randn(B, T, hv, generator=g)
+        if gate == "mixed":  # every fifth token forgets (log decays of -3000 and more) between ones that keep (about -1)
+            decay[:, ::5] += 3000.0
+        qwen = (0.5 * torch.randn(hv, generator=g), torch.randn(hv, generator=g))
+    elif gate == "log":
+        decay = -torch.rand(B, T, hv, generator=g)
+    beta = torch.randn(B, T, 1 if shared else hv, generator=g)
+    if not gdn:
+        beta = torch.sigmoid(beta)
+    tensors = [q.reshape(B, T, -1).to(dtype), k.reshape(B, T, -1).to(dtype), v.to(dtype), state, decay, beta]
+    return tensors, qwen, (hq, hv, gdn)
+
+
+def _chunk_reference(tensors, qwen, hq: int, hv: int, gdn: bool):
+    """The op's CPU path: GatedDeltaNet's (V-major state, its fused steps) or LinearAttention's (K-major)."""
+    if gdn:
+        from crossml.ops.contrib.gated_delta_net import _recurrence
+
+        state = tensors[3] if tensors[3] is not None else torch.zeros(tensors[0].shape[0], hv, tensors[2].shape[2] // hv,
+                                                                      tensors[0].shape[2] // hq)
+        return _recurrence(*tensors[:3], state, *tensors[4:], hq=hq, hv=hv, scale=0.25, qk_l2=True, gate=qwen,
+                           sigmoid_beta=True, into=None)
+    rule = "gated_delta" if tensors[4] is not None else "delta"
+    out, state, _ = linear_recurrence(*tensors, hq, hv, 0.25, rule, shared_keys=True)
+    return out, state
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("past", [True, False], ids=["past", "no-past"])
+@pytest.mark.parametrize("case", sorted(CHUNK_CASES))
+def test_chunked_prompt_matches_the_recurrence(device: str, dtype: torch.dtype, past: bool, case: str) -> None:
+    """A prompt in chunks of 16 tokens (crossml.kernels.chunked_delta: the last chunk ragged, or one chunk shorter
+    than 16) against the op's token-by-token CPU path: outputs and float32 states within a rounding."""
+    tensors, qwen, (hq, hv, gdn) = _chunk_inputs(case, dtype, past)
+    want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, gdn)
+    on = [t.to(device) if t is not None else None for t in tensors]
+    options = dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen) if qwen else None,
+                   sigmoid_beta=True) if gdn else {}
+    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, chunk=16, **options)
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    assert out.dtype == dtype and state.dtype == torch.float32 and state.shape == want_state.shape
+    torch.testing.assert_close(out.cpu(), want_out.to(dtype), rtol=tol, atol=tol)
+    stol = 1e-5 if want_state.dtype == torch.float32 else 4e-3  # LinearAttention's without a past: the query's type
+    torch.testing.assert_close(state.cpu(), want_state.float(), rtol=stol, atol=stol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunked_prompt_advances_the_past_state_in_place(device: str) -> None:
+    """``into``: the chunked form reads each program's tile of the past state before it writes the final one."""
+    tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-ragged-chunks", torch.float32, True)
+    want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, True)
+    on = [t.to(device) for t in tensors]
+    past = on[3]
+    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, past, v_major=True, qk_l2=True,
+                                  qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True, chunk=16)
+    assert state is past
+    torch.testing.assert_close(out.cpu(), want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state.cpu(), want_state, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_refuse_what_they_do_not_cover() -> None:
+    """Chunks of a size that is no power of two >= 16, per-key decays, no delta rule, several query heads a state
+    head: ValueError naming what the chunked form needs (the default keeps the token walk there)."""
+    z = torch.zeros(1, 4, 16)
+    beta = torch.zeros(1, 4, 1)
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        linear_attention(z, z, z, None, None, beta, 1, 1, 1, 1.0, torch.float32, chunk=24)
+    with pytest.raises(ValueError, match="one decay per head"):
+        linear_attention(z, z, z, None, torch.zeros(1, 4, 16), beta, 1, 1, 1, 1.0, torch.float32, chunk=16)
+    with pytest.raises(ValueError, match="a delta rule"):
+        linear_attention(z, z, z, None, None, None, 1, 1, 1, 1.0, torch.float32, chunk=16)
+    with pytest.raises(ValueError, match=r"one query head per state head \(here 2\)"):
+        linear_attention(torch.zeros(1, 4, 32), z, z, None, None, beta, 2, 1, 1, 1.0, torch.float32, chunk=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled chunks of 64 at Qwen3.5's head sizes need a GPU")
+@pytest.mark.parametrize("tokens", [64, 300, 1000])
+def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int) -> None:
+    """The default prompt choice (chunks of 64 from 64 tokens) at Qwen3.5-0.8B's layer (16 heads of 128), fp16
+    activations, against the token walk on the same GPU: GatedDeltaNet's V-major float32 state."""
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    H, D = 16, 128
+    q, k, v = (torch.randn(1, tokens, H * D, device="cuda", generator=g).half() for _ in range(3))
+    a, b = (torch.randn(1, tokens, H, device="cuda", generator=g) for _ in range(2))
+    state = 0.1 * torch.randn(1, H, D, D, device="cuda", generator=g)
+    gate = (0.5 * torch.randn(H, device="cuda", generator=g), torch.randn(H, device="cuda", generator=g))
+    options = dict(v_major=True, qk_l2=True, qwen_gate=gate, sigmoid_beta=True)
+    want_out, want_state = linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, chunk=0, **options)
+    out, got_state = linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, **options)
+    torch.testing.assert_close(out, want_out, rtol=4e-3, atol=4e-3)
+    torch.testing.assert_close(got_state, want_state, rtol=1e-4, atol=1e-4)

@@ -22,9 +22,13 @@ import triton
 import triton.language as tl
 
 from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interpreter
+from crossml.kernels.chunked_delta import chunked_delta_rule
 from crossml.kernels.gated_delta import softplus
 
-__all__ = ["linear_attention"]
+__all__ = ["CHUNK", "CHUNKED_FROM", "linear_attention"]
+
+#: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk
+CHUNK, CHUNKED_FROM = 64, 64
 
 
 @triton.jit
@@ -121,7 +125,8 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                      decay: torch.Tensor | None, beta: torch.Tensor | None, q_heads: int, kv_heads: int,
                      key_heads: int, scale: float, state_dtype: torch.dtype, into: torch.Tensor | None = None, *,
                      v_major: bool = False, qk_l2: bool = False, qwen_gate: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     sigmoid_beta: bool = False, tiles: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     sigmoid_beta: bool = False, tiles: tuple | None = None,
+                     chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(output [B, T, max(q_heads, kv_heads) * d_v] in query's dtype, state [B, kv_heads, d_k, d_v] in state_dtype)
     of LinearAttention's packed query [B, T, q_heads * d_k], key [B, T, key_heads * d_k], value
     [B, T, kv_heads * d_v], the past state (None: zeros), decay [B, T, kv_heads] or [B, T, kv_heads * d_k] (log space;
@@ -132,8 +137,13 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     com.microsoft GatedDeltaNet's options (``crossml.ops.contrib.gated_delta_net``): ``v_major``, past and returned
     states [B, kv_heads, d_v, d_k]; ``qk_l2``, the query and key heads L2-normalized first; ``qwen_gate`` = (a_log,
     dt_bias), each [kv_heads], the decay input being the raw ``a`` of ``-exp(a_log) * softplus(a + dt_bias)``;
-    ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) in place of the
-    chosen ones (for benchmarks' sweeps)."""
+    ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) of the token walk in
+    place of the chosen ones, or for chunks ``crossml.kernels.chunked_delta.TILES``'s four (for benchmarks' sweeps).
+
+    A prompt of CHUNKED_FROM tokens or more under a delta rule with one decay per head and one query head per state
+    head runs in chunks of CHUNK tokens (``crossml.kernels.chunked_delta``) in place of the token walk. ``chunk``: 0,
+    the walk always; a power of two >= 16, chunks of that many tokens (ValueError where the chunked form does not
+    cover the case); None, the default choice."""
     B, T, _ = query.shape
     dk = query.shape[2] // q_heads
     dv = value.shape[2] // kv_heads
@@ -150,6 +160,20 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     s = state if into is not None else past.contiguous() if past is not None else state
     a_log, dt_bias = (t.contiguous() for t in qwen_gate) if qwen_gate is not None else (q, q)
     interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
+    per_key = decay is not None and decay.shape[2] == kv_heads * dk
+    chunkable = beta is not None and not per_key and G == 1
+    if chunk is None:
+        chunk = CHUNK if chunkable and T >= CHUNKED_FROM else 0
+    elif chunk and not (chunkable and chunk >= 16 and chunk & (chunk - 1) == 0):
+        raise ValueError(f"linear_attention: chunks of {chunk} tokens need a power of two >= 16, a delta rule (beta), "
+                         f"one decay per head and one query head per state head (here {G})")
+    if chunk and T:
+        chunked_delta_rule(q, k, v, s, g, bt, a_log, dt_bias, out, state, kv_heads=kv_heads, dk=dk, dv=dv, inv=inv,
+                           kdiv=kv_heads // key_heads, scale=scale, has_past=past is not None,
+                           gated=decay is not None, beta_per_head=beta.shape[2] == kv_heads, qk_l2=qk_l2,
+                           qwen_gate=qwen_gate is not None, sigmoid_beta=sigmoid_beta, v_major=v_major, chunk=chunk,
+                           interpret=interpret, tiles=tiles)
+        return out, state
     block_k = max(16, next_power_of_2(dk))
     if T > 1:
         # a prompt walks its tokens in turn, each a chain of two reductions over the key axis: one warp each (warp
@@ -169,7 +193,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             float(scale), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0),
             g.stride(1), bt.stride(0), bt.stride(1), out.stride(0), out.stride(1), 1 if v_major else dv,
             dk if v_major else 1, HAS_PAST=past is not None, GATED=decay is not None,
-            PER_KEY=decay is not None and decay.shape[2] == kv_heads * dk, DELTA=beta is not None,
+            PER_KEY=per_key, DELTA=beta is not None,
             BETA_PER_HEAD=beta is not None and beta.shape[2] == kv_heads, QK_L2=qk_l2, QWEN_GATE=qwen_gate is not None,
             SIGMOID_BETA=sigmoid_beta, BLOCK_G=next_power_of_2(G), BLOCK_K=block_k, BLOCK_V=block_v,
             **({} if interpret else {"num_warps": warps}))

@@ -1,0 +1,125 @@
+"""A prompt's delta-rule recurrence on one GPU: the chunked form (crossml.kernels.chunked_delta) against the token
+walk (crossml.kernels.linear_attention), its tiles and product precision, and the prompt length where it takes over.
+
+One layer of Qwen3.5-0.8B (16 key and 16 value heads of 128), batch 1, fp16 activations: LinearAttention's K-major
+fp16 state (normalized keys, log decays, beta) and GatedDeltaNet's V-major float32 state (raw heads, the L2 norms, Qwen's
+gate and sigmoid beta in the kernels). Each timing is the minimum over four interleaved rounds of 30-event medians,
+the kernels alone. "max diff" is the largest difference of the chunked output from the walk's (same inputs, same
+card), for the precision choice.
+
+    python benchmarks/chunked_delta.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _common import machine, results_parser, write  # noqa: E402
+
+from crossml.kernels import chunked_delta  # noqa: E402
+from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, linear_attention  # noqa: E402
+
+HEADS, D, SWEEP_PROMPT = 16, 128, 512
+PROMPTS = (16, 32, 48, 64, 128, 512, 2048)
+SWEEP = list(itertools.product((16, 32, 64), (4, 8), (4, 8), ("ieee", "tf32x3", "tf32")))
+ROUNDS, RUNS = 4, 30
+LAYOUTS = (("LinearAttention, K-major fp16 state", False), ("GatedDeltaNet, V-major float32 state", True))
+
+
+def _inputs(v_major: bool, tokens: int):
+    """(tensors, options, state dtype) of one layer's prompt: LinearAttention's or GatedDeltaNet's."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(tokens)
+    shape = (1, tokens, HEADS * D)
+    q, k, v = (torch.randn(shape, device=dev, generator=g).half() for _ in range(3))
+    if v_major:
+        state = 0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)
+        a, b = (torch.randn(1, tokens, HEADS, device=dev, generator=g) for _ in range(2))
+        gate = (0.5 * torch.randn(HEADS, device=dev, generator=g), torch.randn(HEADS, device=dev, generator=g))
+        return (q, k, v, state, a, b), dict(v_major=True, qk_l2=True, qwen_gate=gate, sigmoid_beta=True), torch.float32
+    k = torch.nn.functional.normalize(k.float().reshape(1, tokens, HEADS, D), dim=-1).reshape(shape).half()
+    state = (0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)).half()
+    decay = -torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
+    beta = torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
+    return (q, k, v, state, decay, beta), {}, torch.float16
+
+
+def _median_ms(fn) -> float:
+    ts = []
+    for _ in range(RUNS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        ts.append(start.elapsed_time(end))
+    return statistics.median(ts)
+
+
+def _best(calls: dict) -> dict:
+    for call in calls.values():
+        for _ in range(3):  # compile and warm
+            call()
+    torch.cuda.synchronize()
+    best: dict = {}
+    for _ in range(ROUNDS):
+        for key, call in calls.items():
+            best[key] = min(best.get(key, float("inf")), _median_ms(call))
+    return best
+
+
+def _call(tensors, options, state_dtype, **kw):
+    return lambda: linear_attention(*tensors, HEADS, HEADS, HEADS, D ** -0.5, state_dtype, None, **options, **kw)
+
+
+def main() -> None:
+    args = results_parser(__doc__).parse_args()
+    sweep, diffs = {}, {}
+    for layout, v_major in LAYOUTS:
+        tensors, options, state_dtype = _inputs(v_major, SWEEP_PROMPT)
+        want = _call(tensors, options, state_dtype, chunk=0)()[0].float()
+        for tiles in SWEEP:
+            sweep[(layout, tiles)] = _call(tensors, options, state_dtype, chunk=CHUNK, tiles=tiles)
+            diffs[(layout, tiles)] = (sweep[(layout, tiles)]()[0].float() - want).abs().max().item()
+        sweep[(layout, None)] = _call(tensors, options, state_dtype, chunk=0)
+    best = _best(sweep)
+    prompts = {}
+    for (layout, v_major), tokens in itertools.product(LAYOUTS, PROMPTS):
+        tensors, options, state_dtype = _inputs(v_major, tokens)
+        prompts[(layout, tokens, "walk")] = _call(tensors, options, state_dtype, chunk=0)
+        prompts[(layout, tokens, "chunks")] = _call(tensors, options, state_dtype, chunk=CHUNK)
+    by_prompt = _best(prompts)
+    rows = [{"layout": layout, "form": "walk" if tiles is None else "chunks", "tiles": tiles, "ms": ms,
+             "max_diff": diffs.get((layout, tiles), 0.0)} for (layout, tiles), ms in best.items()]
+    lengths = [{"layout": layout, "tokens": tokens, "walk_ms": by_prompt[(layout, tokens, "walk")],
+                "chunks_ms": by_prompt[(layout, tokens, "chunks")]} for layout, _ in LAYOUTS for tokens in PROMPTS]
+    lines = ["# A prompt's delta rule in chunks against the token walk", "",
+             f"GPU: {machine()['gpu']}; torch {torch.__version__}. One layer of {HEADS} heads of {D}, batch 1, fp16 "
+             f"activations; ms, the minimum over {ROUNDS} interleaved rounds of {RUNS}-timing medians, kernels alone. "
+             f"Defaults: chunks of {CHUNK} from {CHUNKED_FROM} tokens, tiles {chunked_delta.TILES}.", "",
+             f"## Tiles and precision, {SWEEP_PROMPT}-token prompt", "",
+             "| layout | form | columns | walk warps | prepare warps | precision | ms | max diff from the walk |",
+             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in sorted(rows, key=lambda r: (r["layout"], r["ms"])):
+        t = r["tiles"] or ("", "", "", "")
+        lines.append(f"| {r['layout']} | {r['form']} | {t[0]} | {t[1]} | {t[2]} | {t[3]} | {r['ms']:.3f} | "
+                     f"{r['max_diff']:.2e} |")
+    lines += ["", "## Prompt length (default tiles)", "", "| layout | tokens | walk ms | chunks ms | walk / chunks |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['layout']} | {r['tokens']} | {r['walk_ms']:.3f} | {r['chunks_ms']:.3f} | "
+              f"{r['walk_ms'] / r['chunks_ms']:.2f} |" for r in lengths]
+    lines += ["", "Produced by benchmarks/chunked_delta.py."]
+    write("chunked_delta", {"machine": machine(), "sweep": rows, "prompts": lengths}, "\n".join(lines) + "\n",
+          args.out)
+
+
+if __name__ == "__main__":
+    main()
