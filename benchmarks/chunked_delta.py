@@ -18,6 +18,7 @@ import statistics
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
@@ -28,8 +29,11 @@ from crossml.kernels import chunked_delta  # noqa: E402
 from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, linear_attention  # noqa: E402
 
 HEADS, D, SWEEP_PROMPT = 16, 128, 512
-PROMPTS = (16, 32, 48, 64, 128, 512, 2048)
-SWEEP = list(itertools.product((16, 32, 64), (4, 8), (4, 8), ("ieee", "tf32x3", "tf32")))
+PROMPTS = (64, 128, 192, 256, 384, 512, 2048)
+# the walking program's tiles (columns, warps, stages) at the default preparation, then the preparation's warps and
+# the products' precision at the default walk
+SWEEP = sorted({(c, w, s, chunked_delta.TILES[3], "tf32") for c, w, s in itertools.product((16, 32, 64), (4, 8), (1, 2))}
+               | {(*chunked_delta.TILES[:3], w, p) for w, p in itertools.product((4, 8), ("ieee", "tf32x3", "tf32"))})
 ROUNDS, RUNS = 4, 30
 LAYOUTS = (("LinearAttention, K-major fp16 state", False), ("GatedDeltaNet, V-major float32 state", True))
 
@@ -82,13 +86,18 @@ def _call(tensors, options, state_dtype, **kw):
 
 def main() -> None:
     args = results_parser(__doc__).parse_args()
-    sweep, diffs = {}, {}
+    sweep, diffs, failed = {}, {}, {}
     for layout, v_major in LAYOUTS:
         tensors, options, state_dtype = _inputs(v_major, SWEEP_PROMPT)
         want = _call(tensors, options, state_dtype, chunk=0)()[0].float()
         for tiles in SWEEP:
-            sweep[(layout, tiles)] = _call(tensors, options, state_dtype, chunk=CHUNK, tiles=tiles)
-            diffs[(layout, tiles)] = (sweep[(layout, tiles)]()[0].float() - want).abs().max().item()
+            call = _call(tensors, options, state_dtype, chunk=CHUNK, tiles=tiles)
+            try:
+                diffs[(layout, tiles)] = (call()[0].float() - want).abs().max().item()
+            except triton.runtime.errors.OutOfResources as e:  # a tile too large for the card: reported, not timed
+                failed[(layout, tiles)] = str(e).split(".")[0]
+                continue
+            sweep[(layout, tiles)] = call
         sweep[(layout, None)] = _call(tensors, options, state_dtype, chunk=0)
     best = _best(sweep)
     prompts = {}
@@ -99,6 +108,8 @@ def main() -> None:
     by_prompt = _best(prompts)
     rows = [{"layout": layout, "form": "walk" if tiles is None else "chunks", "tiles": tiles, "ms": ms,
              "max_diff": diffs.get((layout, tiles), 0.0)} for (layout, tiles), ms in best.items()]
+    rows += [{"layout": layout, "form": "chunks", "tiles": tiles, "ms": None, "max_diff": None, "error": error}
+             for (layout, tiles), error in failed.items()]
     lengths = [{"layout": layout, "tokens": tokens, "walk_ms": by_prompt[(layout, tokens, "walk")],
                 "chunks_ms": by_prompt[(layout, tokens, "chunks")]} for layout, _ in LAYOUTS for tokens in PROMPTS]
     lines = ["# A prompt's delta rule in chunks against the token walk", "",
@@ -106,12 +117,12 @@ def main() -> None:
              f"activations; ms, the minimum over {ROUNDS} interleaved rounds of {RUNS}-timing medians, kernels alone. "
              f"Defaults: chunks of {CHUNK} from {CHUNKED_FROM} tokens, tiles {chunked_delta.TILES}.", "",
              f"## Tiles and precision, {SWEEP_PROMPT}-token prompt", "",
-             "| layout | form | columns | walk warps | prepare warps | precision | ms | max diff from the walk |",
-             "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
-    for r in sorted(rows, key=lambda r: (r["layout"], r["ms"])):
-        t = r["tiles"] or ("", "", "", "")
-        lines.append(f"| {r['layout']} | {r['form']} | {t[0]} | {t[1]} | {t[2]} | {t[3]} | {r['ms']:.3f} | "
-                     f"{r['max_diff']:.2e} |")
+             "| layout | form | columns | walk warps | walk stages | prepare warps | precision | ms | max diff from "
+             "the walk |", "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for r in sorted(rows, key=lambda r: (r["layout"], r["ms"] is None, r["ms"] or 0.0)):
+        t = r["tiles"] or ("",) * 5
+        timing = (f"{r['ms']:.3f} | {r['max_diff']:.2e}" if r["ms"] is not None else f"{r['error']} | ")
+        lines.append(f"| {r['layout']} | {r['form']} | {' | '.join(str(x) for x in t)} | {timing} |")
     lines += ["", "## Prompt length (default tiles)", "", "| layout | tokens | walk ms | chunks ms | walk / chunks |",
               "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['layout']} | {r['tokens']} | {r['walk_ms']:.3f} | {r['chunks_ms']:.3f} | "

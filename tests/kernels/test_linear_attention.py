@@ -199,10 +199,12 @@ def test_chunked_prompt_matches_the_recurrence(device: str, dtype: torch.dtype, 
     options = dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen) if qwen else None,
                    sigmoid_beta=True) if gdn else {}
     out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, chunk=16, **options)
-    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    # the interpreter's products are float32; a GPU's TF32x3 (float32 activations) or TF32 (half: see PRECISION)
+    tol = (1e-5 if device == "cpu" else 1e-4) if dtype == torch.float32 else 4e-3
     assert out.dtype == dtype and state.dtype == torch.float32 and state.shape == want_state.shape
     torch.testing.assert_close(out.cpu(), want_out.to(dtype), rtol=tol, atol=tol)
-    stol = 1e-5 if want_state.dtype == torch.float32 else 4e-3  # LinearAttention's without a past: the query's type
+    stol = 1e-5 if device == "cpu" else 1e-4 if dtype == torch.float32 else 2e-3
+    stol = stol if want_state.dtype == torch.float32 else 4e-3  # LinearAttention's without a past: the query's type
     torch.testing.assert_close(state.cpu(), want_state.float(), rtol=stol, atol=stol)
 
 
@@ -216,8 +218,9 @@ def test_chunked_prompt_advances_the_past_state_in_place(device: str) -> None:
     out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, past, v_major=True, qk_l2=True,
                                   qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True, chunk=16)
     assert state is past
-    torch.testing.assert_close(out.cpu(), want_out, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(state.cpu(), want_state, rtol=1e-5, atol=1e-5)
+    tol = 1e-5 if device == "cpu" else 1e-4  # float32 products in the interpreter, TF32x3 on a GPU
+    torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
 
 
 def test_chunks_refuse_what_they_do_not_cover() -> None:
@@ -238,9 +241,11 @@ def test_chunks_refuse_what_they_do_not_cover() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled chunks of 64 at Qwen3.5's head sizes need a GPU")
 @pytest.mark.parametrize("tokens", [64, 300, 1000])
-def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int) -> None:
-    """The default prompt choice (chunks of 64 from 64 tokens) at Qwen3.5-0.8B's layer (16 heads of 128), fp16
-    activations, against the token walk on the same GPU: GatedDeltaNet's V-major float32 state."""
+def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int, monkeypatch) -> None:
+    """Chunks of 64 (TF32 products) at Qwen3.5-0.8B's layer (16 heads of 128), fp16 activations, against the token
+    walk on the same GPU: GatedDeltaNet's V-major float32 state; the default choice takes chunks from CHUNKED_FROM."""
+    import crossml.kernels.linear_attention as module
+
     g = torch.Generator(device="cuda").manual_seed(tokens)
     H, D = 16, 128
     q, k, v = (torch.randn(1, tokens, H * D, device="cuda", generator=g).half() for _ in range(3))
@@ -249,6 +254,12 @@ def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int) -> None:
     gate = (0.5 * torch.randn(H, device="cuda", generator=g), torch.randn(H, device="cuda", generator=g))
     options = dict(v_major=True, qk_l2=True, qwen_gate=gate, sigmoid_beta=True)
     want_out, want_state = linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, chunk=0, **options)
-    out, got_state = linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, **options)
+    out, got_state = linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, chunk=module.CHUNK,
+                                      **options)
     torch.testing.assert_close(out, want_out, rtol=4e-3, atol=4e-3)
-    torch.testing.assert_close(got_state, want_state, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got_state, want_state, rtol=2e-3, atol=2e-3)
+    calls = []
+    real = module.chunked_delta_rule
+    monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, **options)
+    assert calls == ([1] if tokens >= module.CHUNKED_FROM else [])

@@ -16,14 +16,16 @@ chunk's start, the chunk's start state ``S`` [d_k, d_v], and the token rule of t
 ``_prepare`` (one program per head and chunk, all in parallel) computes everything that does not depend on the state:
 ``W``, ``U'``, ``scale diag(e^γ) Q``, ``P``, ``diag(e^(γ_C - γ)) K`` and ``e^(γ_C)``, with the unit lower-triangular
 solve by forward substitution, row by row (exact elimination: no powers of A, whose entries grow combinatorially).
-``_walk`` (one program per head and block of value columns) then carries the float32 state through the chunks. Every
+``_walk`` (one program per head and block of value columns) then carries the float32 state through the chunks.
+The products run on tensor cores (TF32 for half-precision activations, TF32x3 for float32 ones: see PRECISION); the
+solve and the exponents in float32. Every
 exponent is a difference ``γ_i - γ_j`` with j <= i (or ``γ_C - γ_j``), so nothing overflows however strong the decay.
 
 Covered: the delta rules (``delta``, ``gated_delta``) with one decay per head, beta per head or shared, each state head
 read by one query head (``G`` = 1: GatedDeltaNet, Qwen3.5's LinearAttention), key heads shared by state heads, both
 state layouts, and GatedDeltaNet's fused steps (the L2 norms, Qwen's gate, sigmoid beta). The other cases (per-key
-decays, no delta rule, GQA readers) keep the token walk. Products run in float32 (``input_precision``, see
-``linear_attention``), so the result equals the walk's within a rounding (``tests/kernels/test_linear_attention.py``).
+decays, no delta rule, GQA readers) keep the token walk. The result equals the walk's within a rounding
+(``tests/kernels/test_linear_attention.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,16 @@ from crossml.kernels.gated_delta import softplus
 
 __all__ = ["TILES", "chunked_delta_rule"]
 
-#: (value columns of a walking program, its warps, the preparing program's warps, the products' input precision)
-TILES = (32, 4, 4, "ieee")
+#: (value columns of a walking program, its warps, its pipeline stages, the preparing program's warps, the products'
+#: input precision, None: by the activations' type). The walk's chunk loads are float32 tiles of up to 64 x 256:
+#: deeper pipelines overflow shared memory (three stages of Qwen3.5's 64 x 128 need 256 KB). Qwen3.5-0.8B's layer,
+#: 512 tokens, on an H200 (benchmarks/chunked_delta.py): 0.20 ms (GatedDeltaNet) and 0.19 ms (LinearAttention) with
+#: TF32 products and 8 preparing warps, against the token walk's 0.35 and 0.25; with TF32x3 0.29 and 0.31; with IEEE
+#: float32 (no tensor cores) 3.0 and 2.9.
+TILES = (32, 4, 1, 8, None)
+#: the products' precision by the activations' type: TF32 (a 10-bit mantissa, half precision's) for half-precision
+#: activations, TF32x3 (about float32's) for float32 ones
+PRECISION = {torch.float16: "tf32", torch.bfloat16: "tf32"}
 
 
 @triton.jit
@@ -163,8 +173,7 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
     """Fill ``out`` [B, T, kv_heads * d_v] and ``state`` (from the past state ``s``, which may be ``state`` itself) by
     the chunked delta rule; the arguments as ``linear_attention`` prepares them for its walk (``g`` and ``bt`` stand
     in for missing decay and beta, ``a_log`` / ``dt_bias`` for a missing Qwen gate). ``chunk``: tokens a chunk, a
-    power of two >= 16; ``tiles``: (value columns of a walking program, its warps, the preparing program's warps, the
-    products' ``input_precision``) in place of TILES (for benchmarks' sweeps)."""
+    power of two >= 16; ``tiles``: TILES's five in place of them (for benchmarks' sweeps)."""
     B, T = q.shape[:2]
     nc = cdiv(T, chunk)
     rows = B * kv_heads
@@ -175,9 +184,10 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
     gc = torch.empty((rows, nc), **f32)
     block_k = max(16, next_power_of_2(dk))
     block_dv = max(16, next_power_of_2(dv))
-    columns, walk_warps, prepare_warps, precision = tiles if tiles is not None else TILES
+    columns, walk_warps, stages, prepare_warps, precision = tiles if tiles is not None else TILES
+    precision = precision or PRECISION.get(q.dtype, "tf32x3")
     block_v = min(block_dv, columns)
-    warps = {} if interpret else {"num_warps": prepare_warps}
+    warps = {} if interpret else {"num_warps": prepare_warps, "num_stages": 1}
     with on_device(q, interpret):
         _prepare_kernel[(rows, nc)](
             q, k, v, g, bt, a_log, dt_bias, w, u, qg, kd, p, gc, T, nc, kv_heads, dk, dv, inv, kdiv, float(scale),
@@ -187,4 +197,4 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
         _walk_kernel[(rows, cdiv(dv, block_v))](
             w, u, qg, kd, p, gc, s, out, state, T, nc, kv_heads, dk, dv, out.stride(0), out.stride(1),
             1 if v_major else dv, dk if v_major else 1, HAS_PAST=has_past, C=chunk, BLOCK_K=block_k,
-            BLOCK_V=block_v, PREC=precision, **({} if interpret else {"num_warps": walk_warps}))
+            BLOCK_V=block_v, PREC=precision, **({} if interpret else {"num_warps": walk_warps, "num_stages": stages}))

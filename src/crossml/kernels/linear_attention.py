@@ -28,7 +28,7 @@ from crossml.kernels.gated_delta import softplus
 __all__ = ["CHUNK", "CHUNKED_FROM", "linear_attention"]
 
 #: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk
-CHUNK, CHUNKED_FROM = 64, 64
+CHUNK, CHUNKED_FROM = 64, 192
 
 
 @triton.jit
@@ -138,7 +138,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     states [B, kv_heads, d_v, d_k]; ``qk_l2``, the query and key heads L2-normalized first; ``qwen_gate`` = (a_log,
     dt_bias), each [kv_heads], the decay input being the raw ``a`` of ``-exp(a_log) * softplus(a + dt_bias)``;
     ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) of the token walk in
-    place of the chosen ones, or for chunks ``crossml.kernels.chunked_delta.TILES``'s four (for benchmarks' sweeps).
+    place of the chosen ones, or for chunks ``crossml.kernels.chunked_delta.TILES``'s five (for benchmarks' sweeps).
 
     A prompt of CHUNKED_FROM tokens or more under a delta rule with one decay per head and one query head per state
     head runs in chunks of CHUNK tokens (``crossml.kernels.chunked_delta``) in place of the token walk. ``chunk``: 0,
