@@ -43,10 +43,11 @@ __all__ = ["TILES", "chunked_delta_rule"]
 
 #: (value columns of a walking program, its warps, its pipeline stages, the preparing program's warps, the products'
 #: input precision, None: by the activations' type). The walk's chunk loads are float32 tiles of up to 64 x 256:
-#: deeper pipelines overflow shared memory (three stages of Qwen3.5's 64 x 128 need 256 KB). Qwen3.5-0.8B's layer,
-#: 512 tokens, on an H200 (benchmarks/chunked_delta.py): 0.20 ms (GatedDeltaNet) and 0.19 ms (LinearAttention) with
-#: TF32 products and 8 preparing warps, against the token walk's 0.35 and 0.25; with TF32x3 0.29 and 0.31; with IEEE
-#: float32 (no tensor cores) 3.0 and 2.9.
+#: deeper pipelines overflow shared memory (two stages of Qwen3.5's 64 x 128 need 240-288 KB). Qwen3.5-0.8B's layer,
+#: 512 tokens, on an H200 (benchmarks/chunked_delta.py, with the row-by-row inverse of the first form): 0.19 ms
+#: (GatedDeltaNet) and 0.18 ms (LinearAttention) with TF32 products and 8 preparing warps, against the token walk's
+#: 0.32 and 0.24; 16-64 value columns and 4 or 8 walking warps within 10 %; 4 preparing warps 0.21; TF32x3 0.28 and
+#: 0.30; IEEE float32 (no tensor cores) 3.0 and 2.9.
 TILES = (32, 4, 1, 8, None)
 #: the products' precision by the activations' type: TF32 (a 10-bit mantissa, half precision's) for half-precision
 #: activations, TF32x3 (about float32's) for float32 ones

@@ -27,8 +27,11 @@ from crossml.kernels.gated_delta import softplus
 
 __all__ = ["CHUNK", "CHUNKED_FROM", "linear_attention"]
 
-#: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk
-CHUNK, CHUNKED_FROM = 64, 192
+#: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk: on an
+#: H200 (benchmarks/chunked_delta.py, Qwen3.5-0.8B's layer), with the row-by-row inverse the chunks took over at 192
+#: tokens for GatedDeltaNet's V-major walk (1.01x) and between 256 and 384 for LinearAttention's K-major one (0.95x,
+#: 1.14x); 384 holds for both. The block-elimination inverse since is less work, its crossover not yet measured.
+CHUNK, CHUNKED_FROM = 64, 384
 
 
 @triton.jit
