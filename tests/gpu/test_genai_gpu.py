@@ -132,6 +132,46 @@ def test_gated_deltanet_builds_on_the_gpu_match_the_folder_on_the_cpu(models: Pa
 
 
 
+@pytest.mark.parametrize("build", ["qwen35_fp16_cuda", "qwen35gdn_fp16_cuda", "qwen35gdn_int4_cuda"])
+def test_chunked_prompts_match_the_token_walk(models: Path, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt of two chunks and more through the chunked delta rule (crossml.kernels.chunked_delta, forced from 16
+    tokens: the tiny models' context is 256, below CHUNKED_FROM) against the same folder's token walk on the same
+    GPU: Qwen3.5's LinearAttention export (K-major fp16 states) and its Gated DeltaNet export (V-major float32 ones):
+    the same first greedy tokens, their logits within 1 % of the scale (TF32 products in the chunks)."""
+    import crossml.kernels.linear_attention as module
+
+    calls = []
+    real = module.chunked_delta_rule
+    monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(a[0].shape[1]) or real(*a, **kw))
+    runs = []
+    for start in (16, 1 << 30):  # chunks, then the walk, each in a model of its own (nothing recorded carries over)
+        monkeypatch.setattr(module, "CHUNKED_FROM", start)
+        model = og.Model(str(models / build))
+        tok = og.Tokenizer(model)
+        ids = tok.encode(" ".join([PROMPT] * 20))  # 140 tokens: three chunks, the last ragged
+        assert 2 * module.CHUNK < len(ids) < 200
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + NEW)
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        logits = [gen.get_logits().copy()]
+        while not gen.is_done():
+            gen.generate_next_token()
+            logits.append(gen.get_logits().copy())
+        runs.append((gen.get_sequence(0).tolist(), logits))
+        if start == 16:
+            assert len(ids) in calls  # the prompt's layers ran in chunks
+            calls.clear()
+    assert calls == []  # the walk's run took no chunks
+    (seq, logits), (ref_seq, ref_logits) = runs
+    first = len(ref_seq) - NEW + 4
+    assert seq[:first] == ref_seq[:first]
+    for step in range(4):
+        got, want = logits[step], ref_logits[step]
+        scale = float(np.abs(want).max())
+        np.testing.assert_allclose(got, want, atol=0.01 * scale, rtol=0, err_msg=f"logits of step {step}")
+
+
 def _captured(folder: str, capture: str = "1") -> og.Model:
     config = og.Config(folder)
     entries = {"ep.dml.enable_graph_capture": capture}  # a session config entry, as onnxruntime-genai takes it
