@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import statistics
 import sys
 
 import torch
@@ -24,11 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _common import machine, results_parser, write  # noqa: E402
+from linear_attention_tiles import HEADS, D, layer_inputs, median_ms  # noqa: E402
 
 from crossml.kernels import chunked_delta  # noqa: E402
 from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, linear_attention  # noqa: E402
 
-HEADS, D, SWEEP_PROMPT = 16, 128, 512
+SWEEP_PROMPT = 512
 PROMPTS = (64, 128, 192, 256, 384, 512, 2048)
 # the walking program's tiles (columns, warps, stages) at the default preparation, then the preparation's warps and
 # the products' precision at the default walk
@@ -36,36 +36,6 @@ SWEEP = sorted({(c, w, s, chunked_delta.TILES[3], "tf32") for c, w, s in itertoo
                | {(*chunked_delta.TILES[:3], w, p) for w, p in itertools.product((4, 8), ("ieee", "tf32x3", "tf32"))})
 ROUNDS, RUNS = 4, 30
 LAYOUTS = (("LinearAttention, K-major fp16 state", False), ("GatedDeltaNet, V-major float32 state", True))
-
-
-def _inputs(v_major: bool, tokens: int):
-    """(tensors, options, state dtype) of one layer's prompt: LinearAttention's or GatedDeltaNet's."""
-    dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(tokens)
-    shape = (1, tokens, HEADS * D)
-    q, k, v = (torch.randn(shape, device=dev, generator=g).half() for _ in range(3))
-    if v_major:
-        state = 0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)
-        a, b = (torch.randn(1, tokens, HEADS, device=dev, generator=g) for _ in range(2))
-        gate = (0.5 * torch.randn(HEADS, device=dev, generator=g), torch.randn(HEADS, device=dev, generator=g))
-        return (q, k, v, state, a, b), dict(v_major=True, qk_l2=True, qwen_gate=gate, sigmoid_beta=True), torch.float32
-    k = torch.nn.functional.normalize(k.float().reshape(1, tokens, HEADS, D), dim=-1).reshape(shape).half()
-    state = (0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)).half()
-    decay = -torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
-    beta = torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
-    return (q, k, v, state, decay, beta), {}, torch.float16
-
-
-def _median_ms(fn) -> float:
-    ts = []
-    for _ in range(RUNS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        ts.append(start.elapsed_time(end))
-    return statistics.median(ts)
 
 
 def _best(calls: dict) -> dict:
@@ -76,7 +46,7 @@ def _best(calls: dict) -> dict:
     best: dict = {}
     for _ in range(ROUNDS):
         for key, call in calls.items():
-            best[key] = min(best.get(key, float("inf")), _median_ms(call))
+            best[key] = min(best.get(key, float("inf")), median_ms(call, RUNS))
     return best
 
 
@@ -88,7 +58,7 @@ def main() -> None:
     args = results_parser(__doc__).parse_args()
     sweep, diffs, failed = {}, {}, {}
     for layout, v_major in LAYOUTS:
-        tensors, options, state_dtype = _inputs(v_major, SWEEP_PROMPT)
+        tensors, options, state_dtype = layer_inputs(v_major, SWEEP_PROMPT, seed=SWEEP_PROMPT)
         want = _call(tensors, options, state_dtype, chunk=0)()[0].float()
         for tiles in SWEEP:
             call = _call(tensors, options, state_dtype, chunk=CHUNK, tiles=tiles)
@@ -102,7 +72,7 @@ def main() -> None:
     best = _best(sweep)
     prompts = {}
     for (layout, v_major), tokens in itertools.product(LAYOUTS, PROMPTS):
-        tensors, options, state_dtype = _inputs(v_major, tokens)
+        tensors, options, state_dtype = layer_inputs(v_major, tokens, seed=tokens)
         prompts[(layout, tokens, "walk")] = _call(tensors, options, state_dtype, chunk=0)
         prompts[(layout, tokens, "chunks")] = _call(tensors, options, state_dtype, chunk=CHUNK)
     by_prompt = _best(prompts)

@@ -30,28 +30,30 @@ TILES = ((2, 1), (4, 1), (8, 1), (8, 2))
 ROUNDS, RUNS = 4, 30
 
 
-def _inputs(v_major: bool):
-    """(tensors, options, state dtype) of one layer's walk: LinearAttention's or GatedDeltaNet's."""
+def layer_inputs(v_major: bool, tokens: int = PROMPT, seed: int = 0):
+    """(tensors, options, state dtype) of one layer's prompt of ``tokens``: LinearAttention's or GatedDeltaNet's
+    (shared with benchmarks/chunked_delta.py)."""
     dev = torch.device("cuda")
-    g = torch.Generator(device=dev).manual_seed(0)
-    shape = (1, PROMPT, HEADS * D)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    shape = (1, tokens, HEADS * D)
     q, k, v = (torch.randn(shape, device=dev, generator=g).half() for _ in range(3))
     if v_major:  # raw heads, the raw a and b projections, a float32 V-major state
         state = 0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)
-        a, b = (torch.randn(1, PROMPT, HEADS, device=dev, generator=g) for _ in range(2))
+        a, b = (torch.randn(1, tokens, HEADS, device=dev, generator=g) for _ in range(2))
         gate = (0.5 * torch.randn(HEADS, device=dev, generator=g), torch.randn(HEADS, device=dev, generator=g))
         options = dict(v_major=True, qk_l2=True, qwen_gate=gate, sigmoid_beta=True)
         return (q, k, v, state, a, b), options, torch.float32
-    k = torch.nn.functional.normalize(k.float().reshape(1, PROMPT, HEADS, D), dim=-1).reshape(shape).half()
+    k = torch.nn.functional.normalize(k.float().reshape(1, tokens, HEADS, D), dim=-1).reshape(shape).half()
     state = (0.1 * torch.randn(1, HEADS, D, D, device=dev, generator=g)).half()
-    decay = -torch.rand(1, PROMPT, HEADS, device=dev, generator=g).half()
-    beta = torch.rand(1, PROMPT, HEADS, device=dev, generator=g).half()
+    decay = -torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
+    beta = torch.rand(1, tokens, HEADS, device=dev, generator=g).half()
     return (q, k, v, state, decay, beta), {}, torch.float16
 
 
-def _median_ms(fn) -> float:
+def median_ms(fn, runs: int = RUNS) -> float:
+    """The median of ``runs`` CUDA-event timings of ``fn()``, each synchronized."""
     ts = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -66,7 +68,7 @@ def main() -> None:
     calls = {}
     for layout, v_major in (("LinearAttention, K-major fp16 state", False), ("GatedDeltaNet, V-major float32 state",
                                                                              True)):
-        tensors, options, state_dtype = _inputs(v_major)
+        tensors, options, state_dtype = layer_inputs(v_major)
         for tiles in TILES:
             def call(tensors=tensors, options=options, state_dtype=state_dtype, tiles=tiles):
                 return linear_attention(*tensors, HEADS, HEADS, HEADS, 0.1, state_dtype, None, **options, tiles=tiles)
@@ -77,7 +79,7 @@ def main() -> None:
     best: dict[tuple, float] = {}
     for _ in range(ROUNDS):
         for key, call in calls.items():
-            best[key] = min(best.get(key, float("inf")), _median_ms(call))
+            best[key] = min(best.get(key, float("inf")), median_ms(call))
     rows = [{"layout": layout, "columns": tiles[0], "warps": tiles[1], "ms": ms} for (layout, tiles), ms in best.items()]
     lines = ["# A Gated DeltaNet prompt's token walk: value columns and warps per program", "",
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. One layer of {HEADS} heads of {D}, a {PROMPT}-token "
