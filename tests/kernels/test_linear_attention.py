@@ -223,6 +223,26 @@ def test_chunked_prompt_advances_the_past_state_in_place(device: str) -> None:
     torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
+def test_long_prompts_run_in_segments(device: str, in_place: bool, monkeypatch) -> None:
+    """A prompt longer than SEGMENT runs in segments (here of 32 tokens: two chunks, then a ragged segment of 5), each
+    from the state the last one left, reusing one scratch: the op's CPU values within a rounding."""
+    from crossml.kernels import chunked_delta
+
+    monkeypatch.setattr(chunked_delta, "SEGMENT", 32)
+    tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-ragged-chunks", torch.float32, True)
+    want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, True)
+    on = [t.to(device) for t in tensors]
+    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, on[3] if in_place else None, v_major=True,
+                                  qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True,
+                                  chunk=16)
+    assert (state is on[3]) == in_place
+    tol = 1e-5 if device == "cpu" else 1e-4
+    torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
+
+
 def test_chunks_refuse_what_they_do_not_cover() -> None:
     """Chunks of a size that is no power of two >= 16, per-key decays, no delta rule, several query heads a state
     head: ValueError naming what the chunked form needs (the default keeps the token walk there)."""

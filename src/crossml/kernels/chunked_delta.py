@@ -39,7 +39,7 @@ import triton.language as tl
 from crossml.kernels._launch import cdiv, next_power_of_2, on_device
 from crossml.kernels.gated_delta import softplus
 
-__all__ = ["TILES", "chunked_delta_rule"]
+__all__ = ["PRECISION", "SEGMENT", "TILES", "chunked_delta_rule"]
 
 #: (value columns of a walking program, its warps, its pipeline stages, the preparing program's warps, the products'
 #: input precision, None: by the activations' type). The walk's chunk loads are float32 tiles of up to 64 x 256:
@@ -49,6 +49,9 @@ __all__ = ["TILES", "chunked_delta_rule"]
 #: 0.32 and 0.24; 16-64 value columns and 4 or 8 walking warps within 10 %; 4 preparing warps 0.21; TF32x3 0.28 and
 #: 0.30; IEEE float32 (no tensor cores) 3.0 and 2.9.
 TILES = (32, 4, 1, 8, None)
+#: the longest span of tokens one pair of launches takes (a multiple of the chunk): the scratch is about 2.3 KB a token
+#: and state head of 128 x 128, so about 9.4 MB a head
+SEGMENT = 4096
 #: the products' precision by the activations' type: TF32 (a 10-bit mantissa, half precision's) for half-precision
 #: activations, TF32x3 (about float32's) for float32 ones
 PRECISION = {torch.float16: "tf32", torch.bfloat16: "tf32"}
@@ -130,11 +133,12 @@ def _prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, alog_ptr, dtb_ptr, w_p
 
 
 @triton.jit
-def _walk_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, p_ptr, gc_ptr, s_ptr, o_ptr, so_ptr, T, NC, HKV, DK, DV, s_ob, s_ot,
+def _walk_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, p_ptr, gc_ptr, s_ptr, o_ptr, so_ptr, T, NC, CHUNKS, HKV, DK, DV, s_ob, s_ot,
                  SK, SV, HAS_PAST: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                  PREC: tl.constexpr):
     """Program (b * HKV + h, value block): state head h of entry b, value columns ``value block * BLOCK_V ..``,
-    carried through the chunks (state element (key row i, value column j) at ``i * SK + j * SV``)."""
+    carried through the segment's CHUNKS chunks (the scratch holds NC a head; state element (key row i, value column
+    j) at ``i * SK + j * SV``)."""
     bh = tl.program_id(0)
     h = bh % HKV
     b = (bh // HKV).to(tl.int64)
@@ -151,7 +155,7 @@ def _walk_kernel(w_ptr, u_ptr, qg_ptr, kd_ptr, p_ptr, gc_ptr, s_ptr, o_ptr, so_p
     base = bh.to(tl.int64) * NC * C
     i = tl.arange(0, C)
     ob = o_ptr + b * s_ob + h * DV + vs[None, :]
-    for c in range(NC):
+    for c in range(CHUNKS):
         rows = base + c * C + i
         rk = (rows[:, None] >= 0) & k_ok[None, :]
         w = tl.load(w_ptr + rows[:, None] * DK + ks[None, :], mask=rk, other=0.0)
@@ -178,7 +182,10 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
     in for missing decay and beta, ``a_log`` / ``dt_bias`` for a missing Qwen gate). ``chunk``: tokens a chunk, a
     power of two >= 16; ``tiles``: TILES's five in place of them (for benchmarks' sweeps)."""
     B, T = q.shape[:2]
-    nc = cdiv(T, chunk)
+    # the scratch holds float32 W, U', the gated queries and keys and P: a long prompt runs in segments of SEGMENT
+    # tokens, each from the state the last one left
+    span = min(T, max(chunk, SEGMENT // chunk * chunk))
+    nc = cdiv(span, chunk)
     rows = B * kv_heads
     f32 = dict(dtype=torch.float32, device=q.device)
     w, qg, kd = (torch.empty((rows, nc * chunk, dk), **f32) for _ in range(3))
@@ -191,14 +198,19 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
     precision = precision or PRECISION.get(q.dtype, "tf32x3")
     block_v = min(block_dv, columns)
     warps = {} if interpret else {"num_warps": prepare_warps, "num_stages": 1}
-    with on_device(q, interpret):
-        _prepare_kernel[(rows, nc)](
-            q, k, v, g, bt, a_log, dt_bias, w, u, qg, kd, p, gc, T, nc, kv_heads, dk, dv, inv, kdiv, float(scale),
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
-            bt.stride(0), bt.stride(1), GATED=gated, BETA_PER_HEAD=beta_per_head, QK_L2=qk_l2, QWEN_GATE=qwen_gate,
-            SIGMOID_BETA=sigmoid_beta, C=chunk, BLOCK_K=block_k, BLOCK_V=block_dv, PREC=precision,
-            SOLVE="ieee" if precision == "ieee" else "tf32x3", LOG_C=chunk.bit_length() - 1, **warps)
-        _walk_kernel[(rows, cdiv(dv, block_v))](
-            w, u, qg, kd, p, gc, s, out, state, T, nc, kv_heads, dk, dv, out.stride(0), out.stride(1),
-            1 if v_major else dv, dk if v_major else 1, HAS_PAST=has_past, C=chunk, BLOCK_K=block_k,
-            BLOCK_V=block_v, PREC=precision, **({} if interpret else {"num_warps": walk_warps, "num_stages": stages}))
+    for start in range(0, T, span):
+        qs, ks, vs, gs, bs, os_ = (x[:, start:start + span] for x in (q, k, v, g, bt, out))
+        n = qs.shape[1]
+        with on_device(q, interpret):
+            _prepare_kernel[(rows, cdiv(n, chunk))](
+                qs, ks, vs, gs, bs, a_log, dt_bias, w, u, qg, kd, p, gc, n, nc, kv_heads, dk, dv, inv, kdiv,
+                float(scale), qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
+                gs.stride(0), gs.stride(1), bs.stride(0), bs.stride(1), GATED=gated, BETA_PER_HEAD=beta_per_head,
+                QK_L2=qk_l2, QWEN_GATE=qwen_gate, SIGMOID_BETA=sigmoid_beta, C=chunk, BLOCK_K=block_k,
+                BLOCK_V=block_dv, PREC=precision, SOLVE="ieee" if precision == "ieee" else "tf32x3",
+                LOG_C=chunk.bit_length() - 1, **warps)
+            _walk_kernel[(rows, cdiv(dv, block_v))](
+                w, u, qg, kd, p, gc, s if start == 0 else state, os_, state, n, nc, cdiv(n, chunk), kv_heads, dk, dv,
+                os_.stride(0), os_.stride(1), 1 if v_major else dv, dk if v_major else 1,
+                HAS_PAST=has_past or start > 0, C=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PREC=precision,
+                **({} if interpret else {"num_warps": walk_warps, "num_stages": stages}))
