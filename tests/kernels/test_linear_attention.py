@@ -245,7 +245,8 @@ def test_long_prompts_run_in_segments(device: str, in_place: bool, monkeypatch) 
 
 def test_chunks_refuse_what_they_do_not_cover() -> None:
     """Chunks of a size that is no power of two >= 16, per-key decays, no delta rule, several query heads a state
-    head: ValueError naming what the chunked form needs (the default keeps the token walk there)."""
+    head, heads wider than 128: ValueError naming what the chunked form needs (the default keeps the token walk
+    there)."""
     z = torch.zeros(1, 4, 16)
     beta = torch.zeros(1, 4, 1)
     with pytest.raises(ValueError, match="power of two >= 16"):
@@ -256,6 +257,9 @@ def test_chunks_refuse_what_they_do_not_cover() -> None:
         linear_attention(z, z, z, None, None, None, 1, 1, 1, 1.0, torch.float32, chunk=16)
     with pytest.raises(ValueError, match=r"one query head per state head \(here 2\)"):
         linear_attention(torch.zeros(1, 4, 32), z, z, None, None, beta, 2, 1, 1, 1.0, torch.float32, chunk=16)
+    wide = torch.zeros(1, 4, 160)
+    with pytest.raises(ValueError, match=r"head sizes up to 128 \(here 160 and 160\)"):
+        linear_attention(wide, wide, wide, None, None, beta, 1, 1, 1, 1.0, torch.float32, chunk=16)
 
 
 @pytest.mark.gpu

@@ -25,13 +25,15 @@ from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interp
 from crossml.kernels.chunked_delta import chunked_delta_rule
 from crossml.kernels.gated_delta import softplus
 
-__all__ = ["CHUNK", "CHUNKED_FROM", "linear_attention"]
+__all__ = ["CHUNK", "CHUNKED_FROM", "CHUNK_HEAD_MAX", "linear_attention"]
 
 #: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk: on an
 #: H200 (benchmarks/chunked_delta.py, Qwen3.5-0.8B's layer), with the row-by-row inverse the chunks took over at 192
 #: tokens for GatedDeltaNet's V-major walk (1.01x) and between 256 and 384 for LinearAttention's K-major one (0.95x,
 #: 1.14x); 384 holds for both. The block-elimination inverse since is less work, its crossover not yet measured.
 CHUNK, CHUNKED_FROM = 64, 384
+#: the largest key / value head size the chunked form takes (Qwen3.5's is 128)
+CHUNK_HEAD_MAX = 128
 
 
 @triton.jit
@@ -164,12 +166,14 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     a_log, dt_bias = (t.contiguous() for t in qwen_gate) if qwen_gate is not None else (q, q)
     interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
     per_key = decay is not None and decay.shape[2] == kv_heads * dk
-    chunkable = beta is not None and not per_key and G == 1
+    # (head sizes past 128: the chunk walk's float32 tiles of 64 x 256 would outgrow shared memory; not measured)
+    chunkable = beta is not None and not per_key and G == 1 and dk <= CHUNK_HEAD_MAX and dv <= CHUNK_HEAD_MAX
     if chunk is None:
         chunk = CHUNK if chunkable and T >= CHUNKED_FROM else 0
     elif chunk and not (chunkable and chunk >= 16 and chunk & (chunk - 1) == 0):
         raise ValueError(f"linear_attention: chunks of {chunk} tokens need a power of two >= 16, a delta rule (beta), "
-                         f"one decay per head and one query head per state head (here {G})")
+                         f"one decay per head, one query head per state head (here {G}) and head sizes up to "
+                         f"{CHUNK_HEAD_MAX} (here {dk} and {dv})")
     if chunk and T:
         chunked_delta_rule(q, k, v, s, g, bt, a_log, dt_bias, out, state, kv_heads=kv_heads, dk=dk, dv=dv, inv=inv,
                            kdiv=kv_heads // key_heads, scale=scale, has_past=past is not None,
