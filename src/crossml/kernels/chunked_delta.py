@@ -20,8 +20,10 @@ powers of A, whose entries grow combinatorially; row-by-row substitution took 63
 reductions, about 0.1 ms a 64-token chunk on an H200).
 ``_walk`` (one program per head and block of value columns) then carries the float32 state through the chunks.
 The products run on tensor cores (TF32 for half-precision activations, TF32x3 for float32 ones: see PRECISION), the
-inverse's in TF32x3, the exponents in float32. Every
-exponent is a difference ``γ_i - γ_j`` with j <= i (or ``γ_C - γ_j``), so nothing overflows however strong the decay.
+inverse's in TF32x3, the exponents in float32. Each exponent is summed over its own span of tokens (``l_(j+1) + .. +
+l_i``, from the chunk's start, or to its end), never taken as the difference of two prefix sums: with decays of at
+most 1 nothing overflows, and strong decays (prefix sums in the thousands) cost the weak ones beside them no
+precision (``test_chunked_prompt_matches_the_recurrence[gdn-mixed-decay-*]``).
 
 Covered: the delta rules (``delta``, ``gated_delta``) with one decay per head, beta per head or shared, each state head
 read by one query head (``G`` = 1: GatedDeltaNet, Qwen3.5's LinearAttention), key heads shared by state heads, both
@@ -42,7 +44,7 @@ from crossml.kernels.gated_delta import softplus
 __all__ = ["PRECISION", "SEGMENT", "TILES", "chunked_delta_rule"]
 
 #: (value columns of a walking program, its warps, its pipeline stages, the preparing program's warps, the products'
-#: input precision, None: by the activations' type). The walk's chunk loads are float32 tiles of up to 64 x 256:
+#: input precision, None: by the activations' type). The walk's chunk loads are float32 tiles of up to 64 x 128:
 #: deeper pipelines overflow shared memory (two stages of Qwen3.5's 64 x 128 need 240-288 KB). Qwen3.5-0.8B's layer,
 #: 512 tokens, on an H200 (benchmarks/chunked_delta.py, with the row-by-row inverse of the first form): 0.19 ms
 #: (GatedDeltaNet) and 0.18 ms (LinearAttention) with TF32 products and 8 preparing warps, against the token walk's
