@@ -30,10 +30,11 @@ from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, linear_attenti
 
 SWEEP_PROMPT = 512
 PROMPTS = (64, 128, 192, 256, 384, 512, 2048)
-# the walking program's tiles (columns, warps, stages) at the default preparation, then the preparation's warps and
-# the products' precision at the default walk
-SWEEP = sorted({(c, w, s, chunked_delta.TILES[3], "tf32") for c, w, s in itertools.product((16, 32, 64), (4, 8), (1, 2))}
-               | {(*chunked_delta.TILES[:3], w, p) for w, p in itertools.product((4, 8), ("ieee", "tf32x3", "tf32"))})
+# the walking program's tiles (columns, warps; one pipeline stage: two overflowed shared memory at every tile of the
+# first sweep) at the default preparation, then the preparation's warps and the products' precision at the default
+# walk (IEEE float32 products, 15 times slower in the first sweep, are left out)
+SWEEP = sorted({(c, w, 1, chunked_delta.TILES[3], "tf32") for c, w in itertools.product((16, 32, 64), (4, 8))}
+               | {(*chunked_delta.TILES[:3], w, p) for w, p in itertools.product((4, 8), ("tf32x3", "tf32"))})
 ROUNDS, RUNS = 4, 30
 LAYOUTS = (("LinearAttention, K-major fp16 state", False), ("GatedDeltaNet, V-major float32 state", True))
 
