@@ -243,6 +243,32 @@ def test_long_prompts_run_in_segments(device: str, in_place: bool, monkeypatch) 
     torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_default_takes_chunks_from_chunked_from(device: str, monkeypatch) -> None:
+    """chunk=None: prompts of CHUNKED_FROM tokens or more (here 32) go in chunks of CHUNK (here 16), shorter ones and
+    cases the chunked form does not cover (a per-key decay) walk their tokens; each gives the op's CPU values."""
+    import crossml.kernels.linear_attention as module
+
+    monkeypatch.setattr(module, "CHUNK", 16)
+    monkeypatch.setattr(module, "CHUNKED_FROM", 32)
+    calls = []
+    real = module.chunked_delta_rule
+    monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(kw["chunk"]) or real(*a, **kw))
+    tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-mixed-decay", torch.float32, True)
+    for tokens, per_key, want in ((37, False, [16]), (31, False, []), (37, True, [])):
+        cut = [t[:, :tokens] for t in tensors[:3]] + [tensors[3], tensors[4][:, :tokens], tensors[5][:, :tokens]]
+        if per_key:  # one decay a key dimension: the walk alone takes it
+            cut[4] = cut[4].repeat_interleave(tensors[0].shape[2] // hq, dim=2)
+        want_out, want_state = _chunk_reference(cut, qwen, hq, hv, True)
+        calls.clear()
+        out, state = linear_attention(*(t.to(device) for t in cut), hq, hv, hq, 0.25, torch.float32, v_major=True,
+                                      qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True)
+        assert calls == want
+        tol = 1e-5 if device == "cpu" else 1e-4
+        torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
+        torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
+
+
 def test_chunks_refuse_what_they_do_not_cover() -> None:
     """Chunks of a size that is no power of two >= 16, per-key decays, no delta rule, several query heads a state
     head, heads wider than 128: ValueError naming what the chunked form needs (the default keeps the token walk
