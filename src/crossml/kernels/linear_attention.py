@@ -186,8 +186,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         # a prompt walks its tokens in turn, each a chain of two reductions over the key axis: one warp each (warp
         # shuffles, no block barrier) over 4 value columns, more programs with shorter chains (Qwen3.5's 512-token
         # prompt layer on an H200, the kernel alone in a sweep of 8-64 columns x 1-8 warps: 0.35 ms, against 0.62 ms
-        # at 16 columns of 4 warps; a later sweep of 2-16 columns, the minimum of four interleaved medians: 0.30 ms
-        # at 4 columns against 0.34 at 8, GatedDeltaNet's V-major walk 0.40 against 0.42: benchmarks/linear_attention_tiles.py)
+        # at 16 columns of 4 warps; a later sweep of 2-8 columns, the minimum of four interleaved medians: 0.245 ms
+        # at 4 columns against 0.269 at 8, GatedDeltaNet's V-major walk 0.333 against 0.354:
+        # benchmarks/linear_attention_tiles.py). Prompts of CHUNKED_FROM tokens and more mostly go in chunks instead.
         block_v, warps = min(4, next_power_of_2(dv)), 1
     else:  # a decode step: one token, 2.7 µs at 32 columns of 4 warps (Qwen3.5's layer, in a graph)
         block_v, warps = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16), 4
