@@ -289,6 +289,21 @@ def linear_attention(
     return out, state
 
 
+def update_rule_inputs(op_name: str, update_rule: str, decay: torch.Tensor | None,
+                       beta: torch.Tensor | None) -> tuple[bool, bool]:
+    """(gating, delta) of a linear-attention ``update_rule`` (LinearAttention's, GatedDeltaNet's), checked: a known
+    rule, and the decay input exactly with the gated rules, the beta input exactly with the delta rules."""
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"{op_name}: unsupported update_rule '{update_rule}'; "
+                         "expected linear, gated, delta or gated_delta")
+    gating, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
+    for name, t, wanted in (("decay", decay, gating), ("beta", beta, delta)):
+        if (t is not None) != wanted:
+            raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if wanted else 'forbids'} the "
+                             f"{name} input")
+    return gating, delta
+
+
 def linear_recurrence(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_state: torch.Tensor | None,
     decay: torch.Tensor | None, beta: torch.Tensor | None, q_num_heads: int, kv_num_heads: int, scale: float,
@@ -303,20 +318,10 @@ def linear_recurrence(
     kv_num_heads, H_k dividing it, each key head shared by kv_num_heads / H_k consecutive KV-state heads.
     ``in_place``: where the Triton kernel runs, it writes the final state into ``past_state`` and returns that tensor
     (the GenAI static buffers, ``kv_inplace``); elsewhere the state is a new tensor as always."""
-    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
-        raise ValueError(f"{op_name}: unsupported update_rule '{update_rule}'; "
-                         "expected linear, gated, delta or gated_delta")
+    gating, delta = update_rule_inputs(op_name, update_rule, decay, beta)
     if q_num_heads <= 0 or kv_num_heads <= 0 or (q_num_heads % kv_num_heads and kv_num_heads % q_num_heads):
         raise ValueError(f"{op_name}: one of q_num_heads ({q_num_heads}) and kv_num_heads ({kv_num_heads}) must be "
                          "a positive multiple of the other")
-    gating = update_rule in ("gated", "gated_delta")
-    delta = update_rule in ("delta", "gated_delta")
-    if gating != (decay is not None):
-        raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if gating else 'forbids'} "
-                         "the decay input")
-    if delta != (beta is not None):
-        raise ValueError(f"{op_name}: update_rule '{update_rule}' {'requires' if delta else 'forbids'} "
-                         "the beta input")
     f32 = torch.float32
     q = _unpack(query, q_num_heads, "query")
     key_heads = kv_num_heads

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from crossml.ops._util import cpu_kernels, gpu_kernels, inplace_target
-from crossml.ops.attention import causal_conv
+from crossml.ops.attention import causal_conv, update_rule_inputs
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
 
 #: the domain of the GatedDeltaNet graph rule FoldGatedDeltaNetGateCasts makes (``crossml.graph.passes.gate_casts``)
@@ -55,7 +55,6 @@ _GDN = "GatedDeltaNet (com.microsoft)"
 _VCC = "VarlenCausalConvWithState (com.microsoft)"
 #: the L2 norm's epsilon, added to the sum of squares (onnxruntime's kernels)
 L2_EPSILON = 1e-12
-_RULES = ("linear", "gated", "delta", "gated_delta")
 
 
 def _check_capture(name: str, capacity: int, capture_count: torch.Tensor | None) -> None:
@@ -95,8 +94,7 @@ def gated_delta_net(
     state_update_capacity: int = 0, ctx: OpContext | None = None, half_gates: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     _check_capture(_GDN, state_update_capacity, capture_count)
-    if update_rule not in _RULES:
-        raise ValueError(f"{_GDN}: unsupported update_rule '{update_rule}'; expected one of {', '.join(_RULES)}")
+    gating, _ = update_rule_inputs(_GDN, update_rule, decay, beta)
     if gate_activation not in ("none", "qwen"):
         raise ValueError(f"{_GDN}: unsupported gate_activation '{gate_activation}'; expected none or qwen")
     if beta_activation not in ("none", "sigmoid"):
@@ -114,11 +112,6 @@ def gated_delta_net(
                          f"{tuple(value.shape)}")
     if hq <= 0 or hv % hq:
         raise ValueError(f"{_GDN}: value heads ({hv}) must be a positive multiple of the query / key heads ({hq})")
-    gating, delta = update_rule in ("gated", "gated_delta"), update_rule in ("delta", "gated_delta")
-    for name, t, wanted in (("decay", decay, gating), ("beta", beta, delta)):
-        if (t is not None) != wanted:
-            raise ValueError(f"{_GDN}: update_rule '{update_rule}' {'requires' if wanted else 'forbids'} the {name} "
-                             "input")
     qwen = gate_activation == "qwen"
     if qwen and not gating:
         raise ValueError(f"{_GDN}: gate_activation qwen needs a decay input (update_rule gated or gated_delta)")
