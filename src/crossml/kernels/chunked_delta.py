@@ -199,20 +199,21 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: tor
     columns, walk_warps, stages, prepare_warps, precision = tiles if tiles is not None else TILES
     precision = precision or PRECISION.get(q.dtype, "tf32x3")
     block_v = min(block_dv, columns)
-    warps = {} if interpret else {"num_warps": prepare_warps, "num_stages": 1}
-    for start in range(0, T, span):
-        qs, ks, vs, gs, bs, os_ = (x[:, start:start + span] for x in (q, k, v, g, bt, out))
-        n = qs.shape[1]
-        with on_device(q, interpret):
+    prepare_launch = {} if interpret else {"num_warps": prepare_warps, "num_stages": 1}
+    walk_launch = {} if interpret else {"num_warps": walk_warps, "num_stages": stages}
+    with on_device(q, interpret):
+        for start in range(0, T, span):
+            qs, ks, vs, gs, bs, os_ = (x[:, start:start + span] for x in (q, k, v, g, bt, out))
+            n = qs.shape[1]
             _prepare_kernel[(rows, cdiv(n, chunk))](
                 qs, ks, vs, gs, bs, a_log, dt_bias, w, u, qg, kd, p, gc, n, nc, kv_heads, dk, dv, inv, kdiv,
                 float(scale), qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
                 gs.stride(0), gs.stride(1), bs.stride(0), bs.stride(1), GATED=gated, BETA_PER_HEAD=beta_per_head,
                 QK_L2=qk_l2, QWEN_GATE=qwen_gate, SIGMOID_BETA=sigmoid_beta, C=chunk, BLOCK_K=block_k,
                 BLOCK_V=block_dv, PREC=precision, SOLVE="ieee" if precision == "ieee" else "tf32x3",
-                LOG_C=chunk.bit_length() - 1, **warps)
+                LOG_C=chunk.bit_length() - 1, **prepare_launch)
             _walk_kernel[(rows, cdiv(dv, block_v))](
                 w, u, qg, kd, p, gc, s if start == 0 else state, os_, state, n, nc, cdiv(n, chunk), kv_heads, dk, dv,
                 os_.stride(0), os_.stride(1), 1 if v_major else dv, dk if v_major else 1,
                 HAS_PAST=has_past or start > 0, C=chunk, BLOCK_K=block_k, BLOCK_V=block_v, PREC=precision,
-                **({} if interpret else {"num_warps": walk_warps, "num_stages": stages}))
+                **walk_launch)

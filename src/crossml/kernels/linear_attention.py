@@ -166,6 +166,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     a_log, dt_bias = (t.contiguous() for t in qwen_gate) if qwen_gate is not None else (q, q)
     interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
     per_key = decay is not None and decay.shape[2] == kv_heads * dk
+    beta_per_head = beta is not None and beta.shape[2] == kv_heads
     # (head sizes past 128: the chunk walk's float32 tiles of 64 x 256 would outgrow shared memory; not measured)
     chunkable = beta is not None and not per_key and G == 1 and dk <= CHUNK_HEAD_MAX and dv <= CHUNK_HEAD_MAX
     if chunk is None:
@@ -177,7 +178,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     if chunk and T:
         chunked_delta_rule(q, k, v, s, g, bt, a_log, dt_bias, out, state, kv_heads=kv_heads, dk=dk, dv=dv, inv=inv,
                            kdiv=kv_heads // key_heads, scale=scale, has_past=past is not None,
-                           gated=decay is not None, beta_per_head=beta.shape[2] == kv_heads, qk_l2=qk_l2,
+                           gated=decay is not None, beta_per_head=beta_per_head, qk_l2=qk_l2,
                            qwen_gate=qwen_gate is not None, sigmoid_beta=sigmoid_beta, v_major=v_major, chunk=chunk,
                            interpret=interpret, tiles=tiles)
         return out, state
@@ -202,7 +203,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             g.stride(1), bt.stride(0), bt.stride(1), out.stride(0), out.stride(1), 1 if v_major else dv,
             dk if v_major else 1, HAS_PAST=past is not None, GATED=decay is not None,
             PER_KEY=per_key, DELTA=beta is not None,
-            BETA_PER_HEAD=beta is not None and beta.shape[2] == kv_heads, QK_L2=qk_l2, QWEN_GATE=qwen_gate is not None,
+            BETA_PER_HEAD=beta_per_head, QK_L2=qk_l2, QWEN_GATE=qwen_gate is not None,
             SIGMOID_BETA=sigmoid_beta, BLOCK_G=next_power_of_2(G), BLOCK_K=block_k, BLOCK_V=block_v,
             **({} if interpret else {"num_warps": warps}))
     return out, state
