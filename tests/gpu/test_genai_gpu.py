@@ -36,6 +36,7 @@ BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
 NEW = 12
+LONG_PROMPT = " ".join([PROMPT] * 20)  # 140 tokens: three chunks of 64, the last ragged
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _generate(model: og.Model, prompts: list[str], new: int = NEW) -> tuple[list[list[int]], list[np.ndarray]]:
+def _generate(model: og.Model, prompts: list[str], new: int = NEW,
+              max_length: int = 64) -> tuple[list[list[int]], list[np.ndarray]]:
     tok = og.Tokenizer(model)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=64, batch_size=len(prompts))
+    params.set_search_options(max_length=max_length, batch_size=len(prompts))
     gen = og.Generator(model, params)
     gen.append_tokens(tok.encode(prompts[0]) if len(prompts) == 1 else tok.encode_batch(prompts))
     logits = [gen.get_logits().copy()]
@@ -147,20 +149,12 @@ def test_chunked_prompts_match_the_token_walk(models: Path, build: str, monkeypa
     for start in (16, 1 << 30):  # chunks, then the walk, each in a model of its own (nothing recorded carries over)
         monkeypatch.setattr(module, "CHUNKED_FROM", start)
         model = og.Model(str(models / build))
-        tok = og.Tokenizer(model)
-        ids = tok.encode(" ".join([PROMPT] * 20))  # 140 tokens: three chunks, the last ragged
-        assert 2 * module.CHUNK < len(ids) < 200
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + NEW)
-        gen = og.Generator(model, params)
-        gen.append_tokens(ids)
-        logits = [gen.get_logits().copy()]
-        while not gen.is_done():
-            gen.generate_next_token()
-            logits.append(gen.get_logits().copy())
-        runs.append((gen.get_sequence(0).tolist(), logits))
+        n = len(og.Tokenizer(model).encode(LONG_PROMPT))
+        assert 2 * module.CHUNK < n < 200
+        seqs, logits = _generate(model, [LONG_PROMPT], max_length=n + NEW)
+        runs.append((seqs[0], logits))
         if start == 16:
-            assert len(ids) in calls  # the prompt's layers ran in chunks
+            assert n in calls  # the prompt's layers ran in chunks
             calls.clear()
     assert calls == []  # the walk's run took no chunks
     (seq, logits), (ref_seq, ref_logits) = runs
