@@ -209,28 +209,17 @@ def test_chunked_prompt_matches_the_recurrence(device: str, dtype: torch.dtype, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_chunked_prompt_advances_the_past_state_in_place(device: str) -> None:
-    """``into``: the chunked form reads each program's tile of the past state before it writes the final one."""
-    tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-ragged-chunks", torch.float32, True)
-    want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, True)
-    on = [t.to(device) for t in tensors]
-    past = on[3]
-    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, past, v_major=True, qk_l2=True,
-                                  qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True, chunk=16)
-    assert state is past
-    tol = 1e-5 if device == "cpu" else 1e-4  # float32 products in the interpreter, TF32x3 on a GPU
-    torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
-    torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
-
-
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("in_place", [False, True], ids=["new-state", "in-place"])
-def test_long_prompts_run_in_segments(device: str, in_place: bool, monkeypatch) -> None:
-    """A prompt longer than SEGMENT runs in segments (here of 32 tokens: two chunks, then a ragged segment of 5), each
-    from the state the last one left, reusing one scratch: the op's CPU values within a rounding."""
+@pytest.mark.parametrize("segment", [None, 32], ids=["one-segment", "segments-of-32"])
+def test_chunked_prompt_state_in_place_and_in_segments(device: str, in_place: bool, segment: int | None,
+                                                       monkeypatch) -> None:
+    """``into``: the chunked form reads each program's tile of the past state before it writes the final one. A
+    prompt longer than SEGMENT (here 32 tokens: two chunks, then a ragged segment of 5) runs in segments, each from
+    the state the last one left, reusing one scratch. Both against the op's CPU values within a rounding."""
     from crossml.kernels import chunked_delta
 
-    monkeypatch.setattr(chunked_delta, "SEGMENT", 32)
+    if segment is not None:
+        monkeypatch.setattr(chunked_delta, "SEGMENT", segment)
     tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-ragged-chunks", torch.float32, True)
     want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, True)
     on = [t.to(device) for t in tensors]
@@ -238,7 +227,7 @@ def test_long_prompts_run_in_segments(device: str, in_place: bool, monkeypatch) 
                                   qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True,
                                   chunk=16)
     assert (state is on[3]) == in_place
-    tol = 1e-5 if device == "cpu" else 1e-4
+    tol = 1e-5 if device == "cpu" else 1e-4  # float32 products in the interpreter, TF32x3 on a GPU
     torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
     torch.testing.assert_close(state.cpu(), want_state, rtol=tol, atol=tol)
 
