@@ -7,7 +7,6 @@ by CROSSML_GENAI_TEST_MODELS (a prebuilt OUT_DIR of _build.py with the specs in 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ import crossml.genai as og
 import crossml.runtime.session
 from crossml.device.recording import Recording
 from crossml.genai.kv_cache import LayerStates
+from tests.genai.conftest import build_models
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +32,6 @@ SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:
     "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda",
     "qwen35:fp32", "qwen35:fp16:cuda", "qwen35:int4:cuda", "qwen35moe:fp16:cuda", "qwen35moe:int4:cuda",
     "qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda"]
-BUILD = Path(__file__).parents[1] / "genai" / "_build.py"
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
 NEW = 12
@@ -44,16 +43,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prebuilt = os.environ.get("CROSSML_GENAI_TEST_MODELS")
     if prebuilt:
         return Path(prebuilt)
-    missing = [m for m in ("onnxruntime_genai", "transformers", "onnx_ir") if importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"building genai test models needs {', '.join(missing)} (or set CROSSML_GENAI_TEST_MODELS)")
-    out = tmp_path_factory.mktemp("genai_gpu_models")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    proc = subprocess.run([sys.executable, str(BUILD), str(out), *SPECS], capture_output=True, text=True, env=env,
-                          timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"building the tiny genai models failed:\n{proc.stderr[-4000:]}")
-    return out
+    return build_models(tmp_path_factory, "genai_gpu_models", SPECS)
 
 
 def _generate(model: og.Model, prompts: list[str], new: int = NEW,
