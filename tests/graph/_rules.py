@@ -1,5 +1,5 @@
-"""Shared by the rule tests: why a rule refuses the match it makes at a model's first node of a type; a session
-without the provider's fusions."""
+"""Shared by the rule tests: why a rule refuses the match it makes at a model's first node of a type; a rule applied
+to a copy of a model; a session without the provider's fusions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from onnx import helper
 
 import crossml
 from crossml.graph.load import prepare
-from crossml.graph.passes import GraphView, Rule, model_opset
+from crossml.graph.passes import GraphView, Rule, apply_rules, model_opset
 from tests.conftest import make_model
 
 
@@ -21,6 +21,13 @@ def rule_reason(rule: Rule, m: onnx.ModelProto, op_type: str) -> str | None:
     match = rule.match(view, node)
     assert match is not None
     return rule.check(view, match)
+
+
+def fold_copy(m: onnx.ModelProto, rule: Rule) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """A copy of ``m`` with ``rule`` applied, and the rule's counts (``apply_rules``); ``m`` stays as it is."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    return out, apply_rules(out, [rule])
 
 
 def contrib_model(nodes: list, inputs: list, outputs: list, inits: list, *domains: str) -> onnx.ModelProto:

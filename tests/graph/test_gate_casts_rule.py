@@ -11,10 +11,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from crossml.graph.passes import apply_rules
 from crossml.graph.passes.gate_casts import GATE_CASTS
 from crossml.runtime.session import fusion_rules
-from tests.graph._rules import contrib_model, unfused_session
+from tests.graph._rules import contrib_model, fold_copy, unfused_session
 
 RNG = np.random.default_rng(31)
 B, S, HQ, HV, D = 1, 3, 2, 4, 8
@@ -43,12 +42,6 @@ def gdn_model(*, half: int = T.FLOAT16, cast_beta: bool = True, second_reader: b
     return contrib_model(nodes, inputs, outputs, inits)
 
 
-def _fold(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    folded = onnx.ModelProto()
-    folded.CopyFrom(m)
-    return folded, apply_rules(folded, [GATE_CASTS])
-
-
 def _feeds(beta_type=np.float16) -> dict[str, np.ndarray]:
     return {"q": RNG.standard_normal((B, S, HQ, D)).astype(np.float16),
             "k": RNG.standard_normal((B, S, HQ, D)).astype(np.float16),
@@ -60,7 +53,7 @@ def _feeds(beta_type=np.float16) -> dict[str, np.ndarray]:
 
 def test_folds_both_casts_with_the_same_values() -> None:
     m = gdn_model()
-    folded, counts = _fold(m)
+    folded, counts = fold_copy(m, GATE_CASTS)
     assert counts == {"FoldGatedDeltaNetGateCasts": 1}
     (node,) = folded.graph.node
     assert node.domain == "com.crossml" and list(node.input[4:6]) == ["a", "b"]
@@ -75,17 +68,17 @@ def test_folds_both_casts_with_the_same_values() -> None:
 def test_folds_each_gate_alone() -> None:
     """A float32 beta (no Cast) stays; the decay's Cast goes. A Cast read elsewhere too stays."""
     m = gdn_model(cast_beta=False)
-    folded, counts = _fold(m)
+    folded, counts = fold_copy(m, GATE_CASTS)
     assert counts == {"FoldGatedDeltaNetGateCasts": 1}
     (node,) = folded.graph.node
     assert list(node.input[4:6]) == ["a", "b"]
     feeds = _feeds(np.float32)
     for g, w in zip(unfused_session(folded).run(None, feeds), unfused_session(m).run(None, feeds)):
         np.testing.assert_array_equal(g, w)
-    folded, counts = _fold(gdn_model(second_reader=True))
+    folded, counts = fold_copy(gdn_model(second_reader=True), GATE_CASTS)
     gdn = next(n for n in folded.graph.node if n.op_type == "GatedDeltaNet")
     assert counts == {"FoldGatedDeltaNetGateCasts": 1} and list(gdn.input[4:6]) == ["a32", "b"]
-    assert _fold(gdn_model(half=T.FLOAT))[1] == {}  # float32 inputs: no Cast to fold (a float->float Cast stays)
+    assert fold_copy(gdn_model(half=T.FLOAT), GATE_CASTS)[1] == {}  # float32 inputs: no Cast to fold (a float->float Cast stays)
 
 
 def test_the_microsoft_op_keeps_its_float32_gates() -> None:

@@ -11,10 +11,10 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from crossml.graph.passes import apply_rules, node_attrs
+from crossml.graph.passes import node_attrs
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.runtime.session import fusion_rules
-from tests.graph._rules import contrib_model, rule_reason, unfused_session
+from tests.graph._rules import contrib_model, fold_copy, rule_reason, unfused_session
 
 RNG = np.random.default_rng(11)
 HEADS, D = 2, 8
@@ -57,16 +57,10 @@ def _feed(batch: int = 2, length: int = 5) -> dict[str, np.ndarray]:
             "beta": RNG.random((batch, length, HEADS)).astype(np.float32)}
 
 
-def _fold(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    folded = onnx.ModelProto()
-    folded.CopyFrom(m)
-    return folded, apply_rules(folded, [QUERY_SCALE])
-
-
 def test_folds_the_factor_with_the_unfolded_values() -> None:
     for kw in ({}, {"factor_first": True}, {"constant_node": True}, {"scale": 0.5}):
         m = scaled_query(**kw)
-        folded, counts = _fold(m)
+        folded, counts = fold_copy(m, QUERY_SCALE)
         assert counts == {"FoldQueryScale": 1}, kw
         assert [n.op_type for n in folded.graph.node if n.op_type != "Constant"] == ["LinearAttention"]
         (la,) = [n for n in folded.graph.node if n.op_type == "LinearAttention"]
@@ -84,7 +78,7 @@ def test_refusals_name_the_reason() -> None:
     assert "default scale" in rule_reason(QUERY_SCALE, scaled_query(scale=None), "Mul")
     assert "default scale" in rule_reason(QUERY_SCALE, scaled_query(scale=0.0), "Mul")
     assert "graph input" in rule_reason(QUERY_SCALE, scaled_query(factor_input=True), "Mul")
-    assert _fold(scaled_query(second_reader=True))[1] == {}  # the scaled query is read elsewhere too
+    assert fold_copy(scaled_query(second_reader=True), QUERY_SCALE)[1] == {}  # the scaled query is read elsewhere too
 
 
 def test_runs_off_the_cpu_only() -> None:

@@ -11,10 +11,9 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from crossml.graph.passes import apply_rules
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.runtime.session import fusion_rules
-from tests.graph._rules import contrib_model, rule_reason, unfused_session
+from tests.graph._rules import contrib_model, fold_copy, rule_reason, unfused_session
 
 RNG = np.random.default_rng(12)
 HEADS, D, MAX_POS = 2, 16, 32
@@ -41,16 +40,10 @@ def cast_rope(*, src: int = T.FLOAT16, back: int | None = None, inner_to: int = 
     return contrib_model(nodes, inputs, outputs, inits)
 
 
-def _fold(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    folded = onnx.ModelProto()
-    folded.CopyFrom(m)
-    return folded, apply_rules(folded, [ROTARY_CASTS])
-
-
 def test_folds_the_casts_with_the_same_values() -> None:
     for src, dtype in ((T.FLOAT16, np.float16), (T.BFLOAT16, None)):
         m = cast_rope(src=src)
-        folded, counts = _fold(m)
+        folded, counts = fold_copy(m, ROTARY_CASTS)
         assert counts == {"FoldRotaryCasts": 1}
         (node,) = folded.graph.node
         assert node.op_type == "MRotaryEmbedding" and list(node.input[:2]) == ["x", "pos"] and node.output[0] == "y"
@@ -68,7 +61,7 @@ def test_refusals_name_the_reason() -> None:
     assert "not known to be float16" in rule_reason(ROTARY_CASTS, cast_rope(src=T.FLOAT), "MRotaryEmbedding")
     assert "does not cast back" in rule_reason(ROTARY_CASTS, cast_rope(back=T.FLOAT), "MRotaryEmbedding")
     assert "does not cast to float32" in rule_reason(ROTARY_CASTS, cast_rope(inner_to=T.DOUBLE), "MRotaryEmbedding")
-    assert _fold(cast_rope(second_reader=True))[1] == {}  # the float32 rotation is read elsewhere too
+    assert fold_copy(cast_rope(second_reader=True), ROTARY_CASTS)[1] == {}  # the float32 rotation is read elsewhere too
 
 
 def test_runs_off_the_cpu_only() -> None:
