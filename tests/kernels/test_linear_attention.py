@@ -233,25 +233,30 @@ def test_chunked_prompt_state_in_place_and_in_segments(device: str, in_place: bo
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_default_takes_chunks_from_chunked_from(device: str, monkeypatch) -> None:
-    """chunk=None: prompts of CHUNKED_FROM tokens or more (here 32) go in chunks of CHUNK (here 16), shorter ones and
-    cases the chunked form does not cover (a per-key decay) walk their tokens; each gives the op's CPU values."""
+@pytest.mark.parametrize("case", ["gdn-mixed-decay", "linear-attention-k-major"])
+def test_the_default_takes_chunks_from_the_layouts_bound(device: str, case: str, monkeypatch) -> None:
+    """chunk=None: prompts of the state layout's bound or more (CHUNKED_FROM_V_MAJOR for GatedDeltaNet's V-major
+    state, CHUNKED_FROM for LinearAttention's K-major one; here 32, the other layout's bound out of reach) go in chunks
+    of CHUNK (here 16), shorter ones and cases the chunked form does not cover (a per-key decay) walk their tokens;
+    each gives the op's CPU values."""
     import crossml.kernels.linear_attention as module
 
+    tensors, qwen, (hq, hv, gdn) = _chunk_inputs(case, torch.float32, True)
     monkeypatch.setattr(module, "CHUNK", 16)
-    monkeypatch.setattr(module, "CHUNKED_FROM", 32)
+    monkeypatch.setattr(module, "CHUNKED_FROM_V_MAJOR", 32 if gdn else 1 << 30)
+    monkeypatch.setattr(module, "CHUNKED_FROM", 1 << 30 if gdn else 32)
     calls = []
     real = module.chunked_delta_rule
     monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(kw["chunk"]) or real(*a, **kw))
-    tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-mixed-decay", torch.float32, True)
+    options = dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True) if gdn \
+        else {}
     for tokens, per_key, want in ((37, False, [16]), (31, False, []), (37, True, [])):
         cut = [t[:, :tokens] for t in tensors[:3]] + [tensors[3], tensors[4][:, :tokens], tensors[5][:, :tokens]]
         if per_key:  # one decay a key dimension: the walk alone takes it
             cut[4] = cut[4].repeat_interleave(tensors[0].shape[2] // hq, dim=2)
-        want_out, want_state = _chunk_reference(cut, qwen, hq, hv, True)
+        want_out, want_state = _chunk_reference(cut, qwen, hq, hv, gdn)
         calls.clear()
-        out, state = linear_attention(*(t.to(device) for t in cut), hq, hv, hq, 0.25, torch.float32, v_major=True,
-                                      qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True)
+        out, state = linear_attention(*(t.to(device) for t in cut), hq, hv, hq, 0.25, torch.float32, **options)
         assert calls == want
         tol = 1e-5 if device == "cpu" else 1e-4
         torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
@@ -282,7 +287,7 @@ def test_chunks_refuse_what_they_do_not_cover() -> None:
 @pytest.mark.parametrize("tokens", [64, 300, 1000])
 def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int, monkeypatch) -> None:
     """Chunks of 64 (TF32 products) at Qwen3.5-0.8B's layer (16 heads of 128), fp16 activations, against the token
-    walk on the same GPU: GatedDeltaNet's V-major float32 state; the default choice takes chunks from CHUNKED_FROM."""
+    walk on the same GPU: GatedDeltaNet's V-major float32 state; the default choice takes chunks from CHUNKED_FROM_V_MAJOR."""
     import crossml.kernels.linear_attention as module
 
     g = torch.Generator(device="cuda").manual_seed(tokens)
@@ -301,4 +306,4 @@ def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int, monkeypatch)
     real = module.chunked_delta_rule
     monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     linear_attention(q, k, v, state, a, b, H, H, H, D ** -0.5, torch.float32, **options)
-    assert calls == ([1] if tokens >= module.CHUNKED_FROM else [])
+    assert calls == ([1] if tokens >= module.CHUNKED_FROM_V_MAJOR else [])

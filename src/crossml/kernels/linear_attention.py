@@ -25,13 +25,14 @@ from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interp
 from crossml.kernels.chunked_delta import chunked_delta_rule
 from crossml.kernels.gated_delta import softplus
 
-__all__ = ["CHUNK", "CHUNKED_FROM", "CHUNK_HEAD_MAX", "linear_attention"]
+__all__ = ["CHUNK", "CHUNKED_FROM", "CHUNKED_FROM_V_MAJOR", "CHUNK_HEAD_MAX", "linear_attention"]
 
-#: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk: on an
-#: H200 (benchmarks/chunked_delta.py, Qwen3.5-0.8B's layer), with the row-by-row inverse the chunks took over at 192
-#: tokens for GatedDeltaNet's V-major walk (1.01x) and between 256 and 384 for LinearAttention's K-major one (0.95x,
-#: 1.14x); 384 holds for both. The block-elimination inverse since is less work, its crossover not yet measured.
-CHUNK, CHUNKED_FROM = 64, 384
+#: tokens a chunk of the chunked prompt form, and the prompt length from which it replaces the token walk of
+#: LinearAttention's K-major state (CHUNKED_FROM) and of GatedDeltaNet's V-major one (CHUNKED_FROM_V_MAJOR). On an
+#: H200 (benchmarks/chunked_delta.py, Qwen3.5-0.8B's layer, each form's GPU work replayed from a CUDA graph, as in a
+#: recorded prompt) the walk's time over the chunks' was, K-major: 0.80 at 128 tokens, 0.99 at 192, 1.03 at 256,
+#: 1.48 at 512; V-major: 0.66 at 64, 1.07 at 128, 1.39 at 192, 2.06 at 512.
+CHUNK, CHUNKED_FROM, CHUNKED_FROM_V_MAJOR = 64, 256, 128
 #: the largest key / value head size the chunked form takes (Qwen3.5's is 128)
 CHUNK_HEAD_MAX = 128
 
@@ -145,7 +146,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) of the token walk in
     place of the chosen ones, or for chunks ``crossml.kernels.chunked_delta.TILES``'s five (for benchmarks' sweeps).
 
-    A prompt of CHUNKED_FROM tokens or more under a delta rule with one decay per head and one query head per state
+    A prompt of CHUNKED_FROM tokens or more (CHUNKED_FROM_V_MAJOR for a V-major state) under a delta rule with one decay per head and one query head per state
     head runs in chunks of CHUNK tokens (``crossml.kernels.chunked_delta``) in place of the token walk. ``chunk``: 0,
     the walk always; a power of two >= 16, chunks of that many tokens (ValueError where the chunked form does not
     cover the case); None, the default choice."""
@@ -170,7 +171,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     # (head sizes past 128: the chunk walk's float32 tiles of 64 x 256 would outgrow shared memory; not measured)
     chunkable = beta is not None and not per_key and G == 1 and dk <= CHUNK_HEAD_MAX and dv <= CHUNK_HEAD_MAX
     if chunk is None:
-        chunk = CHUNK if chunkable and T >= CHUNKED_FROM else 0
+        chunk = CHUNK if chunkable and T >= (CHUNKED_FROM_V_MAJOR if v_major else CHUNKED_FROM) else 0
     elif chunk and not (chunkable and chunk >= 16 and chunk & (chunk - 1) == 0):
         raise ValueError(f"linear_attention: chunks of {chunk} tokens need a power of two >= 16, a delta rule (beta), "
                          f"one decay per head, one query head per state head (here {G}) and head sizes up to "
@@ -189,7 +190,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         # prompt layer on an H200, the kernel alone in a sweep of 8-64 columns x 1-8 warps: 0.35 ms, against 0.62 ms
         # at 16 columns of 4 warps; a later sweep of 2-8 columns, the minimum of four interleaved medians: 0.245 ms
         # at 4 columns against 0.269 at 8, GatedDeltaNet's V-major walk 0.333 against 0.354:
-        # benchmarks/linear_attention_tiles.py). Prompts of CHUNKED_FROM tokens and more mostly go in chunks instead.
+        # benchmarks/linear_attention_tiles.py). Longer prompts mostly go in chunks instead (CHUNKED_FROM).
         block_v, warps = min(4, next_power_of_2(dv)), 1
     else:  # a decode step: one token, 2.7 µs at 32 columns of 4 warps (Qwen3.5's layer, in a graph)
         block_v, warps = min(max(16, next_power_of_2(dv)), 32 if block_k <= 128 else 16), 4
