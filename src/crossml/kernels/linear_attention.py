@@ -165,7 +165,6 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     bt = beta.contiguous() if beta is not None else q
     s = state if into is not None else past.contiguous() if past is not None else state
     a_log, dt_bias = (t.contiguous() for t in qwen_gate) if qwen_gate is not None else (q, q)
-    interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
     per_key = decay is not None and decay.shape[2] == kv_heads * dk
     beta_per_head = beta is not None and beta.shape[2] == kv_heads
     # (head sizes past 128: the chunk walk's float32 tiles of 64 x 256 would outgrow shared memory; not measured)
@@ -176,6 +175,7 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         raise ValueError(f"linear_attention: chunks of {chunk} tokens need a power of two >= 16, a delta rule (beta), "
                          f"one decay per head, one query head per state head (here {G}) and head sizes up to "
                          f"{CHUNK_HEAD_MAX} (here {dk} and {dv})")
+    interpret = use_interpreter(query, "GatedDeltaNet" if v_major else "LinearAttention")
     if chunk and T:
         chunked_delta_rule(q, k, v, s, g, bt, a_log, dt_bias, out, state, kv_heads=kv_heads, dk=dk, dv=dv, inv=inv,
                            kdiv=kv_heads // key_heads, scale=scale, has_past=past is not None,
