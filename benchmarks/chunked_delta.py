@@ -27,7 +27,7 @@ from _common import machine, results_parser, write  # noqa: E402
 from linear_attention_tiles import HEADS, D, layer_inputs, median_ms  # noqa: E402
 
 from crossml.kernels import chunked_delta  # noqa: E402
-from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, linear_attention  # noqa: E402
+from crossml.kernels.linear_attention import CHUNK, CHUNKED_FROM, CHUNKED_FROM_V_MAJOR, linear_attention  # noqa: E402
 
 SWEEP_PROMPT = 512
 PROMPTS = (64, 128, 192, 256, 384, 512, 2048)
@@ -98,7 +98,8 @@ def main() -> None:
              f"GPU: {machine()['gpu']}; torch {torch.__version__}. One layer of {HEADS} heads of {D}, batch 1, fp16 "
              f"activations; ms, the minimum over {ROUNDS} interleaved rounds of {RUNS}-timing medians of a CUDA "
              "graph's replay (GPU work, not host launches). "
-             f"Defaults: chunks of {CHUNK} from {CHUNKED_FROM} tokens, tiles {chunked_delta.TILES}.", "",
+             f"Defaults: chunks of {CHUNK} from {CHUNKED_FROM} tokens (K-major) and {CHUNKED_FROM_V_MAJOR} (V-major), "
+             f"tiles {chunked_delta.TILES}.", "",
              f"## Tiles and precision, {SWEEP_PROMPT}-token prompt", "",
              "| layout | form | columns | walk warps | walk stages | prepare warps | precision | ms | max diff from "
              "the walk |", "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]

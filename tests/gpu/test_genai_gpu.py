@@ -127,9 +127,10 @@ def test_gated_deltanet_builds_on_the_gpu_match_the_folder_on_the_cpu(models: Pa
 @pytest.mark.parametrize("build", ["qwen35_fp16_cuda", "qwen35gdn_fp16_cuda", "qwen35gdn_int4_cuda"])
 def test_chunked_prompts_match_the_token_walk(models: Path, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prompt of two chunks and more through the chunked delta rule (crossml.kernels.chunked_delta, forced from 16
-    tokens: the tiny models' context is 256, and their prompt is shorter than CHUNKED_FROM) against the same folder's token walk on the same
-    GPU: Qwen3.5's LinearAttention export (K-major fp16 states) and its Gated DeltaNet export (V-major float32 ones):
-    the same first greedy tokens, their logits within 1 % of the scale (TF32 products in the chunks)."""
+    tokens: the tiny models' context is 256, their prompt shorter than CHUNKED_FROM) against the same folder's token
+    walk on the same GPU: Qwen3.5's LinearAttention export (K-major fp16 states) and its Gated DeltaNet export
+    (V-major float32 ones): the same first greedy tokens, their logits within 1 % of the scale (TF32 products in the
+    chunks)."""
     import crossml.kernels.linear_attention as module
 
     calls = []

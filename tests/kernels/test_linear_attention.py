@@ -44,6 +44,12 @@ def _inputs(case: str, dtype: torch.dtype):
     return [t.to(dtype) if t is not None else None for t in tensors], (hq, hk, hkv, rule)
 
 
+def _chunk_options(qwen, gdn: bool, device: str) -> dict:
+    """linear_attention's options for the op ``_chunk_reference`` runs: GatedDeltaNet's fused steps, or none."""
+    return dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen) if qwen else None,
+                sigmoid_beta=True) if gdn else {}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -196,9 +202,7 @@ def test_chunked_prompt_matches_the_recurrence(device: str, dtype: torch.dtype, 
     tensors, qwen, (hq, hv, gdn) = _chunk_inputs(case, dtype, past)
     want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, gdn)
     on = [t.to(device) if t is not None else None for t in tensors]
-    options = dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen) if qwen else None,
-                   sigmoid_beta=True) if gdn else {}
-    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, chunk=16, **options)
+    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, chunk=16, **_chunk_options(qwen, gdn, device))
     # the interpreter's products are float32; a GPU's TF32x3 (float32 activations) or TF32 (half: see PRECISION)
     tol = (1e-5 if device == "cpu" else 1e-4) if dtype == torch.float32 else 4e-3
     assert out.dtype == dtype and state.dtype == torch.float32 and state.shape == want_state.shape
@@ -223,9 +227,8 @@ def test_chunked_prompt_state_in_place_and_in_segments(device: str, in_place: bo
     tensors, qwen, (hq, hv, _) = _chunk_inputs("gdn-ragged-chunks", torch.float32, True)
     want_out, want_state = _chunk_reference(tensors, qwen, hq, hv, True)
     on = [t.to(device) for t in tensors]
-    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, on[3] if in_place else None, v_major=True,
-                                  qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True,
-                                  chunk=16)
+    out, state = linear_attention(*on, hq, hv, hq, 0.25, torch.float32, on[3] if in_place else None, chunk=16,
+                                  **_chunk_options(qwen, True, device))
     assert (state is on[3]) == in_place
     tol = 1e-5 if device == "cpu" else 1e-4  # float32 products in the interpreter, TF32x3 on a GPU
     torch.testing.assert_close(out.cpu(), want_out, rtol=tol, atol=tol)
@@ -248,8 +251,7 @@ def test_the_default_takes_chunks_from_the_layouts_bound(device: str, case: str,
     calls = []
     real = module.chunked_delta_rule
     monkeypatch.setattr(module, "chunked_delta_rule", lambda *a, **kw: calls.append(kw["chunk"]) or real(*a, **kw))
-    options = dict(v_major=True, qk_l2=True, qwen_gate=tuple(t.to(device) for t in qwen), sigmoid_beta=True) if gdn \
-        else {}
+    options = _chunk_options(qwen, gdn, device)
     for tokens, per_key, want in ((37, False, [16]), (31, False, []), (37, True, [])):
         cut = [t[:, :tokens] for t in tensors[:3]] + [tensors[3], tensors[4][:, :tokens], tensors[5][:, :tokens]]
         if per_key:  # one decay a key dimension: the walk alone takes it
@@ -287,7 +289,8 @@ def test_chunks_refuse_what_they_do_not_cover() -> None:
 @pytest.mark.parametrize("tokens", [64, 300, 1000])
 def test_default_chunks_at_qwen35_sizes_match_the_walk(tokens: int, monkeypatch) -> None:
     """Chunks of 64 (TF32 products) at Qwen3.5-0.8B's layer (16 heads of 128), fp16 activations, against the token
-    walk on the same GPU: GatedDeltaNet's V-major float32 state; the default choice takes chunks from CHUNKED_FROM_V_MAJOR."""
+    walk on the same GPU: GatedDeltaNet's V-major float32 state; the default choice takes chunks from
+    CHUNKED_FROM_V_MAJOR."""
     import crossml.kernels.linear_attention as module
 
     g = torch.Generator(device="cuda").manual_seed(tokens)

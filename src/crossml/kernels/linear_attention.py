@@ -146,8 +146,9 @@ def linear_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     ``sigmoid_beta``, beta taken through a sigmoid. ``tiles``: (value columns a program, warps) of the token walk in
     place of the chosen ones, or for chunks ``crossml.kernels.chunked_delta.TILES``'s five (for benchmarks' sweeps).
 
-    A prompt of CHUNKED_FROM tokens or more (CHUNKED_FROM_V_MAJOR for a V-major state) under a delta rule with one decay per head and one query head per state
-    head runs in chunks of CHUNK tokens (``crossml.kernels.chunked_delta``) in place of the token walk. ``chunk``: 0,
+    A prompt of CHUNKED_FROM tokens or more (CHUNKED_FROM_V_MAJOR for a V-major state) under a delta rule with one
+    decay per head and one query head per state head runs in chunks of CHUNK tokens (``crossml.kernels.chunked_delta``)
+    in place of the token walk. ``chunk``: 0,
     the walk always; a power of two >= 16, chunks of that many tokens (ValueError where the chunked form does not
     cover the case); None, the default choice."""
     B, T, _ = query.shape
