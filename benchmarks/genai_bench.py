@@ -74,6 +74,16 @@ SHAPES: dict[str, dict[str, Any]] = {
                          rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                           "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
                                           "mrope_interleaved": True}),
+    # Gemma 4's text decoder in transformers' default Gemma4UnifiedTextConfig shape (local layers of 8 query and 4 KV
+    # heads of 256 with a 1024-token window, every sixth layer global with heads of 512 and proportional partial
+    # RoPE; q / k / v norms, layer scalars, tied 262144-row embeddings), 12 of its 30 layers, built from a
+    # Gemma4UnifiedForConditionalGeneration checkpoint holding only the text weights (crossml.genai.builder runs the
+    # builder with the config layout it reads)
+    "gemma4-12l": dict(arch="gemma4", hidden_size=2304, num_hidden_layers=12, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=256, global_head_dim=512, intermediate_size=9216,
+                       vocab_size=262144, tie_word_embeddings=True, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                       sliding_window=1024, final_logit_softcapping=30.0,
+                       layer_types=["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(12)]),
 }
 RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager", "crossml-torch")
 #: crossml records each decode step into a device graph by default; crossml-eager turns that off
@@ -106,8 +116,13 @@ def make_hf(name: str, dst: str) -> None:
     arch = shape.pop("arch")
     cls = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
            "lfm2": ("Lfm2Config", "Lfm2ForCausalLM"),
-           "qwen35": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration")}[arch]
+           "qwen35": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+           "gemma4": ("Gemma4UnifiedTextConfig", "Gemma4UnifiedForCausalLM")}[arch]
     ids = dict(bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    if arch == "gemma4":  # the text weights under model.language_model., as a multimodal checkpoint holds them
+        _save_text_tower(dst, getattr(transformers, cls[0])(**shape, **ids), cls[1], "Gemma4UnifiedConfig",
+                         "Gemma4UnifiedForConditionalGeneration")
+        return
     if arch == "qwen35":  # the text decoder's shape; a one-layer vision tower, which the builder does not export
         vision = dict(depth=1, hidden_size=64, num_heads=2, intermediate_size=128, out_hidden_size=shape["hidden_size"])
         config = getattr(transformers, cls[0])(text_config={**shape, **ids}, vision_config=vision,
@@ -124,13 +139,33 @@ def make_hf(name: str, dst: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _save_text_tower(dst: str, text_config: Any, model_class: str, config_class: str, architecture: str) -> None:
+    """A random-weight text decoder (fp16) saved as the multimodal checkpoint ``architecture`` whose text weights
+    sit under ``model.language_model.`` (no vision or audio weights: the builder exports the text decoder alone)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(dev):
+        model = getattr(transformers, model_class)(text_config).to(torch.float16)
+    tensors = {name.replace("model.", "model.language_model.", 1): t.contiguous().cpu()
+               for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    del model
+    save_file(tensors, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    outer = getattr(transformers, config_class)(text_config=text_config.to_dict(), torch_dtype="float16")
+    outer.architectures = [architecture]
+    outer.save_pretrained(dst)
+
+
 #: builder options of a precision's variant suffix (``fp16-gdn``)
 VARIANTS = {"gdn": ["--extra_options", "linear_attn_op=gated_delta_net"]}
 
 
 def build_cmd(hf: str, dst: str, precision: str, cache: str) -> list[str]:
     base, _, variant = precision.partition("-")
-    return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", base,
+    return [sys.executable, "-m", "crossml.genai.builder", "-i", hf, "-o", dst, "-p", base,
             "-e", "cuda", "-c", cache, *(VARIANTS[variant] if variant else [])]
 
 
@@ -181,8 +216,13 @@ def bytes_per_token(folder: str, shape: dict[str, Any], context: float) -> dict[
     weights = sum(v for k, v in sizes.items() if k not in embed)
     head = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
     kinds = shape.get("layer_types") or ["full_attention"] * shape["num_hidden_layers"]
-    kv_layers = sum(k not in ("conv", "linear_attention") for k in kinds)
-    kv = 2 * kv_layers * shape["num_key_value_heads"] * head * 2 * context
+    kv = 0.0
+    for k in kinds:  # keys and values, fp16; Gemma 4's global layers have heads of global_head_dim, its local ones
+        if k in ("conv", "linear_attention"):  # keep a window of sliding_window positions
+            continue
+        size = shape.get("global_head_dim", head) if k == "full_attention" else head
+        rows = min(context, shape["sliding_window"]) if k == "sliding_attention" else context
+        kv += 2 * shape["num_key_value_heads"] * size * 2 * rows
     # states the state-carrying layers read and write whole every token: LFM2's convolution state; Qwen3.5's
     # convolution state (q | k | v channels) and recurrent state (fp16; float32 in the Gated DeltaNet export)
     recurrent = {i.type.tensor_type.elem_type for i in g.input if i.name.endswith(".recurrent")}

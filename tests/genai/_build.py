@@ -41,7 +41,7 @@ MORE_CLASSES = {
                dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
                     final_logit_softcapping=30.0)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
-    # local (window-sized cache, its own rope base) and global layers, q/k norms (see _flat_gemma3_rope)
+    # local (window-sized cache, its own rope base) and global layers, q/k norms (the builder reads its rope settings through crossml.genai.builder)
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
                     layer_types=["sliding_attention", "full_attention"])),
@@ -111,8 +111,33 @@ VLM_CLASSES["qwen35moe"] = ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGenerat
                             dict(_QWEN35_TEXT, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                  num_experts=4, num_experts_per_tok=2), _QWEN35_VISION)
 MORE_CLASSES.update(VLM_CLASSES)
+#: Gemma 4's text decoder (model type gemma4_text; the builder exports it from a multimodal checkpoint whose text weights
+#: sit under ``model.language_model.``): window-sized local layers of head size 16 and global layers of head size 32 with
+#: proportional partial RoPE (RotaryEmbedding nodes fed position_ids), q / k norms and a scaleless v norm, attention
+#: scale 1, per-layer residual multipliers (``layer_scalar``), tied embeddings and a final logit softcap.
+#: ``gemma4kv``: the global layers read their values from the key projection with one KV head
+#: (``attention_k_eq_v``), so the layers' KV caches differ in heads too. The embedding is drawn small (std 0.02): with
+#: tied embeddings at the other weights' scale the tiny model only repeats its last token.
+_GEMMA4_TEXT = dict(head_dim=16, global_head_dim=32, layer_types=["sliding_attention", "full_attention"],
+                    sliding_window=8, tie_word_embeddings=True, final_logit_softcapping=30.0)
+#: arch -> (multimodal config class, the builder's architecture name, text config class, text model class, text values,
+#: each layer's layer_scalar)
+TEXT_TOWER_CLASSES = {
+    "gemma4": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration", "Gemma4UnifiedTextConfig",
+               "Gemma4UnifiedForCausalLM", _GEMMA4_TEXT, [0.9, 1.2]),
+    "gemma4kv": ("Gemma4UnifiedConfig", "Gemma4UnifiedForConditionalGeneration", "Gemma4UnifiedTextConfig",
+                 "Gemma4UnifiedForCausalLM", dict(_GEMMA4_TEXT, attention_k_eq_v=True, num_global_key_value_heads=1),
+                 [1.1, 0.8]),
+    "gemma4moe": ("Gemma4Config", "Gemma4ForConditionalGeneration", "Gemma4TextConfig", "Gemma4ForCausalLM",
+                  dict(_GEMMA4_TEXT, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                       hidden_size_per_layer_input=0), [1.0, 0.7]),
+}
+MORE_CLASSES.update({a: (c[2], c[3], c[4]) for a, c in TEXT_TOWER_CLASSES.items()})
 #: architectures of MORE_CLASSES also tested at int4 (gpt-oss and qwen35moe: their experts become QMoE nodes)
-MORE_INT4 = ("gptoss", "lfm2", "qwen35", "qwen35moe")
+MORE_INT4 = ("gemma4", "gptoss", "lfm2", "qwen35", "qwen35moe")
+#: architectures of MORE_CLASSES that onnxruntime-genai 0.18 cannot run on the CPU, checked against transformers instead
+#: (``hf_logits``): gemma4moe's experts take MoE's geglu activation, which onnxruntime 1.31's CPU MoE refuses
+HF_REFERENCE = ("gemma4moe",)
 #: architectures of MORE_CLASSES whose layers carry states instead of KV caches (tests/genai/test_conv_states.py)
 CONV_STATE_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")
 #: architectures whose tokenizer_config.json the builder (under transformers 5) writes with tokenizer class
@@ -128,7 +153,8 @@ OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl")
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads (and which refuses
 #: the tiny models' 32-row experts)
 EXTRA_OPTIONS = {("gptoss", "int4", "cuda"): ["qmoe_weights_prepacked=0"],
-                 ("qwen35moe", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
+                 ("qwen35moe", "int4", "cuda"): ["qmoe_weights_prepacked=0"],
+                 ("gemma4moe", "int4", "cuda"): ["qmoe_weights_prepacked=0"]}
 #: builder variants of another architecture's checkpoint: name -> (architecture, builder options). qwen35gdn: Qwen3.5's
 #: Gated DeltaNet export (com.microsoft GatedDeltaNet over V-major float32 recurrent states; the builder makes it for
 #: ``-e cuda`` only, and at fp32 its attention-mask subgraph reads a past_key_values.0.key the model lacks, so fp16 and
@@ -167,6 +193,9 @@ def make_hf_model(arch: str, out: str) -> None:
                   bos_token_id=0, eos_token_id=1, pad_token_id=2, tie_word_embeddings=False)
     classes = {**CLASSES, **MORE_CLASSES}[arch]
     torch.manual_seed(0)
+    if arch in TEXT_TOWER_CLASSES:
+        make_text_tower(arch, out, {**common, **classes[2]})
+        return
     if arch in VLM_CLASSES:
         text = {**common, **classes[2]}
         config = getattr(transformers, classes[0])(text_config=text, vision_config=classes[3],
@@ -183,6 +212,34 @@ def make_hf_model(arch: str, out: str) -> None:
     model.save_pretrained(out)
     if arch == "gptoss":
         add_mxfp4_experts(out, config)
+
+
+def make_text_tower(arch: str, out: str, text: dict) -> None:
+    """A multimodal checkpoint (config and architecture name of ``TEXT_TOWER_CLASSES[arch]``) holding only its text
+    decoder's weights, under ``model.language_model.``, as the builder reads them; the text model alone is saved in
+    ``out + "_causal"`` for transformers' runs."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    config_class, architecture, text_class, model_class, _, scalars = TEXT_TOWER_CLASSES[arch]
+    config = getattr(transformers, text_class)(**text)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.02 if "embed_tokens" in name else 0.2)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+        for layer, scalar in zip(model.model.layers, scalars):
+            layer.layer_scalar.fill_(scalar)
+    tensors = {name.replace("model.", "model.language_model.", 1): t.contiguous()
+               for name, t in model.state_dict().items() if name != "lm_head.weight"}
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    outer = getattr(transformers, config_class)(text_config=config.to_dict())
+    outer.architectures = [architecture]
+    outer.save_pretrained(out)
+    model.save_pretrained(out + "_causal")
 
 
 def add_mxfp4_experts(out: str, config) -> None:
@@ -204,24 +261,14 @@ def add_mxfp4_experts(out: str, config) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _flat_gemma3_rope() -> None:
-    """The builder (onnxruntime-genai 0.18) reads a Gemma-3 config's rope settings in transformers 4's layout: a flat
-    ``rope_parameters`` (the global layers') and ``rope_local_base_freq``. Transformers 5 nests them per layer type,
-    on which the builder fails (KeyError 'rope_type'), so the configs it loads are put back into the old layout."""
+def hf_logits(hf_dir: str, ids: list[int]) -> list[list[float]]:
+    """The float32 logits of every position of ``ids`` (one sequence) from the Hugging Face checkpoint ``hf_dir``."""
+    import torch
     import transformers
 
-    load = transformers.AutoConfig.from_pretrained
-
-    def flat(*args, **kwargs):
-        config = load(*args, **kwargs)
-        rope = getattr(config, "rope_parameters", None)
-        if getattr(config, "model_type", "") == "gemma3_text" and isinstance(rope, dict) and "full_attention" in rope:
-            config.rope_local_base_freq = rope["sliding_attention"]["rope_theta"]
-            config.rope_parameters = dict(rope["full_attention"])
-            config.rope_theta = config.rope_parameters["rope_theta"]
-        return config
-
-    transformers.AutoConfig.from_pretrained = flat
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].tolist()
 
 
 def hf_generate(hf_dir: str, ids: list[int], options: dict) -> list[list[int]]:
@@ -244,7 +291,9 @@ def main(out_dir: str, specs: list[str]) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from onnxruntime_genai.models.builder import create_model, parse_extra_options
 
-    _flat_gemma3_rope()
+    from crossml.genai.builder import patch_transformers_configs
+
+    patch_transformers_configs()
 
     for spec in specs:
         name, precision, *rest = spec.split(":")
@@ -268,7 +317,10 @@ def main(out_dir: str, specs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--generate":  # --generate HF_DIR JSON_IDS JSON_OPTIONS: prints the sequences as JSON
+    if sys.argv[1] == "--logits":  # --logits HF_DIR JSON_IDS: prints every position's logits as JSON
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        print(json.dumps(hf_logits(sys.argv[2], json.loads(sys.argv[3]))))
+    elif sys.argv[1] == "--generate":  # --generate HF_DIR JSON_IDS JSON_OPTIONS: prints the sequences as JSON
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         print(json.dumps(hf_generate(sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]))))
     else:

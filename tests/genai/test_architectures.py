@@ -12,13 +12,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import onnx
 import pytest
 
 import crossml.genai as xg
-from tests.genai._build import BUILDER_TOKENIZER_CONFIG, MORE_CLASSES, MORE_INT4, OWN_RAGGED_BATCH, QWEN35_TOKENIZER
+from tests.genai._build import (
+    BUILDER_TOKENIZER_CONFIG,
+    HF_REFERENCE,
+    MORE_CLASSES,
+    MORE_INT4,
+    OWN_RAGGED_BATCH,
+    QWEN35_TOKENIZER,
+)
 from tests.genai._generation import assert_greedy_match, generate_with, run_steps
 
 PROMPT = "Hello world! How are you"
@@ -52,11 +61,14 @@ def _windowed_layers(folder: str) -> list[int]:
         return json.load(f)["model"]["decoder"].get("sliding_window", {}).get("layers", [])
 
 
+BUILD = os.path.join(os.path.dirname(__file__), "_build.py")
+
 #: (arch, prompts): every architecture with one prompt and with a batch of two of different lengths, except the batch
 #: for those whose shorter rows onnxruntime-genai 0.18 gets wrong (test_ragged_batch_rows_equal_their_prompts_alone)
+#: and those it cannot run (HF_REFERENCE: test_architectures_match_transformers)
 CASES = [pytest.param(a, p, id=f"{a}-{name}") for a in list(MORE_CLASSES) + [f"{a}:int4" for a in MORE_INT4]
          for name, p in (("batch1", [PROMPT]), ("batch2", BATCH))
-         if name == "batch1" or a.split(":")[0] not in OWN_RAGGED_BATCH]
+         if (name == "batch1" or a.split(":")[0] not in OWN_RAGGED_BATCH) and a not in HF_REFERENCE]
 
 
 @pytest.mark.parametrize("arch,prompts", CASES)
@@ -76,6 +88,29 @@ def test_more_architectures_match_onnxruntime_genai(more_models, og_ref, arch: s
     # accuracy_level 0
     atol = 5e-2 if arch.endswith(":int4") else 1e-4
     assert_greedy_match(got, generate_with(og_ref, og_ref.Model(ref_folder), prompts, MAX_LENGTH), atol)
+
+
+@pytest.mark.parametrize("arch", HF_REFERENCE)
+@pytest.mark.parametrize("prompt", [PROMPT, BATCH[1]])
+def test_architectures_match_transformers(more_models, arch: str, prompt: str) -> None:
+    """Where onnxruntime-genai 0.18 cannot run a builder model on the CPU (Gemma 4's MoE layers: geglu experts, which
+    onnxruntime 1.31's MoE refuses), the greedy generation is checked against transformers on the checkpoint the folder
+    was built from (float32): every step's logits within 1e-4 of transformers' logits of the generated sequence at that
+    position, so each token is transformers' choice there too (up to a rounding-decided near tie)."""
+    folder = more_models[arch]
+    model = xg.Model(folder)
+    n = len(xg.Tokenizer(model).encode(prompt))
+    (seq,), logits = generate_with(xg, model, [prompt], MAX_LENGTH)
+    assert len(seq) > n + 8
+    hf_dir = os.path.join(os.path.dirname(folder), f"hf_{arch}_causal")
+    proc = subprocess.run([sys.executable, BUILD, "--logits", hf_dir, json.dumps(seq)], capture_output=True,
+                          text=True, env=dict(os.environ, TRANSFORMERS_VERBOSITY="error"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = np.array(json.loads(proc.stdout.strip().splitlines()[-1]), dtype=np.float32)
+    got = np.stack([step.reshape(-1) for step in logits])
+    np.testing.assert_allclose(got, ref[n - 1:n - 1 + len(got)], atol=1e-4, rtol=0)
+    chosen = ref[np.arange(n - 1, len(seq) - 1), seq[n:]]
+    assert np.all(chosen >= ref[n - 1:len(seq) - 1].max(axis=1) - 2e-4)
 
 
 @pytest.mark.parametrize("arch,share", [*((a, True) for a in OWN_RAGGED_BATCH), ("lfm2", False)])
@@ -142,6 +177,30 @@ def test_window_sized_caches_match_onnxruntime_genai(more_models, og_ref, tmp_pa
             shapes.append([tuple(gen.get_output(f"present.{i}.key").shape) for i in range(2)])
         assert shapes[1] == shapes[0], (slack, max_length)
         assert shapes[1][0][2] == min(8 + (slack or 16), max_length)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma4"])
+def test_window_longer_than_max_length(more_models, og_ref, arch: str) -> None:
+    """With max_length below the window (8), onnxruntime-genai 0.18 gives the window-sized layers max_length rows,
+    which its GroupQueryAttention then refuses; crossml keeps window_size rows there (never filled: nothing is
+    evicted), so the generation runs and its tokens start those of a longer max_length."""
+    folder = more_models[arch]
+    ids = [5, 6, 7]
+
+    def generate(og, max_length: int) -> list[int]:
+        model = og.Model(folder)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=max_length)
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist()
+
+    with pytest.raises(Exception, match=r"KV cache capacity \(7\) must be at least local_window_size \(8\)"):
+        generate(og_ref, 7)
+    short = generate(xg, 7)
+    assert len(short) == 7 and short == generate(xg, MAX_LENGTH)[:7] == generate(og_ref, MAX_LENGTH)[:7]
 
 
 def test_window_rewind(more_models, og_ref) -> None:
@@ -223,3 +282,21 @@ def test_multimodal_rope_positions_on_the_static_path(more_models) -> None:
     for a, b in zip(got[1], ref[1]):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     assert fed[-1] == (3, 2, 1)
+
+
+def test_builder_module_builds_gemma4_where_the_builder_fails(more_models, tmp_path) -> None:
+    """``python -m crossml.genai.builder`` runs onnxruntime-genai's model builder with its arguments, with the Gemma 4
+    config layout it reads (``global_head_dim``): the same model as the test folder's. The builder run alone fails on
+    transformers 5's Gemma 4 config."""
+    hf = os.path.join(os.path.dirname(more_models["gemma4"]), "hf_gemma4")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(xg.__file__))), *sys.path]))
+    args = ["-i", hf, "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "cache")]
+    plain = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", *args, "-o",
+                            str(tmp_path / "plain")], capture_output=True, text=True, env=env, timeout=600)
+    assert plain.returncode != 0 and "per-layer attribute" in plain.stderr
+    fixed = subprocess.run([sys.executable, "-m", "crossml.genai.builder", *args, "-o", str(tmp_path / "fixed")],
+                           capture_output=True, text=True, env=env, timeout=600)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (tmp_path / "fixed" / name).read_bytes() == open(os.path.join(more_models["gemma4"], name), "rb").read()

@@ -31,7 +31,8 @@ SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:
     "gemma2:fp32", "gemma2:fp16:cuda", "gptoss:fp32", "gptoss:fp16:cuda", "gptoss:int4", "gptoss:int4:cuda",
     "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda",
     "qwen35:fp32", "qwen35:fp16:cuda", "qwen35:int4:cuda", "qwen35moe:fp16:cuda", "qwen35moe:int4:cuda",
-    "qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda"]
+    "qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda", "gemma4:fp32", "gemma4:fp16:cuda", "gemma4:int4:cuda",
+    "gemma4kv:fp32", "gemma4kv:fp16:cuda", "gemma4moe:fp32", "gemma4moe:fp16:cuda", "gemma4moe:int4:cuda"]
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
 NEW = 12
@@ -481,15 +482,21 @@ def test_adapters_on_the_gpu_match_the_cpu(models: Path, tmp_path) -> None:
     assert recorded  # runs fed the adapter's parameters and were recorded
 
 
-# the CPU reference: the fp32 CPU build, or for gpt-oss int4 the same CUDA build run on the CPU (its fp16 router
-# picks other experts than the fp32 CPU build's from the first token on: logits 17% of their scale apart)
+# the CPU reference: the fp32 CPU build, or for the int4 builds the same CUDA build run on the CPU (gpt-oss' fp16
+# router picks other experts than the fp32 CPU build's from the first token on: logits 17% of their scale apart)
 @pytest.mark.parametrize(("gpu_build", "cpu_build"), [("gemma2_fp16_cuda", "gemma2_fp32"),
                                                       ("gptoss_fp16_cuda", "gptoss_fp32"),
-                                                      ("gptoss_int4_cuda", "gptoss_int4_cuda")])
+                                                      ("gptoss_int4_cuda", "gptoss_int4_cuda"),
+                                                      ("gemma4_fp16_cuda", "gemma4_fp32"),
+                                                      ("gemma4kv_fp16_cuda", "gemma4kv_fp32"),
+                                                      ("gemma4moe_fp16_cuda", "gemma4moe_fp32"),
+                                                      ("gemma4_int4_cuda", "gemma4_int4_cuda"),
+                                                      ("gemma4moe_int4_cuda", "gemma4moe_int4_cuda")])
 def test_window_sized_caches_on_the_gpu(models: Path, gpu_build: str, cpu_build: str) -> None:
-    """gemma2's and gpt-oss' local layer keeps a window-sized KV cache (sliding_window.layers; gpt-oss also has
-    attention sinks and MoE / QMoE experts): on the GPU the captured decode replays one recorded graph across its
-    evictions, gives the eager decode's tokens, and starts with the CPU run's tokens."""
+    """gemma2's, gpt-oss' and Gemma 4's local layer keeps a window-sized KV cache (sliding_window.layers; gpt-oss
+    also has attention sinks and MoE / QMoE experts; Gemma 4 global layers of another head size and, in gemma4kv,
+    another KV head count, and in gemma4moe geglu experts): on the GPU the captured decode replays one recorded graph
+    across its evictions, gives the eager decode's tokens, and starts with the CPU run's tokens."""
     folder = str(models / gpu_build)
     static = og.Model(folder)
     assert static.window_layers == {0} and static._capture

@@ -34,7 +34,7 @@ CONFIG_FILE = "genai_config.json"
 #: model types whose decoder is one ONNX file with input_ids / attention_mask / past_key_values in and
 #: logits / present out: the layout the model builder writes for text-only decoder models.
 DECODER_ONLY_TYPES = (
-    "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gpt2", "gptoss", "granite", "granitemoehybrid",
+    "chatglm", "ernie4_5", "gemma", "gemma2", "gemma3_text", "gemma4_text", "gpt2", "gptoss", "granite", "granitemoehybrid",
     "hunyuandensev1", "internlm2", "lfm2", "lfm2_moe", "llama", "mistral", "mistral3_text", "nemotron", "olmo", "phi",
     "phi3", "phi3small", "phimoe", "qwen2", "qwen2_5_vl_text", "qwen3", "qwen3_5_moe_text", "qwen3_5_text",
     "qwen3_vl_text", "smollm3",
@@ -42,8 +42,9 @@ DECODER_ONLY_TYPES = (
 
 #: model types onnxruntime-genai knows that crossml.genai refuses, and why (Model names the reason)
 UNSUPPORTED_TYPES = {
-    "gemma4_text": "not run yet: the model builder (onnxruntime-genai 0.18) fails on transformers 5's Gemma 4 configs, "
-                   "so no Gemma 4 folder could be made to test against",
+    "whisper": "speech recognition: an encoder-decoder model with an audio processor",
+    "phi3v": "a multimodal pipeline: a vision encoder and an embedding model beside the decoder",
+    "phi4mm": "a multimodal pipeline: vision and speech encoders and an embedding model beside the decoder",
 }
 
 #: provider names genai_config.json / Config.append_provider accept, and crossml's provider for each.

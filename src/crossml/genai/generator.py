@@ -229,17 +229,15 @@ class Generator:
         self._refresh_extras()
 
     def _make_cache(self) -> KVCache:
-        dec, io = self._model.config.model.decoder, self._model.io
+        io = self._model.io
         if self._s.past_present_share_buffer:
-            return StaticKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads,
-                                 self._model.kv_lengths(self._s.max_length), dec.head_size, io.kv_dtype, self._dev,
-                                 self._bufs.kv if self._bufs is not None else None)
+            return StaticKVCache(io.past_names, io.present_names, self._rows, self._model.kv_shapes(self._s.max_length),
+                                 io.kv_dtype, self._dev, self._bufs.kv if self._bufs is not None else None)
         if self._model.window_layers:
             raise GenAIError(f"{self._model.config._file}: layers {sorted(self._model.window_layers)} "
                              "(model.decoder.sliding_window.layers) keep window-sized KV caches, which need "
                              "past_present_share_buffer=True; set it in the search options or in genai_config.json")
-        return GrowingKVCache(io.past_names, io.present_names, self._rows, dec.num_key_value_heads, dec.head_size,
-                              io.kv_dtype, self._dev)
+        return GrowingKVCache(io.past_names, io.present_names, self._rows, io.kv_dims, io.kv_dtype, self._dev)
 
     # -- appending tokens ---------------------------------------------------------------------
     def append_tokens(self, tokens: Any) -> None:
@@ -933,7 +931,7 @@ class Generator:
             raise GeneratorStateError("rewind_to needs batch_size 1 and num_beams 1")
         if not 0 <= new_length <= self._len:
             raise GeneratorStateError(f"rewind_to({new_length}): the sequence has {self._len} tokens")
-        capacity = min(self._model.window_capacity, self._s.max_length)
+        capacity = self._model.window_rows(self._s.max_length)
         if self._model.window_layers and 0 < new_length and new_length - 1 < self._kv_len and self._kv_len > capacity:
             raise GeneratorStateError(
                 f"Cannot rewind to {new_length}: the sliding-window KV cache holds only the last {capacity} of "

@@ -1,11 +1,12 @@
 """The decoder's KV cache: one static max-length buffer per layer, or a cache grown by concatenation.
 
 Layers named by genai_config.json's ``sliding_window.layers`` get a window-sized static buffer instead
-(``Model.kv_lengths``): their GroupQueryAttention (``sliding_window_cache=1``) keeps the most recent positions in
+(``Model.kv_shapes``): their GroupQueryAttention (``sliding_window_cache=1``) keeps the most recent positions in
 it and evicts the rest itself.
 
 ``StaticKVCache`` (``past_present_share_buffer``): ``past_key_values.i.key`` is a
-[rows, kv_heads, max_length, head_size] buffer allocated once; GroupQueryAttention writes the new
+[rows, kv_heads, max_length, head_size] buffer allocated once (each layer's own heads and head size, where a decoder's
+layers differ: Gemma 4's global layers, ``DecoderIO.kv_dims``); GroupQueryAttention writes the new
 rows into it in place (crossml's op does when the session marks it ``kv_inplace``). If a run hands
 back a different tensor (an op that copies, or a recorded graph's output copy), it is copied back into
 the buffer, so the buffers keep their addresses for the whole generation: still no growth, no host sync.
@@ -54,12 +55,11 @@ class KVCache:
 
 
 class StaticKVCache(KVCache):
-    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int,
-                 lengths: list[int], head_size: int, dtype: torch.dtype, device: torch.device,
-                 tensors: list[torch.Tensor] | None = None) -> None:
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, shapes: list[tuple[int, int, int]],
+                 dtype: torch.dtype, device: torch.device, tensors: list[torch.Tensor] | None = None) -> None:
+        """``shapes``: each buffer's (kv_heads, length, head_size) (``Model.kv_shapes``)."""
         super().__init__(past_names, present_names)
-        self.tensors = tensors if tensors is not None else [
-            torch.zeros((rows, kv_heads, n, head_size), dtype=dtype, device=device) for n in lengths]
+        self.tensors = tensors if tensors is not None else zero_kv(rows, shapes, dtype, device)
         self._warned = False
 
     def update(self, presents: list[torch.Tensor]) -> None:
@@ -85,16 +85,23 @@ class StaticKVCache(KVCache):
 
 
 class GrowingKVCache(KVCache):
-    def __init__(self, past_names: list[str], present_names: list[str], rows: int, kv_heads: int, head_size: int,
+    def __init__(self, past_names: list[str], present_names: list[str], rows: int, dims: list[tuple[int, int]],
                  dtype: torch.dtype, device: torch.device) -> None:
+        """``dims``: each past's (kv_heads, head_size) (``DecoderIO.kv_dims``)."""
         super().__init__(past_names, present_names)
-        self.tensors = [torch.zeros((rows, kv_heads, 0, head_size), dtype=dtype, device=device) for _ in past_names]
+        self.tensors = zero_kv(rows, [(h, 0, d) for h, d in dims], dtype, device)
 
     def update(self, presents: list[torch.Tensor]) -> None:
         self.tensors = list(presents)
 
     def rewind(self, length: int) -> None:
         self.tensors = [t[:, :, :length].contiguous() for t in self.tensors]
+
+
+def zero_kv(rows: int, shapes: list[tuple[int, int, int]], dtype: torch.dtype,
+            device: torch.device) -> list[torch.Tensor]:
+    """One zeroed [rows, kv_heads, length, head_size] buffer per (kv_heads, length, head_size) of ``shapes``."""
+    return [torch.zeros((rows, h, n, d), dtype=dtype, device=device) for h, n, d in shapes]
 
 
 def _grouped_copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

@@ -67,7 +67,7 @@ from crossml import dtypes
 from crossml.device.recording import capture_supported
 from crossml.genai.config import DECODER_ONLY_TYPES, DEFAULT_CACHE_SLACK, UNSUPPORTED_TYPES, Config
 from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
-from crossml.genai.kv_cache import zero_states
+from crossml.genai.kv_cache import zero_kv, zero_states
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
 from crossml.runtime.session import CAPTURE_BIND_IO, DEFER_CAPTURE, KV_INPLACE, InferenceSession
@@ -100,6 +100,9 @@ class DecoderIO:
     input_ids_dtype: torch.dtype
     #: the layer of each KV pair of past_names (the layers without a carried state)
     kv_layers: list[int]
+    #: each past's (kv_heads, head_size): the decoder input's fixed dimensions 1 and 3, else genai_config.json's
+    #: num_key_value_heads / head_size (Gemma 4's global layers have other heads and head sizes than its local ones)
+    kv_dims: list[tuple[int, int]]
     #: carried states of the layers without a KV cache (``crossml.genai.kv_cache.LayerStates``): LFM2's "conv"
     #: layers' convolution states, Qwen3.5's "linear_attention" layers' convolution and recurrent states. Past and
     #: present names, and each state's one-row shape and element type
@@ -193,14 +196,13 @@ class DecodeBuffers:
     """The decode step's inputs at fixed addresses (what a recorded decode graph reads in place), and the
     prompt buckets recorded on the same mask and KV buffers."""
 
-    def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_lengths: list[int], kv_heads: int,
-                 head_size: int, device: torch.device) -> None:
+    def __init__(self, io: DecoderIO, rows: int, max_length: int, kv_shapes: list[tuple[int, int, int]],
+                 device: torch.device) -> None:
         self.rows, self.max_length = rows, max_length
         self.ids = torch.zeros((rows, 1), dtype=io.input_ids_dtype, device=device)
         self.pos = _position_buffer(io, rows, 1, device)
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
-        self.kv = [torch.zeros((rows, kv_heads, n, head_size), dtype=io.kv_dtype, device=device)
-                   for n in kv_lengths]
+        self.kv = zero_kv(rows, kv_shapes, io.kv_dtype, device)
         #: the carried layer states (``crossml.genai.kv_cache.LayerStates``: LFM2's, Qwen3.5's), one buffer per state
         self.states = zero_states(rows, io.state_shapes, io.state_dtypes, device)
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
@@ -331,7 +333,8 @@ class Model:
         #: has sliding_window_cache=1) and those caches' capacity: window_size + cache_slack (0: the default)
         sw = mc.decoder.sliding_window or {}
         self.window_layers = frozenset(int(i) for i in sw.get("layers", ()))
-        self.window_capacity = int(sw.get("window_size", 0)) + (int(sw.get("cache_slack", 0)) or DEFAULT_CACHE_SLACK)
+        self.window_size = int(sw.get("window_size", 0))
+        self.window_capacity = self.window_size + (int(sw.get("cache_slack", 0)) or DEFAULT_CACHE_SLACK)
         #: values of the decoder's preset inputs (PRESET_INPUTS it takes and gives no default for)
         shapes = {a.name: a.shape for a in self.session.get_inputs()}
         self._presets = {name: torch.full([1] * len(shapes[name]), value, device=self.device,
@@ -390,12 +393,19 @@ class Model:
         so.add_session_config_entry(KV_INPLACE, "1")
         return so
 
-    def kv_lengths(self, max_length: int) -> list[int]:
-        """Rows of each past KV buffer (``io.past_names`` order: key and value of layer 0, then layer 1, ...) in a
-        static cache for ``max_length`` tokens: max_length, or a window-sized layer's capacity (at most
-        max_length), as onnxruntime-genai allocates them."""
-        return [min(self.window_capacity, max_length) if self.io.kv_layers[i // 2] in self.window_layers
-                else max_length for i in range(len(self.io.past_names))]
+    def kv_shapes(self, max_length: int) -> list[tuple[int, int, int]]:
+        """(kv_heads, rows, head_size) of each past KV buffer (``io.past_names`` order: key and value of layer 0, then
+        layer 1, ...) in a static cache for ``max_length`` tokens: max_length rows, or a window-sized layer's
+        ``window_rows``."""
+        return [(heads, self.window_rows(max_length) if self.io.kv_layers[i // 2] in self.window_layers
+                 else max_length, size) for i, (heads, size) in enumerate(self.io.kv_dims)]
+
+    def window_rows(self, max_length: int) -> int:
+        """Rows of a window-sized KV cache for ``max_length`` tokens: window_size + cache_slack, at most max_length as
+        onnxruntime-genai allocates it, but never fewer than window_size (GroupQueryAttention refuses a window cache
+        smaller than its window, which onnxruntime-genai 0.18 then fails on when max_length is shorter than the
+        window; such a cache never fills, so nothing is evicted)."""
+        return min(self.window_capacity, max(max_length, self.window_size))
 
     # -- fixed-address decode inputs ----------------------------------------------------------
     def _acquire_buffers(self, rows: int, max_length: int) -> DecodeBuffers:
@@ -404,9 +414,7 @@ class Model:
             free = self._buffers.setdefault((rows, max_length), [])
             bufs = free.pop() if free else None
         if bufs is None:
-            dec = self.config.model.decoder
-            bufs = DecodeBuffers(self.io, rows, max_length, self.kv_lengths(max_length), dec.num_key_value_heads,
-                                 dec.head_size, self.device)
+            bufs = DecodeBuffers(self.io, rows, max_length, self.kv_shapes(max_length), self.device)
         else:
             bufs.mask.zero_()
             for t in bufs.kv + bufs.states:
@@ -475,6 +483,11 @@ class Model:
             elif len(dims) != 2:
                 raise UnsupportedModelError(f"'{where}': position input '{pos}' has shape {dims}; expected [batch, "
                                             "sequence], or [3, batch, sequence] for multimodal RoPE")
+        def kv_dim(name: str, axis: int, default: int) -> int:
+            dims = inputs[name].shape
+            return dims[axis] if len(dims) == 4 and isinstance(dims[axis], int) and dims[axis] > 0 else default
+
+        kv_dims = [(kv_dim(name, 1, dec.num_key_value_heads), kv_dim(name, 3, dec.head_size)) for name in past]
         state_shapes = []
         for name, (kind, _) in zip(state_past, states):
             dims = inputs[name].shape[1:]
@@ -492,7 +505,7 @@ class Model:
                     "heads, value head size, key head size] with fixed sizes")
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
-                         kv_layers=kv_layers, state_names=state_past, state_present_names=state_present,
+                         kv_layers=kv_layers, kv_dims=kv_dims, state_names=state_past, state_present_names=state_present,
                          state_shapes=state_shapes, position_streams=streams,
                          state_dtypes=[dtype(name, torch.float32) for name in state_past], logits=logits,
                          kv_dtype=dtype(past[0] if past else None, torch.float32), mask_dtype=dtype(mask, torch.int64),

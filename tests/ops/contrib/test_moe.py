@@ -34,7 +34,7 @@ def _trim(ins: dict) -> dict:
 
 
 def moe_inputs(T=6, H=32, inter=16, E=4, act="swiglu", fusion=1, bias=True, dtype=np.float32, shape3d=False):
-    n1 = 2 * inter if act == "swiglu" and fusion else inter
+    n1 = 2 * inter if act in ("swiglu", "geglu") and fusion else inter
     x = RNG.standard_normal((2, T // 2, H) if shape3d else (T, H)).astype(dtype)
     ins = dict(input=x, router_probs=RNG.standard_normal((T, E)).astype(dtype),
                fc1=(RNG.standard_normal((E, n1, H)) * 0.3).astype(dtype),
@@ -67,8 +67,9 @@ def test_moe_shapes(case):
           normalize_routing_weights=1)
 
 
-def _moe_reference(ins: dict, k: int, normalize: bool, fusion: int, alpha=1.0, beta=0.0, limit=np.inf) -> np.ndarray:
-    """float64 numpy MoE with swiglu; fc3 for fusion 0."""
+def _moe_reference(ins: dict, k: int, normalize: bool, fusion: int, alpha=1.0, beta=0.0, limit=np.inf,
+                   act="swiglu") -> np.ndarray:
+    """float64 numpy MoE with swiglu or geglu (transformers' gelu_pytorch_tanh(gate) * up); fc3 for fusion 0."""
     x = ins["input"].astype(np.float64).reshape(-1, ins["input"].shape[-1])
     r = ins["router_probs"].astype(np.float64)
     out = np.zeros_like(x)
@@ -85,9 +86,12 @@ def _moe_reference(ins: dict, k: int, normalize: bool, fusion: int, alpha=1.0, b
                 g, lin = np.split(h, 2)
             else:
                 g, lin = h, ins["fc3"][e].astype(np.float64) @ x[t] + ins["b3"][e]
-            g = np.minimum(g, limit)
-            lin = np.clip(lin, -limit, limit)
-            a = g / (1.0 + np.exp(-alpha * g)) * (lin + beta)
+            if act == "geglu":
+                a = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3))) * lin
+            else:
+                g = np.minimum(g, limit)
+                lin = np.clip(lin, -limit, limit)
+                a = g / (1.0 + np.exp(-alpha * g)) * (lin + beta)
             out[t] += we * (ins["fc2"][e].astype(np.float64) @ a + ins["b2"][e])
     return out.reshape(ins["input"].shape)
 
@@ -119,6 +123,61 @@ def test_moe_swiglu_layouts_onnxruntime_cpu_refuses(fusion):
                      b1=np.stack([bg, bl], axis=2).reshape(4, 2 * inter), fc3=None, b3=None)
     check("MoE", _trim(inter_ins), [("out", TP.FLOAT)], atol=2e-5, rtol=1e-5, **dict(attrs, swiglu_fusion=1))
     np.testing.assert_allclose(got, _moe_reference(_trim(inter_ins), 2, True, 1, 1.702, 1.0, 1.5), atol=1e-5)
+
+
+@pytest.mark.parametrize("fusion", [0, 1, 2])
+@pytest.mark.parametrize("k", [1, 2])
+def test_moe_geglu_matches_the_reference(fusion, k):
+    """geglu (Gemma 4's experts: gelu_tanh(gate) * up, gate and up interleaved in fc1 as the builder writes them, or
+    concatenated, or fc3), which onnxruntime 1.31's MoE refuses, against the float64 reference."""
+    import crossml
+
+    ins = moe_inputs(act="geglu", fusion=fusion)
+    inter = ins["fc2"].shape[2]
+    if fusion == 0:
+        ins.update(fc3=(RNG.standard_normal((4, inter, 32)) * 0.3).astype(np.float32),
+                   b3=(RNG.standard_normal((4, inter)) * 0.1).astype(np.float32))
+    model, feeds = single_node_model("MoE", ins, [("out", TP.FLOAT)], k=k, activation_type="geglu",
+                                     swiglu_fusion=fusion, normalize_routing_weights=1)
+    with pytest.raises(Exception, match="geglu"):  # the reference: onnxruntime refuses the activation
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = crossml.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    want = _moe_reference(ins, k, True, fusion, act="geglu")
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    swiglu = crossml.InferenceSession(single_node_model("MoE", ins, [("out", TP.FLOAT)], k=k, activation_type="swiglu",
+                                                        swiglu_fusion=fusion, normalize_routing_weights=1)[0]
+                                      .SerializeToString()).run(None, feeds)[0]
+    assert np.abs(swiglu - got).max() > 1e-2  # the gate's activation matters on these inputs
+
+
+def test_qmoe_geglu_equals_moe_on_the_dequantized_weights():
+    """QMoE with geglu (the builder's int4 Gemma 4 experts) gives MoE's geglu result on the weights its 4-bit blocks
+    stand for (q - 8) * scale (dequantized here, in numpy)."""
+    import crossml
+
+    E, H, inter, bs, T = 4, 64, 32, 32, 5
+
+    def weights(N, K):
+        q = RNG.integers(0, 16, size=(E, N, K))
+        scales = (RNG.random((E, N, K // bs)) * 0.05 + 0.01).astype(np.float32)
+        return pack(q, 4), scales, ((q - 8) * np.repeat(scales, bs, axis=2)).astype(np.float32)
+
+    w1, s1, f1 = weights(2 * inter, H)
+    w2, s2, f2 = weights(H, inter)
+    x = RNG.standard_normal((T, H)).astype(np.float32)
+    r = RNG.standard_normal((T, E)).astype(np.float32)
+    b1 = (RNG.standard_normal((E, 2 * inter)) * 0.1).astype(np.float32)
+    b2 = (RNG.standard_normal((E, H)) * 0.1).astype(np.float32)
+    attrs = dict(k=2, activation_type="geglu", swiglu_fusion=1)
+    q_model, q_feeds = single_node_model("QMoE", dict(input=x, router_probs=r, fc1=w1, s1=s1, b1=b1, fc2=w2, s2=s2,
+                                                      b2=b2), [("out", TP.FLOAT)], expert_weight_bits=4,
+                                         block_size=bs, **attrs)
+    got = crossml.InferenceSession(q_model.SerializeToString()).run(None, q_feeds)[0]
+    f_ins = dict(input=x, router_probs=r, fc1=f1, b1=b1, fc2=f2, b2=b2)
+    f_model, f_feeds = single_node_model("MoE", f_ins, [("out", TP.FLOAT)], normalize_routing_weights=1, **attrs)
+    want = crossml.InferenceSession(f_model.SerializeToString()).run(None, f_feeds)[0]
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got, _moe_reference(f_ins, 2, True, 1, act="geglu"), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("normalize", [0, 1])
@@ -247,6 +306,8 @@ def test_moe_errors_name_the_input_and_the_fix():
     bad["router_probs"] = bad["router_probs"][:, :3]
     assert "router_probs has 3 experts but fc1_experts_weights has 4" in _error("MoE", bad, **base)
     assert "needs fc3_experts_weights" in _error("MoE", moe_inputs(fusion=0), **dict(base, swiglu_fusion=0))
+    assert "activation_alpha=1.702 is not defined for activation_type 'geglu'" in _error(
+        "MoE", moe_inputs(act="geglu"), **dict(base, activation_type="geglu", activation_alpha=1.702))
     assert "quant_type 'fp4' is not supported" in _error("QMoE", qmoe_inputs(), quant_type="fp4", block_size=32, **base)
     assert "fc1_scales (4, 64, 2) must be [4, 64, 4]" in _error("QMoE", qmoe_inputs(), block_size=16, **base)
     prepacked = qmoe_inputs()  # onnxruntime CUDA's layout: [E, K, N / 2]

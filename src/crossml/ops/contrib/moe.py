@@ -10,10 +10,13 @@ weights are the softmax of the chosen logits). Each chosen expert computes
 ``router_weights``, when given, replace the probabilities in that sum (the selection still comes
 from ``router_probs``; normalized only with ``normalize_routing_weights``).
 
-``act`` is relu, gelu (tanh form), silu, identity or swiglu:
-``G = min(g, limit)``, ``L = clamp(l, -limit, limit)``, ``G * sigmoid(alpha * G) * (L + beta)``
-with ``g`` and ``l`` interleaved in fc1's rows (``swiglu_fusion=1``), concatenated (2), or from
-fc1 and fc3 (0). Rounding follows onnxruntime's CPU kernels: each product and each activation is
+``act`` is relu, gelu (tanh form), silu, identity, swiglu:
+``G = min(g, limit)``, ``L = clamp(l, -limit, limit)``, ``G * sigmoid(alpha * G) * (L + beta)``,
+or geglu (Gemma 4's experts): ``gelu_tanh(g) * l``, with ``g`` and ``l`` interleaved in fc1's rows
+(``swiglu_fusion=1``, the builder's layout), concatenated (2), or from fc1 and fc3 (0). onnxruntime 1.31's
+kernels have no geglu (its CPU MoE refuses it); the form is that of onnxruntime's CPU QMoE proposal (pull request
+32153: HF's ``gelu_pytorch_tanh`` gate, SwiGLU's layouts), which defines no alpha, beta or limit for it, so
+values other than their defaults are refused. Rounding follows onnxruntime's CPU kernels: each product and each activation is
 rounded to the input type, the weighted sum is accumulated in float32.
 
 QMoE (``quant_type='int'``) stores each expert's weights as MatMulNBits does, ``[E, N, K * bits / 8]``
@@ -49,7 +52,9 @@ from crossml import kernels
 from crossml.ops.contrib.matmul_nbits import unpack_bits
 from crossml.ops.registry import MS_DOMAIN, op
 
-_ACTIVATIONS = ("relu", "gelu", "silu", "identity", "swiglu")
+_ACTIVATIONS = ("relu", "gelu", "silu", "identity", "swiglu", "geglu")
+#: activations of a gate half and a linear half (fc1's rows doubled, or fc3)
+_GATED = ("swiglu", "geglu")
 _QUANT_TYPES = ("int", "fp4", "nvfp4", "fp8", "wfp4afp8")
 #: added to QMoE's weight-shape errors: the builder's CUDA exports prepack the experts unless told not to
 _PREPACKED_HINT = (". An int4/int8 export of the model builder for CUDA writes onnxruntime CUDA's CUTLASS-prepacked "
@@ -122,12 +127,13 @@ class _Experts:
 
 def _activate(h: torch.Tensor, h3: torch.Tensor | None, kind: str, alpha: float, beta: float, limit: float,
               fusion: int) -> torch.Tensor:
-    """The expert activation of fc1's output ``h`` (and fc3's ``h3`` for unfused swiglu), rounded to h's type."""
+    """The expert activation of fc1's output ``h`` (and fc3's ``h3`` for an unfused gated one), rounded to h's
+    type."""
     f = h.float()
     if kind == "relu":
         y = torch.relu(f)
     elif kind == "gelu":
-        y = 0.5 * f * (1.0 + torch.tanh(0.7978845608 * (f + 0.044715 * f * f * f)))
+        y = _gelu_tanh(f)
     elif kind == "silu":
         y = f * torch.sigmoid(f)
     elif kind == "identity":
@@ -140,10 +146,18 @@ def _activate(h: torch.Tensor, h3: torch.Tensor | None, kind: str, alpha: float,
             g, lin = f[..., :inter], f[..., inter:]
         else:
             g, lin = f, h3.float()
-        g = g.clamp(max=limit)
-        lin = lin.clamp(-limit, limit)
-        y = g * torch.sigmoid(alpha * g) * (lin + beta)
+        if kind == "geglu":
+            y = _gelu_tanh(g) * lin
+        else:
+            g = g.clamp(max=limit)
+            lin = lin.clamp(-limit, limit)
+            y = g * torch.sigmoid(alpha * g) * (lin + beta)
     return y.to(h.dtype)
+
+
+def _gelu_tanh(f: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh form in float32 (onnxruntime's MoE gelu; transformers' gelu_pytorch_tanh)."""
+    return 0.5 * f * (1.0 + torch.tanh(0.7978845608 * (f + 0.044715 * f * f * f)))
 
 
 def expert_mode(device: torch.device, tokens: int, k: int, num_experts: int) -> str:
@@ -227,6 +241,13 @@ def _moe(what: str, x_in: torch.Tensor, router_probs: torch.Tensor, fc1: _Expert
     if router_weights is not None and tuple(router_weights.shape) != tuple(router_probs.shape):
         raise ValueError(f"{what}: router_weights {tuple(router_weights.shape)} must have router_probs' shape "
                          f"{tuple(router_probs.shape)}")
+    if kind == "geglu":
+        given = [f"{name}={float(value):.6g}" for name, value, default in
+                 (("activation_alpha", activation_alpha, 1.0), ("activation_beta", activation_beta, 0.0),
+                  ("swiglu_limit", swiglu_limit, None)) if value != default]
+        if given:
+            raise ValueError(f"{what}: {', '.join(given)} is not defined for activation_type 'geglu' "
+                             "(gelu_tanh(gate) * linear); leave it at its default")
     limit = math.inf if swiglu_limit is None else float(swiglu_limit)
 
     def act(h, h3):
@@ -249,9 +270,9 @@ def _shapes(what: str, kind: str, fusion: int, fc1_rows: int, fc2_shape: tuple, 
         raise ValueError(f"{what}: swiglu_fusion {fusion} must be 0 (fc1 and fc3), 1 (interleaved) or 2 (concatenated)")
     if len(fc2_shape) != 3 or fc2_shape[1] != H:
         raise ValueError(f"{what}: fc2_experts_weights {fc2_shape} must be [num_experts, hidden_size={H}, inter_size]")
-    fused = kind == "swiglu" and fusion in (1, 2)
-    if kind == "swiglu" and not fused and not has_fc3:
-        raise ValueError(f"{what}: swiglu with swiglu_fusion=0 needs fc3_experts_weights (the linear half)")
+    fused = kind in _GATED and fusion in (1, 2)
+    if kind in _GATED and not fused and not has_fc3:
+        raise ValueError(f"{what}: {kind} with swiglu_fusion=0 needs fc3_experts_weights (the linear half)")
     return (fc1_rows // 2 if fused else fc1_rows), fc1_rows
 
 
