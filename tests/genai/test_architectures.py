@@ -242,6 +242,27 @@ def test_window_rewind(more_models, og_ref) -> None:
     assert gen.get_sequence(0).tolist() == want
 
 
+@pytest.mark.parametrize("steps", [6, 30])
+def test_window_logits_after_the_generation_ends(more_models, steps: int) -> None:
+    """After every row ended on an end-of-sequence token, get_logits runs the last token again: before the window-sized
+    cache has evicted it gives the logits that token was chosen from; after, that position is gone and the call is
+    refused, naming the cache and what to do."""
+    model = xg.Model(more_models["gemma2"])
+    gen = run_steps(xg, model, steps, MAX_LENGTH, PROMPT)
+    before = gen.get_logits().copy()
+    forced = np.full_like(before, -1e4)
+    forced[..., model.config.model.eos_token_id[0]] = 0.0
+    gen.set_logits(forced)
+    gen.generate_next_token()
+    assert gen.is_done()
+    if steps == 6:  # 6 + 6 positions in a 24-row cache
+        np.testing.assert_allclose(gen.get_logits(), before, atol=1e-5, rtol=0)
+    else:
+        with pytest.raises(xg.GenAIError, match="get_logits: every sequence ended .* holds only the last 24 of 36 "
+                                                "positions.*before generate_next_token"):
+            gen.get_logits()
+
+
 def test_window_errors(more_models, og_ref, tmp_path) -> None:
     folder = more_models["gemma2"]
     model = xg.Model(folder)

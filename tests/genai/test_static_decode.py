@@ -503,3 +503,29 @@ def test_greedy_step_compiled_ahead_as_the_first_steps_launch_it(genai_models, a
     assert len(ahead_calls) == 2 and len(steps) == 3
     assert ahead_calls == steps[:2]
     assert steps[2] == steps[1]  # later steps launch what the second did
+
+
+@pytest.mark.parametrize("path", ["default", "static", "ahead"])
+@pytest.mark.parametrize("arch", ["qwen2", "lfm2"])
+def test_logits_after_the_generation_ends_on_eos(genai_models, more_models, arch: str, path: str) -> None:
+    """After every row ended on an end-of-sequence token (which is not appended), get_logits gives the logits of the
+    sequence's last token, those the ending token was chosen from (it raised from GroupQueryAttention on an empty run
+    before; onnxruntime-genai 0.18 gives other values there). lfm2 carries convolution states, which cannot run a
+    token twice: its last token runs again from the first."""
+    folder = genai_models[("qwen2", "fp32")] if arch == "qwen2" else more_models["lfm2"]
+    model = _model(folder, path != "default", ahead=path == "ahead")
+    tok = og.Tokenizer(model)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=MAX_LENGTH)
+    gen = og.Generator(model, params)
+    gen.append_tokens(tok.encode(PROMPT))
+    for _ in range(3):
+        gen.generate_next_token()
+    before = gen.get_logits().copy()
+    forced = np.full_like(before, -1e4)
+    forced[..., model.config.model.eos_token_id[0]] = 0.0
+    gen.set_logits(forced)
+    gen.generate_next_token()
+    assert gen.is_done() and gen.token_count() == len(tok.encode(PROMPT)) + 3
+    np.testing.assert_allclose(gen.get_logits(), before, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(gen.get_output("logits")[:, -1:], before, atol=1e-5, rtol=0)

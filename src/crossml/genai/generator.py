@@ -304,6 +304,17 @@ class Generator:
         """Make the logits of the tokens appended so far current: run the decoder, or show the outputs of the step
         that ran ahead."""
         if self._logits is None:
+            if self._kv_len >= self._len:
+                # every row ended on the last step, whose token is not appended: the logits it chose from are gone
+                # (a step run ahead may have written over them). The last token runs again, as after
+                # rewind_to(len - 1): over its own KV rows, or with carried layer states from the first token
+                if self._evicted(self._len):
+                    raise GeneratorStateError(
+                        "get_logits: every sequence ended on the last step, and its logits cannot be computed again: "
+                        f"the sliding-window KV cache holds only the last "
+                        f"{self._model.window_rows(self._s.max_length)} of {self._kv_len} positions. Read the logits "
+                        "before generate_next_token, or increase model.decoder.sliding_window.cache_slack")
+                self._run_again_from(self._len - 1)
             self._forward()
         elif self._ahead_outputs is not None:
             self._outputs, self._ahead_outputs = self._ahead_outputs, None
@@ -924,6 +935,21 @@ class Generator:
                                       "\"0\") to go on)")
 
     # -- rewinding ----------------------------------------------------------------------------
+    def _evicted(self, new_length: int) -> bool:
+        """Whether running again from column ``new_length - 1`` needs positions a window-sized KV cache has evicted."""
+        return (bool(self._model.window_layers) and new_length - 1 < self._kv_len
+                and self._kv_len > self._model.window_rows(self._s.max_length))
+
+    def _run_again_from(self, column: int) -> None:
+        """The next run starts at ``column`` (its KV rows are written again); with carried layer states, which hold no
+        positions to cut back to, from the first column on a zero state."""
+        self._kv_len = column
+        if self._states.tensors:
+            self._kv_len = 0
+            self._states.reset()
+            self._prompt_last = None
+        self._cache.rewind(self._kv_len)
+
     def rewind_to(self, new_length: int) -> None:
         """Drop tokens after ``new_length``; the next step continues from sequence[:new_length]."""
         self._settle()
@@ -932,7 +958,7 @@ class Generator:
         if not 0 <= new_length <= self._len:
             raise GeneratorStateError(f"rewind_to({new_length}): the sequence has {self._len} tokens")
         capacity = self._model.window_rows(self._s.max_length)
-        if self._model.window_layers and 0 < new_length and new_length - 1 < self._kv_len and self._kv_len > capacity:
+        if 0 < new_length and self._evicted(new_length):
             raise GeneratorStateError(
                 f"Cannot rewind to {new_length}: the sliding-window KV cache holds only the last {capacity} of "
                 f"{self._kv_len} positions, so the tokens needed at that point have already been evicted. Increase "
@@ -942,14 +968,7 @@ class Generator:
         self._mask[:, new_length:] = 0
         self._len = new_length
         self._staged = None
-        self._kv_len = max(new_length - 1, 0)
-        if self._states.tensors:
-            # a carried state holds no positions to cut back to: the next run takes the kept tokens again from a
-            # zero state (the KV cache's rows are then written again)
-            self._kv_len = 0
-            self._states.reset()
-            self._prompt_last = None
-        self._cache.rewind(self._kv_len)
+        self._run_again_from(max(new_length - 1, 0))
         self._done.zero_()
         self._next = None
         self._host = None
