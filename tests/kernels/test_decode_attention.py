@@ -98,6 +98,8 @@ def test_rotary_cache_write(device: str, dtype: torch.dtype, heads: tuple[int, i
     (torch.float32, (14, 2), 64, 5, 3, 2.0),
     (torch.float16, (8, 8), 64, -1, 3, 1.5),
     (torch.bfloat16, (4, 2), 16, 5, 1, 2.0),
+    (torch.float16, (4, 2), 512, -1, 3, 30.0),  # Gemma 4's global layers
+    (torch.float32, (8, 1), 256, 5, 1, 0.0),
 ], ids=_ids)
 def test_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, window: int,
                           splits: int, softcap: float) -> None:
@@ -188,6 +190,7 @@ def test_sinks(device: str, dtype: torch.dtype, splits: int, window: int, softca
     (torch.bfloat16, (6, 2), 24, "interleaved", -1, 2, 0.0),
     (torch.float32, (4, 2), 16, "halves", 5, 1, 2.0),
     (torch.float16, (14, 2), 64, "interleaved", -1, 3, 3.0),
+    (torch.float16, (4, 2), 512, "off", -1, 3, 0.0),  # Gemma 4's global layers: their RoPE runs before
 ], ids=_ids)
 @pytest.mark.parametrize("early", [False] if INTERPRET else [False, True], ids=lambda e: "early" if e else "wait_first")
 def test_rotary_decode_attention(device: str, dtype: torch.dtype, heads: tuple[int, int], H: int, mode: str,

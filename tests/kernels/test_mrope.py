@@ -1,5 +1,5 @@
-"""com.microsoft MRotaryEmbedding as one Triton launch (crossml.kernels.mrope) against the op's torch path (which
-onnxruntime checks in tests/ops/contrib/test_rotary.py): bit for bit. CPU cases run in Triton's interpreter;
+"""com.microsoft MRotaryEmbedding and RotaryEmbedding as one Triton launch (crossml.kernels.mrope) against the ops'
+torch paths (which onnxruntime checks in tests/ops/contrib/test_rotary.py): bit for bit. CPU cases run in Triton's interpreter;
 ``gpu`` cases compile, and there the op dispatches to the kernel."""
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ if not torch.cuda.is_available():  # before triton's first import: interpret the
 
 import pytest  # noqa: E402
 
+import crossml.kernels.mrope as mrope_module  # noqa: E402
+import crossml.ops._util as ops_util  # noqa: E402
 import crossml.ops.contrib.rotary as rotary  # noqa: E402
 from crossml.kernels.mrope import m_rotary  # noqa: E402
 from tests.kernels._common import DEVICES  # noqa: E402
@@ -69,3 +71,54 @@ def test_the_op_runs_the_kernel_on_a_gpu(monkeypatch) -> None:
         assert got.shape == want.shape
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
     assert calls == [1, 1]
+
+
+#: RotaryEmbedding cases: batch, sequence, heads, head size, rotary dim (0: the head), interleaved pairs, rank,
+#: positions ("ids": [B, S] ids; "offset": one element, the first position)
+ROTARY_CASES = {
+    "gemma4-global-decode": (1, 1, 4, 64, 0, 0, 3, "ids"),
+    "gemma4-local-prompt": (2, 5, 2, 32, 0, 0, 3, "ids"),
+    "partial": (1, 3, 2, 32, 16, 0, 3, "offset"),
+    "pairs-bnsh": (2, 4, 3, 32, 32, 1, 4, "ids"),
+    "offset-bnsh": (1, 4, 2, 16, 0, 0, 4, "offset"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", sorted(ROTARY_CASES))
+def test_rotary_embedding_on_the_kernel_matches_the_torch_path(dtype: torch.dtype, case: str, monkeypatch) -> None:
+    """RotaryEmbedding with the kernel dispatched (on the CPU, interpreted: the op's GPU branch is taken for CPU
+    tensors) against its torch path, bit for bit; positions past the cache are clamped as there."""
+    B, S, N, H, rot, pairs, rank, positions = ROTARY_CASES[case]
+    g = torch.Generator().manual_seed(len(case))
+    x = torch.randn(B, N, S, H, generator=g).to(dtype) if rank == 4 else torch.randn(B, S, N * H, generator=g).to(dtype)
+    half = (rot or H) // 2
+    cos = torch.randn(48, half + 2, generator=g)
+    sin = torch.randn(48, half + 2, generator=g)
+    pos = torch.randint(0, 40, (B, S), generator=g) if positions == "ids" else torch.tensor([45])
+    if positions == "ids":
+        pos[0, 0] = 99
+    attrs = dict(interleaved=pairs, num_heads=N, rotary_embedding_dim=rot)
+    want = rotary.rotary_embedding(x, pos, cos, sin, **attrs)
+    calls = []
+    monkeypatch.setattr(rotary, "gpu_kernels", lambda name, *t: calls.append(name) or mrope_module)
+    got = rotary.rotary_embedding(x, pos, cos, sin, **attrs)
+    assert calls == ["mrope"] and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert ops_util.gpu_kernels("mrope", x, cos, sin) is None  # CPU tensors: the torch path unless patched
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the op dispatches to the kernel on a GPU only")
+def test_rotary_embedding_runs_the_kernel_on_a_gpu(monkeypatch) -> None:
+    calls = []
+    real = mrope_module.m_rotary
+    monkeypatch.setattr(mrope_module, "m_rotary", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 3, 4 * 64, generator=g).half()
+    pos = torch.tensor([[5, 6, 7]])
+    cos, sin = torch.randn(16, 32, generator=g).half(), torch.randn(16, 32, generator=g).half()
+    want = rotary.rotary_embedding(x, pos, cos, sin, num_heads=4)
+    got = rotary.rotary_embedding(x.cuda(), pos.cuda(), cos.cuda(), sin.cuda(), num_heads=4)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    assert calls == [1]

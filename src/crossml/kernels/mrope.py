@@ -10,6 +10,10 @@ rotary frequency j its stream (``mrope_layout`` 0: contiguous sections; 1: inter
 product rounded separately (no FMA contraction), as the torch path computes them, so the two agree bit for bit;
 channels past ``rotary_embedding_dim`` are copied. Under TRITON_INTERPRET=1 the kernel runs in Triton's interpreter
 (see ``_launch``).
+
+``rotary`` runs com.microsoft RotaryEmbedding (one position stream: Gemma 4's global and local layers, Phi-2-style
+partial rotary) on the same kernel, every frequency from stream 0 of a position tensor whose three streams are one
+(stride 0): a Gemma-4-shaped decode step made about ten torch kernels a call of it, two calls a layer.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interpreter
 
-__all__ = ["m_rotary"]
+__all__ = ["m_rotary", "rotary"]
 
 
 @triton.jit
@@ -85,3 +89,12 @@ def m_rotary(h: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tenso
             BLOCK_P=next_power_of_2(H - rot) if H > rot else 0,
             **({} if interpret else {"num_warps": 4, "enable_fp_fusion": False}))
     return out
+
+
+def rotary(h: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+           out: torch.Tensor, interleaved: bool, rot: int) -> torch.Tensor:
+    """RotaryEmbedding: rotate ``h`` (a [B, S, N, H] view) into ``out`` with integer ``positions`` [B, S] (any strides)
+    and the caches [max_pos, >= rot / 2], as ``m_rotary`` with all frequencies from the one stream. Returns out."""
+    B, S = h.shape[0], h.shape[1]
+    return m_rotary(h, positions.expand(B, S).unsqueeze(0).expand(3, B, S), cos_cache, sin_cache, out,
+                    [rot // 2, 0, 0], 0, interleaved, rot)

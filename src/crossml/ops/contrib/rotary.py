@@ -95,8 +95,13 @@ def rotary_embedding(
         pos = pos.expand(B, S)
     else:
         pos = position_ids.reshape(B, S)
-    cos, sin = gather_cos_sin(cos_cache[:, : rot // 2], sin_cache[:, : rot // 2], pos)
-    y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
+    if (not pos.is_floating_point() and sin_cache.dtype == cos_cache.dtype and pos.device == x.device
+            and (kernels := gpu_kernels("mrope", x, cos_cache, sin_cache)) is not None):  # one launch
+        y = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
+        kernels.rotary(h, pos, cos_cache, sin_cache, y.view(h.shape), bool(interleaved), rot)
+    else:
+        cos, sin = gather_cos_sin(cos_cache[:, : rot // 2], sin_cache[:, : rot // 2], pos)
+        y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
     if packed_tokens:
         return y.squeeze(0)
     return y.transpose(1, 2) if x.dim() == 4 else y
