@@ -58,19 +58,22 @@ def test_kernel_matches_the_torch_path_bit_for_bit(device: str, dtype: torch.dty
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the op dispatches to the kernel on a GPU only")
-def test_the_op_runs_the_kernel_on_a_gpu(monkeypatch) -> None:
-    import crossml.kernels.mrope as module
-
+def test_the_ops_run_the_kernel_on_a_gpu(monkeypatch) -> None:
+    """MRotaryEmbedding, and RotaryEmbedding (one position stream), dispatch to the kernel on a GPU."""
     calls = []
-    real = module.m_rotary
-    monkeypatch.setattr(module, "m_rotary", lambda *a: calls.append(1) or real(*a))
+    real = mrope_module.m_rotary
+    monkeypatch.setattr(mrope_module, "m_rotary", lambda *a: calls.append(1) or real(*a))
     for case in ("qwen35-prompt", "bnsh"):
         x, pos, cos, sin, attrs = _case(case, torch.float16, torch.float32)
         want = rotary.m_rotary_embedding(x, pos, cos, sin, **attrs)
         got = rotary.m_rotary_embedding(x.cuda(), pos.cuda(), cos.cuda(), sin.cuda(), **attrs)
         assert got.shape == want.shape
         torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
-    assert calls == [1, 1]
+    x, pos, cos, sin, _ = _case("qwen35-prompt", torch.float16, torch.float16)
+    want = rotary.rotary_embedding(x, pos[0], cos, sin, num_heads=2, rotary_embedding_dim=16)
+    got = rotary.rotary_embedding(x.cuda(), pos[0].cuda(), cos.cuda(), sin.cuda(), num_heads=2, rotary_embedding_dim=16)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    assert calls == [1, 1, 1]
 
 
 #: RotaryEmbedding cases: batch, sequence, heads, head size, rotary dim (0: the head), interleaved pairs, rank,
@@ -106,19 +109,3 @@ def test_rotary_embedding_on_the_kernel_matches_the_torch_path(dtype: torch.dtyp
     assert calls == ["mrope"] and got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert ops_util.gpu_kernels("mrope", x, cos, sin) is None  # CPU tensors: the torch path unless patched
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the op dispatches to the kernel on a GPU only")
-def test_rotary_embedding_runs_the_kernel_on_a_gpu(monkeypatch) -> None:
-    calls = []
-    real = mrope_module.m_rotary
-    monkeypatch.setattr(mrope_module, "m_rotary", lambda *a: calls.append(1) or real(*a))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 3, 4 * 64, generator=g).half()
-    pos = torch.tensor([[5, 6, 7]])
-    cos, sin = torch.randn(16, 32, generator=g).half(), torch.randn(16, 32, generator=g).half()
-    want = rotary.rotary_embedding(x, pos, cos, sin, num_heads=4)
-    got = rotary.rotary_embedding(x.cuda(), pos.cuda(), cos.cuda(), sin.cuda(), num_heads=4)
-    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
-    assert calls == [1]
