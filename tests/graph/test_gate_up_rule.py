@@ -23,6 +23,7 @@ from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
+from crossml.graph.passes.norm_casts import NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
@@ -95,7 +96,7 @@ def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
         assert rules[rules.index(SWIGLU) + 1] is GATE_UP
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
         GELU, SWIGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
-        ROTARY_CASTS, GATE_CASTS]
+        ROTARY_CASTS, GATE_CASTS, NORM_CASTS]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
         GELU, SWIGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 

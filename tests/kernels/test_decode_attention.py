@@ -582,6 +582,47 @@ def test_gqa_windowed_decode_matches_torch(device: str, case: dict, fast_path) -
     assert calls == ["_fast_decode"] * (2 * C)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [
+    dict(dtype=torch.float32, heads=(4, 2), H=16, rotary="halves", capacity=9, window=6, inplace=True),
+    dict(dtype=torch.float16, heads=(8, 8), H=64, rotary="off", capacity=6, window=5, packed=True),
+    dict(dtype=torch.float16, heads=(4, 2), H=64, rotary="interleaved", capacity=24, window=8, position_ids=True),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()).replace("torch.", ""))
+def test_gqa_windowed_first_prompt_matches_torch(device: str, case: dict, fast_path) -> None:
+    """A first prompt no longer than the window and the window-sized cache (sliding_window_cache=1: Gemma 2/3/4's and
+    gpt-oss' local layers) takes the full-length cache's fast prompt (rotary/cache-write kernel, causal SDPA), equal to
+    the torch path's window-sized computation: the output (right-padded entries included) and each entry's resident
+    rows bit for bit (rows past an entry's length are unspecified); a prompt longer than the window stays on the
+    torch path."""
+    dtype, (N, Nk), H, C, W = case["dtype"], case["heads"], case["H"], case["capacity"], case["window"]
+    B, S = 2, 5
+    do_rotary, interleaved, rot = _rotary_mode(case["rotary"], H)
+    seqlens_k = torch.tensor([4, 2], dtype=torch.int32)  # the second entry is right-padded
+    q, k, v = (rand(B, S, n * H, dtype=dtype, seed=s) for s, n in ((50, N), (51, Nk), (52, Nk)))
+    pk, pv = (rand(B, Nk, C, H, dtype=dtype, seed=s) for s in (53, 54))
+    cos, sin = _caches(32, rot // 2, dtype, "cpu") if do_rotary else (None, None)
+    pos = torch.arange(3, 3 + S).repeat(B, 1) if case.get("position_ids") else None
+    if case.get("packed"):
+        q, k, v = torch.cat([q, k, v], dim=-1), None, None
+    args = [q, k, v, pk, pv, seqlens_k, torch.tensor(S, dtype=torch.int32), cos, sin, pos]
+    kw = dict(num_heads=N, kv_num_heads=Nk, do_rotary=int(do_rotary), rotary_interleaved=int(interleaved),
+              local_window_size=W, sliding_window_cache=1)
+    out_ref, pk_ref, pv_ref, _ = _gqa([None if a is None else a.clone() for a in args], kw, False)
+    calls = fast_path()
+    dev_args = [None if a is None else a.to(device) for a in args]
+    dev_args[6] = args[6]
+    out, pk_out, pv_out, _ = _gqa(dev_args, kw, case.get("inplace", False))
+    assert calls == ["_fast_prompt"]
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.cpu(), out_ref, rtol=rtol, atol=atol)
+    for b, held in enumerate(attention.resident_length(seqlens_k.long() + 1, C, W).tolist()):
+        assert torch.equal(pk_out[b, :, :held].cpu(), pk_ref[b, :, :held])
+        assert torch.equal(pv_out[b, :, :held].cpu(), pv_ref[b, :, :held])
+    calls.clear()
+    _gqa(dev_args, dict(kw, local_window_size=S - 1), False)  # the window binds: the torch path
+    assert calls == []
+
+
 def test_import_does_not_load_triton() -> None:
     code = "import sys, crossml, crossml.ops.contrib.attention; assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": "src"})

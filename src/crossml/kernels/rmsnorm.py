@@ -167,16 +167,17 @@ def _launch(kernel: triton.JITFunction, x: torch.Tensor, rows: int, H: int, args
         kernel[(rows,)](*args, **flags, **rtne, BLOCK=block, SINGLE=single, num_warps=warps, **pdl(x))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm over the last axis of ``x`` (``SimplifiedLayerNormalization`` with axis -1, stash_type 1).
 
-    Returns ``y`` (x's shape, weight's dtype) and the float32 inverse standard deviation of shape
-    ``x.shape[:-1] + (1,)``. ``weight`` holds ``x.shape[-1]`` elements.
+    Returns ``y`` (x's shape, ``out_dtype`` or else weight's dtype: the float32 result rounded once) and the float32
+    inverse standard deviation of shape ``x.shape[:-1] + (1,)``. ``weight`` holds ``x.shape[-1]`` elements.
     """
     H = _check("RMSNorm", x, weight)
     w = _vector("RMSNorm", "weight", weight, H)
     xc = x.contiguous()
-    y = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=out_dtype or weight.dtype, device=x.device)
     inv = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
     rows = xc.numel() // H
     if rows:  # the skip kernel with no skip, no bias and no sum output (their pointers are never read)

@@ -36,6 +36,7 @@ from crossml.graph.passes.matmul_norm import (
     SILU_MUL_NBITS,
     SILU_MUL_NORM,
 )
+from crossml.graph.passes.norm_casts import NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
@@ -607,7 +608,8 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     residual Adds feeding a LayerNormalization become SkipLayerNormalization (SKIP_LAYER_NORM), a constant factor on
     LinearAttention's query folds into its scale (QUERY_SCALE: Qwen3.5's query scaling Mul), the float32 Casts around
     a half-precision MRotaryEmbedding go (ROTARY_CASTS: the same values), and those of a GatedDeltaNet's decay and beta
-    (GATE_CASTS: the same values),
+    (GATE_CASTS: the same values), and those around an RMSNorm the other rules leave (NORM_CASTS: the same values;
+    after them all),
     and products feeding the residual stream's RMSNorm are fused into it (MATMUL_NORM; then MATMUL_SILU_MUL
     folds the MLP's gate into its merged gate/up product, or where that does not apply SILU_MUL_NORM into the down
     projection, SILU_MUL_NBITS the gate into a 4-bit down projection's node, and ATTENTION_NORM the attention into
@@ -622,10 +624,10 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
               ROTARY_CASTS, GATE_CASTS]
              if device.type != "cpu" else [GATE_UP_NBITS, NORM_MATMUL_CPU])
     if gpu is not None and gpu.disable_metacommands:
-        return [GELU, SWIGLU, *merge]
+        return [GELU, SWIGLU, *merge, *([NORM_CASTS] if device.type != "cpu" else [])]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
     if device.type != "cpu":
-        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM]
+        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM, NORM_CASTS]
     else:
         rules.append(SILU_MUL_NBITS)
     rules.append(SHORT_CONV)

@@ -482,6 +482,16 @@ def group_query_attention(
         return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
                             do_rotary=do_rotary, rotary_interleaved=rotary_interleaved, inplace=inplace)
 
+    if (sliding_window_cache and first_prompt and 1 < S <= min(local_window_size, past_key.shape[2]) and plain
+            and _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                         attention_bias, head_sink, q_norm_weight, k_norm_weight, N, Nk, H, S, do_rotary, qk_output)):
+        # a first prompt no longer than the window nor the window-sized cache: the window binds on no query, and
+        # the cache's resident rows are the prompt's rows 0 .. S-1 (``_windowed`` gives the same; rows past an
+        # entry's length are unspecified there, as in onnxruntime): the full-length cache's first prompt
+        return _fast_prompt(q, k, v, past_key, past_value, cos_cache, sin_cache, position_ids, scale=scale,
+                            do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
+                            inplace=bool(ctx.extra.get("kv_inplace")))
+
     if sliding_window_cache and S == 1 and not first_prompt and past_key.stride(3) == 1 and \
             past_value.stride() == past_key.stride() and \
             _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,

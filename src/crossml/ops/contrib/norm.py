@@ -24,6 +24,7 @@ from types import ModuleType
 
 import torch
 
+from crossml import dtypes
 from crossml.kernels import TRITON_DEVICES, load, load_compiled
 from crossml.ops._util import broadcast_shapes, norm_axis
 from crossml.ops.registry import MS_DOMAIN, OpContext, op
@@ -99,6 +100,21 @@ def simplified_layer_normalization(
     y, _, inv = _normalize(X, axis, epsilon, True, stash_type)
     out = (y * _stash(scale, stash_type)).to(scale.dtype)
     return out, inv.to(_stat_type(X, stash_type))
+
+
+@op("SimplifiedLayerNormalization", since=1, domain="com.crossml")
+def simplified_layer_normalization_cast(X: torch.Tensor, scale: torch.Tensor, *, axis: int = -1, epsilon: float = 1e-5,
+                                        stash_type: int = 1, to: int = 0) -> torch.Tensor:
+    """com.crossml SimplifiedLayerNormalization (graph rule FoldNormCasts, ``crossml.graph.passes.norm_casts``): the
+    ai.onnx op on X widened to float32 first, its result of ``to`` (an ONNX element type; 0: scale's type), Y alone.
+    It stands for Cast(X -> float32), SimplifiedLayerNormalization, Cast(-> to): the same values bit for bit (the
+    widening is exact; the one rounding is the second Cast's), in one launch on a GPU."""
+    out = dtypes.torch_dtype(to) if to else scale.dtype
+    if (stash_type == 1 and _use_kernel(X, scale) and norm_axis(axis, X.dim()) == X.dim() - 1
+            and _kernel_vector(scale, X)):
+        return _rmsnorm_kernels().rms_norm(X, scale, epsilon, out_dtype=out)[0]
+    x = X.float() if X.dtype in _HALF else X
+    return simplified_layer_normalization(x, scale, axis=axis, epsilon=epsilon, stash_type=stash_type)[0].to(out)
 
 
 @op("LayerNormalization", since=1)
