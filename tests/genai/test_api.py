@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 
 import crossml.genai as og
@@ -218,6 +220,25 @@ def test_static_cache_written_in_place(model) -> None:
     assert tuple(gen._cache.tensors[0].shape) == (1, 2, 32, 16)
     assert float(gen._cache.tensors[0][:, :, : gen.token_count() - 1].abs().sum()) > 0
     assert gen.get_output("present.0.key").shape == (1, 2, 32, 16)
+
+
+def test_kv_cache_shapes_come_from_the_decoder_inputs(folder, tmp_path) -> None:
+    """Each layer's KV buffers take the heads and head size of its past inputs (Gemma 4's layers differ: see
+    tests/genai/test_architectures.py), and genai_config.json's num_key_value_heads / head_size where those dims are
+    symbolic."""
+    model = og.Model(folder)
+    dec = model.config.model.decoder
+    assert set(model.io.kv_dims) == {(dec.num_key_value_heads, dec.head_size)}
+    path = _copy(folder, tmp_path)
+    m = onnx.load(os.path.join(path, "model.onnx"), load_external_data=False)
+    for i in m.graph.input:
+        if i.name.startswith("past_key_values"):
+            dims = i.type.tensor_type.shape.dim
+            dims[1].dim_param, dims[3].dim_param = "kv_heads", "head_size"
+    onnx.save(m, os.path.join(path, "model.onnx"))
+    symbolic = og.Model(path)
+    assert symbolic.io.kv_dims == model.io.kv_dims
+    assert symbolic.kv_shapes(40) == [(dec.num_key_value_heads, 40, dec.head_size)] * len(model.io.past_names)
 
 
 def test_growing_cache_matches_static(model) -> None:
