@@ -70,6 +70,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def _unmarked_tests_default_to_the_cpu(request, monkeypatch):
+    """Tests not marked ``gpu`` are the CPU suite (CI runs them on a CPU host): on a GPU machine, a session they make
+    without providers still takes the CPU provider, so their tolerances (written for float32 CPU arithmetic, not the
+    GPU provider's TF32 products) and their references hold there too."""
+    if request.node.get_closest_marker("gpu") is None:
+        import crossml.runtime.providers as providers
+
+        monkeypatch.setattr(providers, "default_providers", lambda: [providers.CPU_EP])
+
+
+@pytest.fixture(autouse=True)
 def _restore_torch_math_flags():
     """GPU sessions set process-wide torch math flags (TF32 per use_tf32, cuDNN benchmark) as
     onnxruntime's CUDA provider options say; restore them after each test so kernel tests that

@@ -87,11 +87,14 @@ ROTARY_CASES = {
 }
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("case", sorted(ROTARY_CASES))
-def test_rotary_embedding_on_the_kernel_matches_the_torch_path(dtype: torch.dtype, case: str, monkeypatch) -> None:
-    """RotaryEmbedding with the kernel dispatched (on the CPU, interpreted: the op's GPU branch is taken for CPU
-    tensors) against its torch path, bit for bit; positions past the cache are clamped as there."""
+def test_rotary_embedding_on_the_kernel_matches_the_torch_path(device: str, dtype: torch.dtype, case: str,
+                                                              monkeypatch) -> None:
+    """RotaryEmbedding with the kernel dispatched (on a GPU as the op does; on the CPU interpreted, the op's GPU
+    branch taken for CPU tensors) against its torch path on the CPU, bit for bit; positions past the cache are clamped
+    as there."""
     B, S, N, H, rot, pairs, rank, positions = ROTARY_CASES[case]
     g = torch.Generator().manual_seed(len(case))
     x = torch.randn(B, N, S, H, generator=g).to(dtype) if rank == 4 else torch.randn(B, S, N * H, generator=g).to(dtype)
@@ -103,9 +106,11 @@ def test_rotary_embedding_on_the_kernel_matches_the_torch_path(dtype: torch.dtyp
         pos[0, 0] = 99
     attrs = dict(interleaved=pairs, num_heads=N, rotary_embedding_dim=rot)
     want = rotary.rotary_embedding(x, pos, cos, sin, **attrs)
-    calls = []
-    monkeypatch.setattr(rotary, "gpu_kernels", lambda name, *t: calls.append(name) or mrope_module)
-    got = rotary.rotary_embedding(x, pos, cos, sin, **attrs)
-    assert calls == ["mrope"] and got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert ops_util.gpu_kernels("mrope", x, cos, sin) is None  # CPU tensors: the torch path unless patched
+    calls = []
+    real = rotary.gpu_kernels
+    monkeypatch.setattr(rotary, "gpu_kernels",
+                        lambda name, *t: calls.append(name) or (mrope_module if device == "cpu" else real(name, *t)))
+    got = rotary.rotary_embedding(*(t.to(device) for t in (x, pos, cos, sin)), **attrs)
+    assert calls == ["mrope"] and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)

@@ -312,3 +312,14 @@ def test_ortvalue_update_inplace_and_size():
 def test_version_and_build_info():
     assert ort.get_version_string() == ort.__version__
     assert ort.__version__ in ort.get_build_info() and "torch" in ort.get_build_info()
+
+
+def test_unmarked_tests_take_the_cpu_provider_by_default(affine_model, monkeypatch) -> None:
+    """The suite's conftest keeps sessions of unmarked (CPU) tests on the CPU provider on GPU machines too: with a GPU
+    seen, a session given no providers still runs on the CPU here (outside the tests it takes the GPU provider)."""
+    import crossml.runtime.providers as providers
+
+    monkeypatch.setattr(providers, "gpu_available", lambda: True)
+    s = ort.InferenceSession(affine_model)
+    assert s.get_providers() == ["CPUExecutionProvider"]
+    assert providers.default_providers() == ["CPUExecutionProvider"]

@@ -60,6 +60,12 @@ class ProviderChoice:
         return self.config.options() if self.config is not None else dict(self.options)
 
 
+def default_providers() -> list[str]:
+    """The providers of a session given none: the GPU provider, then the CPU's, where torch sees a GPU; else the CPU's.
+    (The test suite's unmarked tests, written for the CPU, patch it to the CPU's alone on GPU machines.)"""
+    return [GPU_EP, CPU_EP] if gpu_available() else [CPU_EP]
+
+
 def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[dict] | None) -> list[ProviderChoice]:
     """Normalise onnxruntime's ``providers`` / ``provider_options`` arguments.
 
@@ -67,7 +73,7 @@ def parse_providers(providers: Sequence[Any] | None, provider_options: Sequence[
     GPU is skipped with a warning (as onnxruntime does); the CPU provider is always appended last.
     """
     if providers is None:
-        names: list[Any] = [GPU_EP, CPU_EP] if gpu_available() else [CPU_EP]
+        names: list[Any] = default_providers()
     else:
         names = list(providers)
     if provider_options is not None:
