@@ -45,7 +45,7 @@ def build(work: str, model: str = MODEL) -> str:
     if not os.path.isfile(os.path.join(dst, "genai_config.json")):
         genai_bench.make_hf(model, hf)
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", dst, "-p", "int4",
+        subprocess.run([sys.executable, "-m", "crossml.genai.builder", "-i", hf, "-o", dst, "-p", "int4",
                         "-e", "cpu", "-c", os.path.join(work, f"cache_{model}_int4_cpu")], env=env, check=True,
                        capture_output=True)
     return dst

@@ -141,3 +141,37 @@ def test_rows_outside_the_caches_write_nothing(rows):
     assert cpu_attention.decode(q, k, v, kc, vc, seq, seq, table, table, interleaved=False, scale=1.0, window=-1,
                                 keys=L) is None
     assert torch.equal(kc, before[0]) and torch.equal(vc, before[1])
+
+
+@pytest.mark.parametrize("case", [
+    dict(heads=(4, 2), H=16, rot=16, capacity=9, window=6, position_ids=True),
+    dict(heads=(8, 8), H=32, rot=0, capacity=6, window=6, packed=True),
+    dict(heads=(4, 1), H=16, rot=8, capacity=7, window=3),
+], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_windowed_steps_match_the_torch_path(case, monkeypatch):
+    """Decode steps on window-sized caches (sliding_window_cache=1: Gemma 2/3/4's local layers) on the kernel (the rows
+    kept moved down in place on an evicting step, then the kernel at row L(T) - 1 with the window) equal the torch path
+    step by step across evictions: the outputs, and each entry's resident rows bit for bit; rotary positions absolute."""
+    (N, Nk), H, rot, C, W = case["heads"], case["H"], case["rot"], case["capacity"], case["window"]
+    B = 2
+    g = torch.Generator().manual_seed(7)
+    cos, sin = torch.randn(64, max(rot, 2) // 2, generator=g), torch.randn(64, max(rot, 2) // 2, generator=g)
+    got_k, got_v = torch.randn(B, Nk, C, H, generator=g), torch.randn(B, Nk, C, H, generator=g)
+    ref_k, ref_v = got_k.clone(), got_v.clone()
+    lens = torch.tensor([C - 2, 3])  # positions already held (the first entry evicts after 3 steps)
+    attrs = dict(local_window_size=W, sliding_window_cache=1)
+    for _ in range(2 * C):
+        q, k, v = (torch.randn(B, 1, n * H, generator=g) for n in (N, Nk, Nk))
+        args = [torch.cat([q, k, v], -1), None, None] if case.get("packed") else [q, k, v]
+        pos = (lens + 5).reshape(B, 1) if case.get("position_ids") else None
+        tail = [lens.to(torch.int32), torch.tensor(int(lens.max()) + 1, dtype=torch.int32)]
+        tail += [cos, sin, pos] if rot else []
+        got = _run(args + [got_k, got_v] + tail, N, Nk, rot, attrs, kernel=True, monkeypatch=monkeypatch)
+        ref = _run(args + [ref_k, ref_v] + tail, N, Nk, rot, attrs, kernel=False, monkeypatch=monkeypatch)
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-6)
+        got_k, got_v, ref_k, ref_v = got[1], got[2], ref[1], ref[2]
+        held = attention.resident_length(lens + 1, C, W)
+        for b in range(B):
+            assert torch.equal(got_k[b, :, :held[b]], ref_k[b, :, :held[b]])
+            assert torch.equal(got_v[b, :, :held[b]], ref_v[b, :, :held[b]])
+        lens = lens + 1

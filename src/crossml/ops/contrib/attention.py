@@ -258,6 +258,41 @@ def _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence
     return None if out is None else (out, kc, vc, None)
 
 
+def _cpu_windowed_step(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
+                       attention_bias, N, Nk, *, scale, do_rotary, rotary_interleaved, window, inplace) -> tuple | None:
+    """A decode step on window-sized caches (``sliding_window_cache=1``) on numba's CPU kernel, as the GPU's
+    ``_fast_decode(windowed=True)``: where the step evicts (``resident_length``), the rows kept move down to row 0 in
+    place, then the kernel writes the new token at row ``L(T) - 1`` and attends the ``window`` rows ending there;
+    rotary positions stay absolute (``position_ids``, else ``seqlens_k``). What ``_windowed`` computes, without its
+    joined copies of both caches (a Gemma-4-shaped CPU step spent 10-13 ms a local layer there). None where the kernel
+    does not take the inputs (``_cpu_decode_ok``: float32, contiguous caches): the torch path runs."""
+    B, _, D = query.shape
+    H = D // (N + 2 * Nk) if key is None else D // N
+    C = past_key.shape[2] if past_key is not None and past_key.dim() == 4 else 0
+    if not 0 < window <= C or not _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache,
+                                                 sin_cache, position_ids, attention_bias, None, None, N, Nk, H, 1,
+                                                 do_rotary):
+        return None
+    kc, vc = _shared_caches(past_key, past_value, inplace)
+    total = seqlens_k.reshape(B).long() + 1
+    now = resident_length(total, C, window)
+    shift = resident_length(total - 1, C, window) + 1 - now
+    for b in shift.nonzero().reshape(-1).tolist():
+        s = int(shift[b])
+        kc[b, :, :C - s] = kc[b, :, s:].clone()
+        vc[b, :, :C - s] = vc[b, :, s:].clone()
+    rows = (now - 1).to(seqlens_k.dtype)
+    pos = (seqlens_k if position_ids is None else position_ids) if do_rotary else None
+    kernels = load("cpu_attention")
+    kw = {"interleaved": bool(rotary_interleaved), "scale": _softmax_scale(scale, H), "window": window, "keys": window}
+    if key is None:
+        out = kernels.decode_packed(query, N, Nk, kc, vc, rows, pos, cos_cache, sin_cache, **kw)
+    else:
+        out = kernels.decode(query.reshape(B, N * H), key.reshape(B, Nk * H), value.reshape(B, Nk * H), kc, vc, rows,
+                             pos, cos_cache, sin_cache, **kw)
+    return out, kc, vc, None
+
+
 def _fast_decode(q, k, v, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids, *, scale, softcap,
                  head_sink, smooth_softmax, do_rotary, rotary_interleaved, local_window, inplace,
                  windowed: bool = False, early: bool = False, after: str = "", partials: bool = False) -> tuple:
@@ -423,6 +458,15 @@ def group_query_attention(
     step_kw = dict(scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
                    local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace"))) if cpu_step else {}
     norms = q_norm_weight is not None and k_norm_weight is not None
+    if (sliding_window_cache and S == 1 and query.device.type == "cpu" and "cpu" not in TRITON_DEVICES and not norms
+            and causal and softcap == 0.0 and head_sink is None and not smooth_softmax and (key is None) == (value is None)
+            and int(scalar(total_sequence_length)) > 1):
+        out = _cpu_windowed_step(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
+                                 position_ids, attention_bias, N, Nk, scale=scale, do_rotary=do_rotary,
+                                 rotary_interleaved=rotary_interleaved, window=local_window_size,
+                                 inplace=bool(ctx.extra.get("kv_inplace")))
+        if out is not None:
+            return out
     if cpu_step and not norms:
         out = _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
                         sin_cache, position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, **step_kw)
