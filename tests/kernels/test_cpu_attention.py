@@ -41,6 +41,8 @@ CASES = [  # B, N, Nk, H, L, seqlens, packed, rotary channels, attributes
     (2, 6, 1, 32, 20, [17, 4], False, 16, {"rotary_interleaved": 1}),
     (2, 8, 2, 16, 24, [20, 9], True, 8, {"local_window_size": 5}),
     (1, 4, 2, 16, 8, [8], False, 16, {"scale": 0.3}),
+    (2, 4, 2, 16, 20, [17, 6], True, 16, {"softcap": 0.5}),  # Gemma 2's: capped scores of about its size
+    (2, 8, 4, 32, 24, [20, 9], False, 32, {"softcap": 2.0, "local_window_size": 5}),
 ]
 
 
@@ -97,10 +99,9 @@ def test_threaded_and_serial_agree(monkeypatch):
     assert calls and all(torch.equal(a, b) for a, b in zip(serial[:3], parallel[:3]))
 
 
-@pytest.mark.parametrize("change", ["fp16", "softcap", "sink", "bias", "not_shared", "prompt", "qk_output",
-                                    "rows_past_buffer"])
+@pytest.mark.parametrize("change", ["fp16", "sink", "bias", "not_shared", "prompt", "qk_output", "rows_past_buffer"])
 def test_kernel_only_where_it_applies(change, monkeypatch):
-    """Steps the kernel does not compute keep the torch path: half precision, softcap, sinks, an attention bias, a
+    """Steps the kernel does not compute keep the torch path: half precision, sinks, an attention bias, a
     cache shorter than the sequence (not shared), a prompt, the scores as an output, a seqlens_k past the buffer
     (total_sequence_length saying less)."""
     B, N, Nk, H, L, seqlens = 2, 4, 2, 16, 12, [9, 5]
@@ -108,8 +109,6 @@ def test_kernel_only_where_it_applies(change, monkeypatch):
     kw = {}
     if change == "fp16":
         args = [a.half() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
-    elif change == "softcap":
-        kw["softcap"] = 2.0
     elif change == "sink":
         args += [None, None, torch.randn(N)]
     elif change == "bias":
@@ -147,6 +146,7 @@ def test_rows_outside_the_caches_write_nothing(rows):
     dict(heads=(4, 2), H=16, rot=16, capacity=9, window=6, position_ids=True),
     dict(heads=(8, 8), H=32, rot=0, capacity=6, window=6, packed=True),
     dict(heads=(4, 1), H=16, rot=8, capacity=7, window=3),
+    dict(heads=(4, 2), H=16, rot=16, capacity=8, window=5, softcap=0.5),  # Gemma 2's local layers
 ], ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_windowed_steps_match_the_torch_path(case, monkeypatch):
     """Decode steps on window-sized caches (sliding_window_cache=1: Gemma 2/3/4's local layers) on the kernel (the rows
@@ -159,7 +159,7 @@ def test_windowed_steps_match_the_torch_path(case, monkeypatch):
     got_k, got_v = torch.randn(B, Nk, C, H, generator=g), torch.randn(B, Nk, C, H, generator=g)
     ref_k, ref_v = got_k.clone(), got_v.clone()
     lens = torch.tensor([C - 2, 3])  # positions already held (the first entry evicts after 3 steps)
-    attrs = dict(local_window_size=W, sliding_window_cache=1)
+    attrs = dict(local_window_size=W, sliding_window_cache=1, softcap=case.get("softcap", 0.0))
     for _ in range(2 * C):
         q, k, v = (torch.randn(B, 1, n * H, generator=g) for n in (N, Nk, Nk))
         args = [torch.cat([q, k, v], -1), None, None] if case.get("packed") else [q, k, v]

@@ -77,9 +77,10 @@ def _write(q, k, v, kc, vc, rows, pos, cos, sin, do_rotary, interleaved, qr):  #
                 qr[b, h, :] = q[b, h * H:(h + 1) * H]
 
 
-def _attend(qr, kc, vc, rows, scale, window, out):  # pragma: no cover - compiled by numba
+def _attend(qr, kc, vc, rows, scale, window, softcap, out):  # pragma: no cover - compiled by numba
     """out [B, N * H]: each query head of qr [B, N, H] over its group's key rows ``first .. min(rows[b], L - 1)`` of
-    kc / vc [B, Nk, L, H] (``first = rows[b] - window + 1`` where window > 0, else 0), softmax in float32.
+    kc / vc [B, Nk, L, H] (``first = rows[b] - window + 1`` where window > 0, else 0), softmax in float32; with
+    ``softcap > 0`` the scores are ``softcap * tanh(scale * q . k / softcap)`` (Gemma 2).
 
     One program per (row, key head): the G query heads of the group scored together against each key row (read
     once for the G heads), a softmax per head, and the weighted sum of the value rows (each read once for the G
@@ -101,7 +102,10 @@ def _attend(qr, kc, vc, rows, scale, window, out):  # pragma: no cover - compile
                 t = np.float32(0.0)
                 for d in range(H):
                     t += qi[d] * kr[d]
-                scores[i, j] = t * scale
+                t = t * scale
+                if softcap > 0:
+                    t = softcap * np.tanh(t / softcap)
+                scores[i, j] = t
         acc = np.zeros((G, H), np.float32)
         for i in range(G):
             m = np.float32(-np.inf)
@@ -139,31 +143,32 @@ def _rows_inside(rows, L):  # pragma: no cover - compiled by numba
 
 def decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
            pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, *, interleaved: bool,
-           scale: float, window: int, keys: int) -> torch.Tensor | None:
+           scale: float, window: int, keys: int, softcap: float = 0.0) -> torch.Tensor | None:
     """One decode step of GroupQueryAttention on the CPU: float32 q [B, N * H], k / v [B, Nk * H] (views of a packed
     projection are read in place); contiguous float32 caches kc / vc [B, Nk, L, H] (written in place); integer rows
     [B] (``seqlens_k``); integer rotary positions ``pos`` [B] and float32 ``cos`` / ``sin`` [P, R / 2] caches, or
     None for no rotation; ``window`` <= 0 for none; ``keys``: about how many keys a row attends (picks the threads).
     Returns the attention output [B, 1, N * H], or None, with nothing written, where a row of ``rows`` is outside
     [0, L) (the op's torch path then runs)."""
-    return _decode(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, pos, cos, sin, interleaved, scale, window, keys)
+    return _decode(q.numpy(), k.numpy(), v.numpy(), kc, vc, rows, pos, cos, sin, interleaved, scale, window, keys,
+                   softcap)
 
 
 def decode_packed(qkv: torch.Tensor, heads: int, kv_heads: int, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
                   pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, *, interleaved: bool,
-                  scale: float, window: int, keys: int) -> torch.Tensor | None:
+                  scale: float, window: int, keys: int, softcap: float = 0.0) -> torch.Tensor | None:
     """``decode`` for a packed projection ``qkv`` [B, 1, (heads + 2 * kv_heads) * H]: q, k and v are its slices, read
     in place."""
     H = kc.shape[3]
     a = qkv.numpy().reshape(qkv.shape[0], -1)
     n, nk = heads * H, kv_heads * H
     return _decode(a[:, :n], a[:, n:n + nk], a[:, n + nk:n + 2 * nk], kc, vc, rows, pos, cos, sin, interleaved, scale,
-                   window, keys)
+                   window, keys, softcap)
 
 
 def _decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: torch.Tensor, vc: torch.Tensor, rows: torch.Tensor,
             pos: torch.Tensor | None, cos: torch.Tensor | None, sin: torch.Tensor | None, interleaved: bool,
-            scale: float, window: int, keys: int) -> torch.Tensor | None:
+            scale: float, window: int, keys: int, softcap: float = 0.0) -> torch.Tensor | None:
     B, Nk, L, H = kc.shape
     N = q.shape[1] // H
     rows = rows.numpy().reshape(B)
@@ -176,7 +181,7 @@ def _decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, kc: torch.Tensor, vc: t
     else:
         _write(q, k, v, kc, vc, rows, pos.numpy().reshape(B), cos.numpy(), sin.numpy(), True, interleaved, qr)
     out = np.empty((B, 1, N * H), np.float32)
-    args = (qr, kc, vc, rows, np.float32(scale), window, out.reshape(B, N * H))
+    args = (qr, kc, vc, rows, np.float32(scale), window, np.float32(softcap), out.reshape(B, N * H))
     if q.size * (min(keys, window) if window > 0 else keys) >= PARALLEL_MIN_WORK:
         _parallel(_threaded, *args)
     else:

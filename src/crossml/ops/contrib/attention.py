@@ -216,7 +216,7 @@ def _fast_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_
 
 def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
                    attention_bias, q_norm_weight, k_norm_weight, N, Nk, H, total, do_rotary) -> bool:
-    """Whether a plain decode step (one token a row, causal, no softcap, sinks or scores out: the caller checks those)
+    """Whether a plain decode step (one token a row, causal, no sinks or scores out: the caller checks those)
     runs numba's CPU kernel (``crossml.kernels.cpu_attention``): the kernels' inputs (``_cache_inputs_ok``) in
     float32 on the CPU, contiguous caches; numba installed. (The kernel itself declines seqlens_k rows outside the
     caches.)"""
@@ -233,9 +233,9 @@ def _cpu_decode_ok(query, key, value, past_key, past_value, seqlens_k, cos_cache
 
 def _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache,
               position_ids, attention_bias, q_norm_weight, k_norm_weight, N, Nk, *, scale, do_rotary,
-              rotary_interleaved, local_window, inplace) -> tuple | None:
-    """A plain decode step (one token a row after the first prompt; the caller checks the rest) on numba's CPU kernel
-    (``_cpu_decode_ok``), its outputs; None where the kernel does not take it, or a seqlens_k row is outside the
+              rotary_interleaved, local_window, inplace, softcap=0.0) -> tuple | None:
+    """A decode step (one token a row after the first prompt, a softcap taken; the caller checks the rest) on numba's
+    CPU kernel (``_cpu_decode_ok``), its outputs; None where the kernel does not take it, or a seqlens_k row is outside the
     caches (the kernel then writes nothing): the torch path runs. Called before the op's general preparation, which
     cost more than the kernel's 40-50 us at Qwen2.5-0.5B's shape."""
     B, _, D = query.shape
@@ -249,7 +249,7 @@ def _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence
     pos = (seqlens_k if position_ids is None else position_ids) if do_rotary else None
     kernels = load("cpu_attention")
     kw = {"interleaved": bool(rotary_interleaved), "scale": _softmax_scale(scale, H), "window": local_window,
-          "keys": total}
+          "keys": total, "softcap": softcap}
     if key is None:
         out = kernels.decode_packed(query, N, Nk, kc, vc, seqlens_k, pos, cos_cache, sin_cache, **kw)
     else:
@@ -259,12 +259,14 @@ def _cpu_step(query, key, value, past_key, past_value, seqlens_k, total_sequence
 
 
 def _cpu_windowed_step(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache, position_ids,
-                       attention_bias, N, Nk, *, scale, do_rotary, rotary_interleaved, window, inplace) -> tuple | None:
+                       attention_bias, N, Nk, *, scale, do_rotary, rotary_interleaved, window, inplace,
+                       softcap=0.0) -> tuple | None:
     """A decode step on window-sized caches (``sliding_window_cache=1``) on numba's CPU kernel, as the GPU's
     ``_fast_decode(windowed=True)``: where the step evicts (``resident_length``), the rows kept move down to row 0 in
     place, then the kernel writes the new token at row ``L(T) - 1`` and attends the ``window`` rows ending there;
     rotary positions stay absolute (``position_ids``, else ``seqlens_k``). What ``_windowed`` computes, without its
-    joined copies of both caches (a Gemma-4-shaped CPU step spent 10-13 ms a local layer there). None where the kernel
+    joined copies of both caches (a Gemma-4-shaped CPU step spent 10-13 ms a local layer there); softcap taken (Gemma 2).
+    None where the kernel
     does not take the inputs (``_cpu_decode_ok``: float32, contiguous caches): the torch path runs."""
     B, _, D = query.shape
     H = D // (N + 2 * Nk) if key is None else D // N
@@ -284,7 +286,8 @@ def _cpu_windowed_step(query, key, value, past_key, past_value, seqlens_k, cos_c
     rows = (now - 1).to(seqlens_k.dtype)
     pos = (seqlens_k if position_ids is None else position_ids) if do_rotary else None
     kernels = load("cpu_attention")
-    kw = {"interleaved": bool(rotary_interleaved), "scale": _softmax_scale(scale, H), "window": window, "keys": window}
+    kw = {"interleaved": bool(rotary_interleaved), "scale": _softmax_scale(scale, H), "window": window, "keys": window,
+          "softcap": softcap}
     if key is None:
         out = kernels.decode_packed(query, N, Nk, kc, vc, rows, pos, cos_cache, sin_cache, **kw)
     else:
@@ -453,18 +456,19 @@ def group_query_attention(
     N, Nk = num_heads, kv_num_heads
     # the CPU's numba decode step first (the Triton tests' interpreter runs take "cpu" as a Triton device instead)
     cpu_step = (S == 1 and query.device.type == "cpu" and "cpu" not in TRITON_DEVICES and not sliding_window_cache
-                and not qk_output and causal and softcap == 0.0 and head_sink is None and not smooth_softmax
+                and not qk_output and causal and head_sink is None and not smooth_softmax
                 and (key is None) == (value is None))
     step_kw = dict(scale=scale, do_rotary=do_rotary, rotary_interleaved=rotary_interleaved,
-                   local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace"))) if cpu_step else {}
+                   local_window=local_window_size, inplace=bool(ctx.extra.get("kv_inplace")),
+                   softcap=float(softcap)) if cpu_step else {}
     norms = q_norm_weight is not None and k_norm_weight is not None
     if (sliding_window_cache and S == 1 and query.device.type == "cpu" and "cpu" not in TRITON_DEVICES and not norms
-            and causal and softcap == 0.0 and head_sink is None and not smooth_softmax and (key is None) == (value is None)
+            and causal and head_sink is None and not smooth_softmax and (key is None) == (value is None)
             and int(scalar(total_sequence_length)) > 1):
         out = _cpu_windowed_step(query, key, value, past_key, past_value, seqlens_k, cos_cache, sin_cache,
                                  position_ids, attention_bias, N, Nk, scale=scale, do_rotary=do_rotary,
                                  rotary_interleaved=rotary_interleaved, window=local_window_size,
-                                 inplace=bool(ctx.extra.get("kv_inplace")))
+                                 inplace=bool(ctx.extra.get("kv_inplace")), softcap=float(softcap))
         if out is not None:
             return out
     if cpu_step and not norms:
