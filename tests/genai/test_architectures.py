@@ -321,3 +321,15 @@ def test_builder_module_builds_gemma4_where_the_builder_fails(more_models, tmp_p
     assert fixed.returncode == 0, fixed.stderr[-3000:]
     for name in ("model.onnx", "model.onnx.data"):
         assert (tmp_path / "fixed" / name).read_bytes() == open(os.path.join(more_models["gemma4"], name), "rb").read()
+
+
+def test_builder_module_names_what_it_needs(monkeypatch) -> None:
+    """Without onnxruntime-genai (whose builder it runs) the module says what to install instead of a traceback."""
+    import importlib.util
+
+    from crossml.genai import builder
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
+    with pytest.raises(SystemExit, match="needs onnxruntime_genai: pip install onnxruntime-genai transformers"):
+        builder.main(["-i", "x", "-o", "y", "-p", "fp32", "-e", "cpu"])

@@ -18,6 +18,7 @@ the exported models' logits with transformers' (``tests/genai``).
 
 from __future__ import annotations
 
+import importlib.util
 import runpy
 import sys
 
@@ -70,6 +71,11 @@ def patch_transformers_configs() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the model builder's command line (``argv``, default ``sys.argv[1:]``) with the config fixes."""
+    missing = [name for name in ("onnxruntime_genai", "transformers") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"crossml.genai.builder runs onnxruntime-genai's model builder, which needs "
+                         f"{' and '.join(missing)}: pip install onnxruntime-genai transformers (crossml's test extra "
+                         "installs both)")
     patch_transformers_configs()
     sys.argv = [sys.argv[0], *(sys.argv[1:] if argv is None else argv)]
     runpy.run_module("onnxruntime_genai.models.builder", run_name="__main__", alter_sys=True)
