@@ -23,13 +23,13 @@ from crossml.graph.passes.gate_up import GATE_UP, GATE_UP_NBITS
 from crossml.graph.passes.gather_norm import GATHER_NORM
 from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
-from crossml.graph.passes.norm_casts import NORM_CASTS
+from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.sibling_matmul import SIBLING_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
-from crossml.graph.passes.swiglu import SWIGLU
+from crossml.graph.passes.swiglu import GEGLU, SWIGLU
 from crossml.runtime.session import fusion_rules
 from tests.conftest import make_model
 from tests.graph._rules import rule_reason, unfused_session
@@ -90,15 +90,15 @@ def test_merged_node_reads_the_concatenated_weight_and_the_old_ones_are_gone():
 
 def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
     rules = fusion_rules(None, torch.device("cpu"))
-    assert GATE_UP not in rules and rules[rules.index(SWIGLU) + 1] is GATE_UP_NBITS
+    assert GATE_UP not in rules and rules[rules.index(SWIGLU) + 2] is GATE_UP_NBITS  # after GeGLU's
     for gpu in (None, SimpleNamespace(disable_metacommands=False)):
         rules = fusion_rules(gpu, torch.device("cuda"))
-        assert rules[rules.index(SWIGLU) + 1] is GATE_UP
+        assert rules[rules.index(SWIGLU) + 1:rules.index(SWIGLU) + 3] == [GEGLU, GATE_UP]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
-        GELU, SWIGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
-        ROTARY_CASTS, GATE_CASTS, NORM_CASTS]
+        GELU, SWIGLU, GEGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM,
+        QUERY_SCALE, ROTARY_CASTS, GATE_CASTS, NORM_CASTS, FOLD_SKIP_NORM]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
-        GELU, SWIGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
+        GELU, SWIGLU, GEGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 
 
 def test_cpu_session_keeps_the_two_products():

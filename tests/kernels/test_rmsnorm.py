@@ -402,3 +402,56 @@ def test_skip_layer_norm_op_routes_gpu_tensors(monkeypatch: pytest.MonkeyPatch) 
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
     norm.skip_layer_normalization(x, skip, gamma, beta, epsilon=EPS, ctx=_ctx())  # the mean is wanted: torch
     assert calls == ["skip_layer_norm"]
+
+
+def _folded_by_nodes(x, skip, w, bias, kw, x_scale, skip_scale, out_dtype):
+    """What the nodes folded into com.crossml SkipSimplifiedLayerNormalization compute, each on its own kernel (the
+    Muls in torch, on x's type)."""
+    if kw is not None:
+        skip = rms_norm(skip, kw, EPS, out_dtype=x.dtype)[0]
+    if x_scale is not None:
+        x = torch.mul(x, torch.tensor(x_scale, dtype=x.dtype, device=x.device))
+    if skip_scale is not None:
+        skip = torch.mul(skip, torch.tensor(skip_scale, dtype=x.dtype, device=x.device))
+    y, _, s = skip_rms_norm(x, skip, w, bias, EPS, store_inv=False)
+    return y.to(out_dtype), s
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "skip_dtype", "out_dtype"), [
+    (torch.float32, torch.float16, torch.float16), (torch.float32, torch.float32, torch.bfloat16),
+    (torch.float16, torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("parts", ["all", "scales", "norm", "bias-norm"])
+def test_folded_skip_rms_norm_is_the_nodes(device: str, dtype: torch.dtype, skip_dtype: torch.dtype,
+                                           out_dtype: torch.dtype, parts: str) -> None:
+    """folded_skip_rms_norm (Gemma's residual norm: layer-scalar Muls, the skip's own RMSNorm, the result's Cast)
+    against the nodes on their own kernels: the same values bit for bit (the same float32 steps, each intermediate
+    rounded to x's type as its node stores it)."""
+    H, rows = 96, 3
+    x = rand(1, rows, H, dtype=dtype, device=device, seed=1) * 4
+    normed = parts != "scales"  # the skip's norm takes the skip of another type to x's; without it, x's type
+    skip = rand(1, rows, H, dtype=skip_dtype if normed else dtype, device=device, seed=2) * 3
+    w = (1 + 0.1 * rand(H, seed=3)).to(dtype).to(device)
+    kw = (1 + 0.1 * rand(H, seed=4)).to(dtype).to(device) if normed else None
+    bias = rand(H, dtype=dtype, device=device, seed=5) if "bias" in parts else None
+    # the Muls' constants are of x's type (the rule reads their values from there)
+    scales = tuple(float(torch.tensor(v, dtype=dtype)) for v in (1.2, 0.7)) if parts in ("all", "scales") \
+        else (None, None)
+    y, s = rmsnorm.folded_skip_rms_norm(x, skip, w, bias, EPS, out_dtype=out_dtype, x_scale=scales[0],
+                                        skip_scale=scales[1], skip_weight=kw, skip_eps=EPS)
+    want_y, want_s = _folded_by_nodes(x, skip, w, bias, kw, *scales, out_dtype)
+    assert y.dtype == out_dtype and s.dtype == dtype
+    assert torch.equal(s, want_s)
+    assert torch.equal(y, want_y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_folded_skip_rms_norm_refusals(device: str) -> None:
+    x = rand(2, 64, device=device)
+    with pytest.raises(ValueError, match="must have the input's shape"):
+        rmsnorm.folded_skip_rms_norm(x, x[:1], x[0], None, EPS)
+    long = rand(1, rmsnorm.FOLDED_MAX + 1, device=device)
+    with pytest.raises(ValueError, match="at most 16384 elements"):
+        rmsnorm.folded_skip_rms_norm(long, long, long[0], None, EPS)
+    y, s = rmsnorm.folded_skip_rms_norm(x, x, x[0], None, EPS, store_sum=False)
+    assert s is None and y.shape == x.shape

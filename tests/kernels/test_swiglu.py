@@ -165,3 +165,46 @@ def test_op_single_input_on_gpu_runs_the_packed_kernel_and_captures(dtype: torch
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, silu_mul_reference(g.double().cpu(), up.double().cpu()), dtype)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # the interpreter's σ(2u) tails
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 2560), (3, 1000), (1025,)])
+def test_gelu_tanh_gate_matches_reference(device: str, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """activation="gelu_tanh" (GeGLU): both kernels within one rounding of torch's gelu(approximate="tanh") * up in
+    float64, and the op's packed and two-input forms agree with the kernels (the registered op's route on a GPU)."""
+    g, up = _inputs(device, dtype, shape)
+    want = silu_mul_reference(g.double().cpu(), up.double().cpu(), "gelu_tanh")
+    y = silu_mul(g, up, activation="gelu_tanh")
+    assert_close(y, want, dtype)
+    packed = silu_mul_packed(torch.cat([g, up], dim=-1), activation="gelu_tanh")
+    torch.testing.assert_close(packed, y, rtol=0, atol=0)
+    assert_close(silu_mul_op(torch.cat([g, up], dim=-1), activation="gelu_tanh").cpu(), want, dtype)
+    assert_close(silu_mul_op(g, up, activation="gelu_tanh").cpu(), want, dtype)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+@pytest.mark.parametrize("device", DEVICES)
+def test_gelu_tanh_tails(device: str) -> None:
+    """Large negative gates give 0 (no 1 + tanh cancellation to -0 or NaN), large positive ones g itself."""
+    g = torch.tensor([-1e4, -30.0, -6.0, 0.0, 6.0, 30.0, 1e4], device=device)
+    up = torch.ones_like(g)
+    want = silu_mul_reference(g.double().cpu(), up.double().cpu(), "gelu_tanh")
+    torch.testing.assert_close(silu_mul(g, up, activation="gelu_tanh").double().cpu(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_activation_is_named() -> None:
+    g = torch.zeros(4)
+    with pytest.raises(ValueError, match="activation 'relu' is not one of silu, gelu_tanh"):
+        silu_mul_op(g, activation="relu")
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        silu_mul_packed(g, activation="relu")
+
+
+def test_cpu_op_is_the_nodes_torch_calls() -> None:
+    """On CPU tensors the gelu_tanh op is torch's gelu (tanh) then mul: the Gelu and Mul nodes' values bit for bit."""
+    g, up = _inputs("cpu", torch.float32, (3, 40))
+    want = torch.mul(torch.nn.functional.gelu(g, approximate="tanh"), up)
+    assert torch.equal(silu_mul_op(g, up, activation="gelu_tanh"), want)
+    assert torch.equal(silu_mul_op(torch.cat([g, up], -1), activation="gelu_tanh"), want)

@@ -26,7 +26,8 @@ import triton.language as tl
 from crossml.kernels._launch import next_power_of_2, pdl, pdl_wait, use_interpreter
 from crossml.ops._util import broadcast_shapes
 
-__all__ = ["DTYPES", "LAYER_NORM_MAX", "gather_rms_norm", "rms_norm", "skip_layer_norm", "skip_rms_norm"]
+__all__ = ["DTYPES", "FOLDED_MAX", "LAYER_NORM_MAX", "folded_skip_rms_norm", "gather_rms_norm", "rms_norm",
+           "skip_layer_norm", "skip_rms_norm"]
 
 #: storage types the kernels take (statistics are float32 for all of them)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,6 +36,8 @@ _SINGLE_MAX = 16384
 _LOOP_BLOCK = 4096
 #: longest row skip_layer_norm takes (whole rows in registers)
 LAYER_NORM_MAX = _SINGLE_MAX
+#: longest row folded_skip_rms_norm takes (whole rows in registers)
+FOLDED_MAX = _SINGLE_MAX
 
 
 @triton.jit
@@ -119,6 +122,41 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
             tl.store(y_row + c0 + cols, _cast(s * inv * w, y_ptr, Y_RTNE), mask=mask)
     if STORE_INV:
         tl.store(inv_ptr + row, inv)
+
+
+@triton.jit
+def _folded_skip_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, kw_ptr, y_ptr, sum_ptr, H, inv_n, eps, k_eps, x_scale, k_scale,
+                        HAS_BIAS: tl.constexpr, SKIP_NORM: tl.constexpr, X_SCALE: tl.constexpr,
+                        K_SCALE: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, Y_RTNE: tl.constexpr,
+                        SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False):
+    """Row ``program_id(0)`` of contiguous [rows, H] x and skip (whole rows, BLOCK >= H): the nodes
+    ``folded_skip_rms_norm`` stands for, each intermediate rounded to x's type as its node's output is (a no-op for
+    float32): k = RMSNorm(skip) * kw (SKIP_NORM), x * x_scale (X_SCALE), k * k_scale (K_SCALE), then s = x + k
+    (+ bias) and y = (s * rsqrt(mean(s * s) + eps)) * w, in float32, as ``_rms_norm_kernel`` computes them; y rounded
+    to x's type, then to y's (the Cast)."""
+    pdl_wait(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    xv = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    k = tl.load(skip_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    if SKIP_NORM:
+        k_inv = tl.math.rsqrt(tl.sum(k * k, axis=0) * inv_n + k_eps)
+        k = _cast(k * k_inv * tl.load(kw_ptr + cols, mask=mask, other=0.0).to(tl.float32), x_ptr,
+                  SUM_RTNE).to(tl.float32)
+    if X_SCALE:
+        xv = _cast(xv * x_scale, x_ptr, SUM_RTNE).to(tl.float32)
+    if K_SCALE:
+        k = _cast(k * k_scale, x_ptr, SUM_RTNE).to(tl.float32)
+    s = xv + k
+    if HAS_BIAS:
+        s = s + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if STORE_SUM:
+        tl.store(sum_ptr + row * H + cols, _cast(s, sum_ptr, SUM_RTNE), mask=mask)
+    inv = tl.math.rsqrt(tl.sum(s * s, axis=0) * inv_n + eps)
+    y = s * inv * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = _cast(y, x_ptr, SUM_RTNE).to(tl.float32)  # the norm's result of x's type, then the Cast's
+    tl.store(y_ptr + row * H + cols, _cast(y, y_ptr, Y_RTNE), mask=mask)
 
 
 def _tiling(H: int) -> tuple[int, bool, int]:
@@ -279,3 +317,44 @@ def _skip_norm(what: str, x: torch.Tensor, skip: torch.Tensor, weight: torch.Ten
                  "CENTER": center, "HAS_BETA": bt is not None}
         _launch(_rms_norm_kernel, xc, rows, H, args, flags, what, y, s)
     return y, inv, s
+
+
+def folded_skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         eps: float, *, out_dtype: torch.dtype | None = None, x_scale: float | None = None,
+                         skip_scale: float | None = None, skip_weight: torch.Tensor | None = None,
+                         skip_eps: float = 1e-6, store_sum: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``SkipSimplifiedLayerNormalization(x * x_scale, RMSNorm(skip) * skip_weight * skip_scale, weight, bias)`` in
+    one launch: com.crossml SkipSimplifiedLayerNormalization (graph rule FoldSkipNorm), the residual stream's norm
+    with the nodes around it that a builder's Gemma export writes (the layer scalars' Muls on both inputs, the
+    post-attention / post-feed-forward RMSNorm on the skip, the Cast of the result). Each of those nodes' results is
+    rounded to x's type as the node stores it; the result ``y`` is ``out_dtype`` (x's type by default): the norm's
+    result of x's type cast to it. ``skip`` has x's shape (no broadcasting); rows of at most FOLDED_MAX elements. Returns y and the residual
+    sum (x's type; None without ``store_sum``)."""
+    what = "FoldedSkipRMSNorm"
+    H = _check(what, x, skip, weight, bias, skip_weight)
+    if H > FOLDED_MAX:
+        raise ValueError(f"{what}: the kernel normalizes rows of at most {FOLDED_MAX} elements, got {H}; use the "
+                         "registered op")
+    if skip.shape != x.shape:
+        raise ValueError(f"{what}: skip of shape {tuple(skip.shape)} must have the input's shape {tuple(x.shape)}")
+    w = _vector(what, "weight", weight, H)
+    b = _vector(what, "bias", bias, H) if bias is not None else None
+    kw = _vector(what, "skip weight", skip_weight, H) if skip_weight is not None else None
+    xc, sk = x.contiguous(), skip.contiguous()
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if store_sum else None
+    rows = xc.numel() // H
+    if rows:
+        block = next_power_of_2(H)
+        warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+        args = (xc, sk, w, b if b is not None else w, kw if kw is not None else w, y, s if s is not None else y, H,
+                1.0 / H, float(eps), float(skip_eps), float(x_scale or 1.0), float(skip_scale or 1.0))
+        flags = {"HAS_BIAS": b is not None, "SKIP_NORM": kw is not None, "X_SCALE": x_scale is not None,
+                 "K_SCALE": skip_scale is not None, "STORE_SUM": store_sum, "BLOCK": block}
+        if use_interpreter(x, what):
+            _folded_skip_kernel[(rows,)](*args, **flags, Y_RTNE=y.dtype == torch.bfloat16,
+                                         SUM_RTNE=x.dtype == torch.bfloat16)
+        else:
+            with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
+                _folded_skip_kernel[(rows,)](*args, **flags, Y_RTNE=False, SUM_RTNE=False, num_warps=warps, **pdl(x))
+    return y, s

@@ -160,19 +160,25 @@ def gather_norm(data: torch.Tensor, indices: torch.Tensor, scale: torch.Tensor, 
 
 #: dtypes the Triton SiluMul kernel takes
 _SILU_MUL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: SiluMul's gates (``activation``; ``crossml.kernels.swiglu.ACTIVATIONS``)
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @op("SiluMul", since=1, domain=DOMAIN)
-def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor:
+def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None, *, activation: str = "silu") -> torch.Tensor:
     """(g · σ(g)) · up: the SiLU-gated product of LLM MLPs (Sigmoid, Mul, Mul) as one kernel on a GPU.
+    ``activation="gelu_tanh"``: gelu_tanh(g) · up, the GELU-gated product of Gemma's MLPs (Gelu(approximate="tanh"),
+    Mul; graph rule FuseGeGLU).
 
     With one input ``gu``, g and up are its two halves along the last axis (``g = gu[..., :N]``,
     ``up = gu[..., N:]``, ``N = gu.shape[-1] // 2``): what the merged gate/up product of
     graph/passes/gate_up.py writes. Elsewhere (CPU tensors, other dtypes, shapes that broadcast)
-    the same torch ops the three unfused nodes run, in their order. The kernel computes in fp32
+    the same torch ops the unfused nodes run, in their order. The kernel computes in fp32
     and rounds once, so fp16 / bf16 results differ from the node-by-node rounding in the last bit
     or so.
     """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"SiluMul activation '{activation}' is not one of {', '.join(ACTIVATIONS)}")
     if up is None:
         if g.dim() == 0 or g.shape[-1] % 2:
             raise ValueError(f"SiluMul with one input takes [g | up] concatenated along the last axis, which "
@@ -180,7 +186,7 @@ def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
         if g.device.type in TRITON_DEVICES and g.dtype in _SILU_MUL_DTYPES:
             swiglu = load("swiglu")
             if swiglu is not None:
-                return swiglu.silu_mul_packed(g)
+                return swiglu.silu_mul_packed(g, activation=activation)
         # contiguous halves: torch's CPU loops vectorize by memory layout, so this rounds exactly as
         # the two-input op on the separate products does (views of the halves can differ in the last bit)
         g, up = (h.contiguous() for h in g.chunk(2, dim=-1))
@@ -188,7 +194,9 @@ def silu_mul_op(g: torch.Tensor, up: torch.Tensor | None = None) -> torch.Tensor
             and up.device == g.device and g.shape == up.shape):
         swiglu = load("swiglu")
         if swiglu is not None:
-            return swiglu.silu_mul(g, up)
+            return swiglu.silu_mul(g, up, activation=activation)
+    if activation == "gelu_tanh":
+        return torch.mul(torch.nn.functional.gelu(g, approximate="tanh"), up)
     return torch.mul(torch.mul(g, torch.sigmoid(g)), up)
 
 
@@ -285,9 +293,10 @@ def norm_matmul_nbits(x: torch.Tensor, skip: torch.Tensor | None, gamma: torch.T
 def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tensor,
                           zero_points: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
                           bias: torch.Tensor | None = None, *, K: int, N: int, block_size: int, bits: int = 4,
-                          accuracy_level: int = 0, ctx: OpContext) -> torch.Tensor:
+                          accuracy_level: int = 0, activation: str = "silu", ctx: OpContext) -> torch.Tensor:
     """MatMulNBits(SiluMul(gu), B, scales, ...) for ``gu = [g | up]`` (the merged gate/up product) of an LLM MLP: its
-    4-bit down projection (graph rule SiluMulMatMulNBits; MatMulNBits' inputs and attributes, gu in A's place).
+    4-bit down projection (graph rule SiluMulMatMulNBits; MatMulNBits' inputs and attributes, gu in A's place, and
+    SiluMul's ``activation``).
 
     For one row on a GPU (a decode step at batch 1) it is the SiluMul kernel, then the product's GEMV, as the two ops
     launch them, but the SiluMul kernel lets the product launch before its own PDL wait (``crossml.kernels._launch.
@@ -299,7 +308,8 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
     Elsewhere the SiluMul and MatMulNBits ops."""
     if (kept := cpu_int8_kept(gu, 2 * K, B, scales, zero_points, g_idx, bias, K, N, block_size, bits,
                               accuracy_level)) is not None:
-        return kept[0].matmul(silu_mul_op(gu), B, kept[1], kept[2], K=K, N=N, block_size=block_size)
+        return kept[0].matmul(silu_mul_op(gu, activation=activation), B, kept[1], kept[2], K=K, N=N,
+                              block_size=block_size)
     rows = math.prod(gu.shape[:-1]) if gu.dim() else 0
     if rows == 1 and gu.shape[-1] == 2 * K and g_idx is None \
             and not int8_activations(accuracy_level, g_idx, zero_points) and gu.dtype in _SILU_MUL_DTYPES \
@@ -307,11 +317,11 @@ def silu_mul_matmul_nbits(gu: torch.Tensor, B: torch.Tensor, scales: torch.Tenso
             and not _dot_rows(gu, rows, N, K, block_size, zero_points):
         swiglu, kernels = load("swiglu"), load("matmul_nbits")
         if swiglu is not None and kernels is not None:
-            h = swiglu.silu_mul_packed(gu, early=True)
+            h = swiglu.silu_mul_packed(gu, early=True, activation=activation)
             return kernels.matmul_nbits(h, B, scales, zero_points, bias, K=K, N=N, block_size=block_size,
                                         const_w=constant_weight(ctx, 1, zero_points), early_input=True)
-    return matmul_nbits(silu_mul_op(gu), B, scales, zero_points, g_idx, bias, K=K, N=N, block_size=block_size,
-                        bits=bits, accuracy_level=accuracy_level, ctx=ctx)
+    return matmul_nbits(silu_mul_op(gu, activation=activation), B, scales, zero_points, g_idx, bias, K=K, N=N,
+                        block_size=block_size, bits=bits, accuracy_level=accuracy_level, ctx=ctx)
 
 
 @op("MatMulSiluMul", since=1, domain=DOMAIN, ctx=True)

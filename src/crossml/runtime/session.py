@@ -36,14 +36,14 @@ from crossml.graph.passes.matmul_norm import (
     SILU_MUL_NBITS,
     SILU_MUL_NORM,
 )
-from crossml.graph.passes.norm_casts import NORM_CASTS
+from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.short_conv import SHORT_CONV
 from crossml.graph.passes.sibling_matmul import SIBLING_MATMUL
 from crossml.graph.passes.skip_layer_norm import SKIP_LAYER_NORM
-from crossml.graph.passes.swiglu import SWIGLU
+from crossml.graph.passes.swiglu import GEGLU, SWIGLU
 from crossml.graph.plan import Plan, PlanOptions, build_plan
 from crossml.kernels import warm_compiler, warm_cpu
 from crossml.runtime.errors import Fail, InvalidArgument
@@ -619,15 +619,20 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     (NORM_MATMUL_CPU) and the gate into the 4-bit down projection (SILU_MUL_NBITS). Every provider makes LFM2's
     six-node short-convolution block one node (SHORT_CONV: on the CPU its values bit for bit, on a GPU one launch
     for about ten); on the int8 kernel the fused nodes run the ops' kernels in one node (a decode step's
-    nodes cost 20-50 us each in Python)."""
+    nodes cost 20-50 us each in Python). GEGLU makes Gelu(approximate="tanh") and Mul (Gemma's MLPs) a SiluMul of
+    activation gelu_tanh, which the gate/up merge and SILU_MUL_NBITS then take as SwiGLU's (on the CPU: the nodes'
+    values). Last off the CPU, FOLD_SKIP_NORM folds into the residual stream's SkipSimplifiedLayerNormalization the
+    scalar Muls on its inputs, the RMSNorm writing its skip and the Cast of its result (Gemma's layer scalars and
+    sandwich norms; the nodes' values)."""
     merge = ([GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
               ROTARY_CASTS, GATE_CASTS]
              if device.type != "cpu" else [GATE_UP_NBITS, NORM_MATMUL_CPU])
     if gpu is not None and gpu.disable_metacommands:
-        return [GELU, SWIGLU, *merge, *([NORM_CASTS] if device.type != "cpu" else [])]
-    rules = [GELU, ATTENTION, LINEAR, SWIGLU, *merge]
+        return [GELU, SWIGLU, GEGLU, *merge, *([NORM_CASTS, FOLD_SKIP_NORM] if device.type != "cpu" else [])]
+    rules = [GELU, ATTENTION, LINEAR, SWIGLU, GEGLU, *merge]
     if device.type != "cpu":
-        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM, NORM_CASTS]
+        rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM, NORM_CASTS,
+                  FOLD_SKIP_NORM]
     else:
         rules.append(SILU_MUL_NBITS)
     rules.append(SHORT_CONV)

@@ -150,7 +150,8 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     if elem is not None:  # what the merged product writes: g's type, last dimension 2N
         dims = None if shape is None else [*shape[:-1], 2 * int(n)]
         view.graph.value_info.append(helper.make_tensor_value_info(gu, elem, dims))
-    return [product, helper.make_node("SiluMul", [gu], list(silu.output), name=silu.name, domain=DOMAIN)]
+    return [product, helper.make_node("SiluMul", [gu], list(silu.output), name=silu.name, domain=DOMAIN,
+                                      **node_attrs(silu))]
 
 
 GATE_UP = Rule("MergeGateUp", match, check, rewrite, domains=((DOMAIN, 1),))

@@ -97,12 +97,22 @@ def match_gated(view: GraphView, node: onnx.NodeProto) -> Match | None:
     return _gated(view, node) if _plain_skip_norm(node) else None
 
 
-def check_gated(view: GraphView, m: Match) -> str | None:
+def _activation(gate: onnx.NodeProto) -> str:
+    return node_attrs(gate).get("activation", "silu")
+
+
+def _check_read_once(view: GraphView, m: Match) -> str | None:
     gate, _ = m.nodes
     h = gate.output[0]
     if not view.read_once(h):
         return f"the gated activations ('{h}') of '{gate.name}' are used elsewhere"
     return None
+
+
+def check_gated(view: GraphView, m: Match) -> str | None:
+    if _activation(m.nodes[0]) != "silu":
+        return f"'{m.nodes[0].name}' gates with {_activation(m.nodes[0])}; the GEMV's loads gate with SiLU only"
+    return _check_read_once(view, m)
 
 
 def rewrite_gated(view: GraphView, m: Match) -> list[onnx.NodeProto]:
@@ -127,13 +137,16 @@ def check_gated_nbits(view: GraphView, m: Match) -> str | None:
     gate, product = m.nodes
     if len(product.input) > 4 and product.input[4]:
         return f"'{product.name}' has g_idx ('{product.input[4]}')"
-    return check_gated(view, m)
+    if "activation" in node_attrs(product):
+        return f"'{product.name}' has an attribute named activation"
+    return _check_read_once(view, m)
 
 
 def rewrite_gated_nbits(view: GraphView, m: Match) -> list[onnx.NodeProto]:
     gate, product = m.nodes
+    act = {"activation": _activation(gate)} if _activation(gate) != "silu" else {}
     return [helper.make_node("SiluMulMatMulNBits", [gate.input[0], *product.input[1:]], list(product.output),
-                             name=f"{gate.name}_{product.name}", domain=DOMAIN, **node_attrs(product))]
+                             name=f"{gate.name}_{product.name}", domain=DOMAIN, **node_attrs(product), **act)]
 
 
 #: com.crossml SiluMul(gu) → h, com.microsoft MatMulNBits(h, B, scales, ...) => com.crossml SiluMulMatMulNBits(gu, B,
@@ -148,7 +161,8 @@ GATE_IN_PRODUCT = True
 
 
 def match_gate_product(view: GraphView, node: onnx.NodeProto) -> Match | None:
-    if not GATE_IN_PRODUCT or node.op_type != "SiluMul" or node.domain != DOMAIN or len(node.input) != 1:
+    if not GATE_IN_PRODUCT or node.op_type != "SiluMul" or node.domain != DOMAIN or len(node.input) != 1 \
+            or _activation(node) != "silu":  # the GEMV's stored gate is SiLU's
         return None
     product = _producer(view, node.input[0], MATMULS)
     if product is None:

@@ -66,3 +66,121 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 
 
 NORM_CASTS = Rule("FoldNormCasts", match, check, rewrite, domains=((DOMAIN, 1),))
+
+
+MS_DOMAIN = "com.microsoft"
+
+
+def _type_of(view: GraphView, name: str) -> int | None:
+    """``name``'s element type: as the graph types it, else as the Mul / SimplifiedLayerNormalization writing it
+    makes it (a Mul's, its inputs' type; a norm's, ``to`` or its scale's type), else None."""
+    elem = view.elem_type(name)
+    node = view.producer.get(name)
+    if elem is not None or node is None:
+        return elem
+    if node.op_type == "Mul" and node.domain in ("", "ai.onnx"):
+        types = {view.elem_type(i) for i in node.input} - {None}
+        return types.pop() if len(types) == 1 else None
+    if node.op_type == "SimplifiedLayerNormalization" and len(node.input) > 1 and node.output[0] == name:
+        return node_attrs(node).get("to") or view.elem_type(node.input[1])
+    return None
+
+
+def _scalar_mul(view: GraphView, name: str, elem: int) -> tuple[onnx.NodeProto, str, float] | None:
+    """(Mul, its other operand, c) where ``name`` is Mul(v, c) (either order) of a one-element constant c of at most
+    one dimension (not a graph input), of element type ``elem``, read once; else None."""
+    from crossml.graph.passes._consts import constant, scalar
+
+    mul = view.producer.get(name)
+    if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2 \
+            or mul.attribute or not view.read_once(name) or _type_of(view, name) != elem:
+        return None
+    graph_inputs = {vi.name for vi in view.graph.input}
+    for c, v in ((mul.input[1], mul.input[0]), (mul.input[0], mul.input[1])):
+        t = constant(view, c)
+        if t is not None and c not in graph_inputs and len(t.dims) <= 1 and (value := scalar(view, c)) is not None:
+            return mul, v, value
+    return None
+
+
+def _skip_norm(view: GraphView, name: str, elem: int) -> onnx.NodeProto | None:
+    """The SimplifiedLayerNormalization (ai.onnx, or com.crossml's) writing ``name``, read once, over the last axis,
+    stash_type 1, its statistics unused, its result of element type ``elem``; else None."""
+    norm = view.producer.get(name)
+    if norm is None or norm.op_type != "SimplifiedLayerNormalization" or len(norm.input) < 2 \
+            or norm.domain not in ("", "ai.onnx", DOMAIN) or not view.read_once(name) or _type_of(view, name) != elem:
+        return None
+    a = node_attrs(norm)
+    if a.get("axis", -1) != -1 or a.get("stash_type", 1) != 1 or norm.output[0] != name:
+        return None
+    if any(o and (view.consumers.get(o) or o in view.outputs) for o in norm.output[1:]):
+        return None
+    return norm
+
+
+def match_skip(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if node.op_type != "SkipSimplifiedLayerNormalization" or node.domain != MS_DOMAIN or len(node.input) < 3 \
+            or not node.output or not node.output[0]:
+        return None
+    if any(o and (view.consumers.get(o) or o in view.outputs) for o in node.output[1:3]):
+        return None  # the mean / inverse deviation are read
+    elem = _type_of(view, node.input[0])
+    if elem not in _FLOATS or _type_of(view, node.input[1]) != elem:
+        return None
+    info: dict = {"x": node.input[0], "skip": node.input[1]}
+    nodes: list[onnx.NodeProto] = []
+    if (xm := _scalar_mul(view, node.input[0], elem)) is not None:
+        nodes.append(xm[0])
+        info["x"], info["input_scale"] = xm[1], xm[2]
+    if (km := _scalar_mul(view, node.input[1], elem)) is not None:
+        nodes.append(km[0])
+        info["skip"], info["skip_scale"] = km[1], km[2]
+    norm = _skip_norm(view, info["skip"], elem)
+    if norm is not None:
+        nodes.append(norm)
+        info["skip"], info["skip_norm"] = norm.input[0], norm
+    outer = _cast(view.only_consumer(node.output[0])) if view.read_once(node.output[0]) else None
+    if outer is not None and node_attrs(outer).get("to") in _FLOATS:
+        nodes.append(outer)
+        info["to"] = node_attrs(outer)["to"]
+        info["y"] = outer.output[0]
+    if not nodes:
+        return None
+    return Match([*nodes, node], info)  # the norm last: the replacement takes its place
+
+
+def check_skip(view: GraphView, m: Match) -> str | None:
+    node = m.nodes[-1]
+    if len(node.input) > 3 and node.input[3] and view.elem_type(node.input[3]) not in (None, *_FLOATS):
+        return f"'{node.name}' has a bias of another type"
+    return None
+
+
+def rewrite_skip(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    node, info = m.nodes[-1], m.info
+    attrs = {"epsilon": float(node_attrs(node).get("epsilon", 1e-12))}
+    for key in ("input_scale", "skip_scale", "to"):
+        if key in info:
+            attrs[key] = info[key]
+    bias = node.input[3] if len(node.input) > 3 else ""
+    inputs = [info["x"], info["skip"], node.input[2], bias]
+    if "skip_norm" in info:
+        norm = info["skip_norm"]
+        inputs.append(norm.input[1])
+        attrs["skip_epsilon"] = float(node_attrs(norm).get("epsilon", 1e-5))
+    while not inputs[-1]:
+        inputs.pop()
+    outputs = [info.get("y", node.output[0]), node.output[3] if len(node.output) > 3 else ""]
+    if not outputs[-1]:
+        outputs.pop()
+    return [helper.make_node("SkipSimplifiedLayerNormalization", inputs, outputs, name=node.name, domain=DOMAIN,
+                             **attrs)]
+
+
+#: com.microsoft SkipSimplifiedLayerNormalization with the nodes around it  =>  com.crossml
+#: SkipSimplifiedLayerNormalization (``crossml.ops.contrib.norm``): a Mul by a constant scalar on either input (Gemma 4's
+#: layer scalars), a SimplifiedLayerNormalization writing the skip (Gemma's post-attention / post-feed-forward norms,
+#: after FoldNormCasts has taken their Casts), a Cast of the result to a float type: up to five launches a norm in
+#: one, the nodes' values (each intermediate of x's type, as its node stores it). Each folded node's result must be
+#: read by the next alone, of x's element type; the statistics outputs unused. Off the CPU, after FoldNormCasts.
+FOLD_SKIP_NORM = Rule("FoldSkipNorm", match_skip, check_skip, rewrite_skip, domains=((DOMAIN, 1),))

@@ -1,6 +1,11 @@
 """Sigmoid(g), Mul(g, σ), Mul(·, up)  (the SiLU-gated MLP product onnxruntime-genai's model builder
 writes)  =>  com.crossml SiluMul(g, up) (one kernel instead of three, no intermediate tensors).
 
+GEGLU: Gelu(g, approximate="tanh"), Mul(·, up)  (the GELU-gated MLP product of the builder's Gemma exports)  =>
+com.crossml SiluMul(g, up, activation="gelu_tanh"); the rules that take SiluMul next (the gate/up merge, the 4-bit
+down projection's SiluMulMatMulNBits) carry the activation. On the CPU the op runs torch's gelu and mul, the nodes'
+values bit for bit.
+
 Either Mul may take its operands in either order. The fused op does not broadcast on the GPU, so
 the rule refuses g and up of known, different shapes.
 """
@@ -45,6 +50,12 @@ def check(view: GraphView, m: Match) -> str | None:
         return "g·σ(g) is multiplied by itself"
     if any(a.name in ("broadcast", "axis") for n in (act, gate) for a in n.attribute):
         return "a Mul uses the legacy (opset < 7) broadcast attributes"
+    return _check_operands(view, g, up, [sig.output[0], act.output[0]])
+
+
+def _check_operands(view: GraphView, g: str, up: str, inner: list[str]) -> str | None:
+    """Why g and up cannot be SiluMul's operands (types, shapes; ``inner``, the replaced values, read in a
+    subgraph); None when they can."""
     tg, tu = view.elem_type(g), view.elem_type(up)
     for name, t in ((g, tg), (up, tu)):
         if t is not None and t not in FLOATS:
@@ -56,7 +67,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if sg is not None and su is not None and (
             len(sg) != len(su) or any(a is not None and b is not None and a != b for a, b in zip(sg, su))):
         return f"g ('{g}') and up ('{up}') differ in shape: {sg} and {su} (SiluMul does not broadcast)"
-    if {sig.output[0], act.output[0]} & view.nested_reads:
+    if set(inner) & view.nested_reads:
         return "an intermediate value is read inside a subgraph"
     return None
 
@@ -68,3 +79,40 @@ def rewrite(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 
 
 SWIGLU = Rule("FuseSwiGLU", match, check, rewrite, domains=((DOMAIN, 1),))
+
+
+def _is_gelu_tanh(node: onnx.NodeProto) -> bool:
+    return (node.op_type == "Gelu" and node.domain in ("", "ai.onnx") and len(node.input) == 1
+            and any(a.name == "approximate" and a.s == b"tanh" for a in node.attribute))
+
+
+def match_geglu(view: GraphView, node: onnx.NodeProto) -> Match | None:
+    if not _is_gelu_tanh(node):
+        return None
+    # the Mul among gelu(g)'s readers (the check refuses when there are others)
+    gate = next((n for n in view.consumers.get(node.output[0], []) if _is_mul(n)), None)
+    if gate is None:
+        return None
+    return Match([node, gate], {"g": node.input[0], "up": other_input(gate, node.output[0])})
+
+
+def check_geglu(view: GraphView, m: Match) -> str | None:
+    gelu, gate = m.nodes
+    a = gelu.output[0]
+    if not view.read_once(a):
+        return f"gelu(g) ('{a}') is used elsewhere"
+    if m.info["up"] == a:
+        return "gelu(g) is multiplied by itself"
+    if any(x.name in ("broadcast", "axis") for x in gate.attribute):
+        return "the Mul uses the legacy (opset < 7) broadcast attributes"
+    return _check_operands(view, m.info["g"], m.info["up"], [a])
+
+
+def rewrite_geglu(view: GraphView, m: Match) -> list[onnx.NodeProto]:
+    gelu, gate = m.nodes
+    return [helper.make_node("SiluMul", [m.info["g"], m.info["up"]], [gate.output[0]],
+                             name=f"{gate.name or gelu.name or 'gelu'}_gelu_mul", domain=DOMAIN,
+                             activation="gelu_tanh")]
+
+
+GEGLU = Rule("FuseGeGLU", match_geglu, check_geglu, rewrite_geglu, domains=((DOMAIN, 1),))

@@ -235,3 +235,46 @@ def skip_simplified_layer_normalization(
     s = _skip_sum(x, skip, bias)
     y, _, inv = _normalize(s, -1, epsilon, True)
     return _skip_outputs(ctx, x, y * _stash(gamma, 1), None, inv, s)
+
+
+@op("SkipSimplifiedLayerNormalization", since=1, domain="com.crossml", ctx=True)
+def folded_skip_simplified_layer_normalization(
+    x: torch.Tensor,
+    skip: torch.Tensor,
+    gamma: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    skip_gamma: torch.Tensor | None = None,
+    *,
+    epsilon: float = 1e-12,
+    to: int = 0,
+    input_scale: float | None = None,
+    skip_scale: float | None = None,
+    skip_epsilon: float = 1e-6,
+    ctx: OpContext,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """com.crossml SkipSimplifiedLayerNormalization (graph rule FoldSkipNorm, ``crossml.graph.passes.norm_casts``):
+    com.microsoft's op with the nodes around it that the builder's Gemma exports write, → (Y, sum):
+    ``skip_gamma``: the skip is SimplifiedLayerNormalization(skip, skip_gamma, epsilon=skip_epsilon) first (Gemma's
+    post-attention / post-feed-forward norm), its result of x's type; ``input_scale`` / ``skip_scale``: x / the skip
+    times that constant first (Mul nodes of x's type: Gemma 4's layer scalars); ``to``: Y's ONNX element type (0: x's;
+    a Cast of the result). The nodes' values; on a GPU one launch (``crossml.kernels.rmsnorm.folded_skip_rms_norm``)
+    where the skip has x's shape, else the ops one by one."""
+    out = dtypes.torch_dtype(to) if to else x.dtype
+    want_sum = len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
+    kernels = _rmsnorm_kernels() if _use_kernel(x, skip, gamma, bias, skip_gamma) else None
+    if (kernels is not None and skip.shape == x.shape and x.dim() > 0 and 0 < x.shape[-1] <= kernels.FOLDED_MAX
+            and all(_kernel_vector(t, x) for t in (gamma, bias, skip_gamma))):
+        return kernels.folded_skip_rms_norm(x, skip, gamma, bias, epsilon, out_dtype=out, x_scale=input_scale,
+                                            skip_scale=skip_scale, skip_weight=skip_gamma, skip_eps=skip_epsilon,
+                                            store_sum=want_sum)
+    if skip_gamma is not None:
+        skip = simplified_layer_normalization_cast(skip, skip_gamma, epsilon=skip_epsilon,
+                                                   to=dtypes.onnx_type_of(x))
+    if input_scale is not None:
+        x = torch.mul(x, torch.tensor(input_scale, dtype=x.dtype, device=x.device))
+    if skip_scale is not None:
+        skip = torch.mul(skip, torch.tensor(skip_scale, dtype=skip.dtype, device=skip.device))
+    sub = OpContext(ctx.node_name, "SkipSimplifiedLayerNormalization", 1, 4, (None,) * 4,
+                    (True, False, False, want_sum), ctx.device)
+    y, _, _, s = skip_simplified_layer_normalization(x, skip, gamma, bias, epsilon=epsilon, ctx=sub)
+    return y.to(out), s
