@@ -25,6 +25,7 @@ from crossml.graph.passes.gelu import RULE as GELU
 from crossml.graph.passes.mask_lengths import MASK_LENGTHS
 from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
+from crossml.graph.passes.norm_rotary import NORM_ROTARY
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.sibling_matmul import SIBLING_MATMUL
@@ -96,7 +97,7 @@ def test_registered_after_swiglu_the_cpu_merging_4bit_products_only():
         assert rules[rules.index(SWIGLU) + 1:rules.index(SWIGLU) + 3] == [GEGLU, GATE_UP]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cuda")) == [
         GELU, SWIGLU, GEGLU, GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM,
-        QUERY_SCALE, ROTARY_CASTS, GATE_CASTS, NORM_CASTS, FOLD_SKIP_NORM]
+        QUERY_SCALE, ROTARY_CASTS, GATE_CASTS, NORM_CASTS, FOLD_SKIP_NORM, NORM_ROTARY]
     assert fusion_rules(SimpleNamespace(disable_metacommands=True), torch.device("cpu")) == [
         GELU, SWIGLU, GEGLU, GATE_UP_NBITS, NORM_MATMUL_CPU]
 

@@ -20,6 +20,7 @@ from onnx import numpy_helper  # noqa: E402
 
 import crossml.ops.contrib.norm as norm_ops  # noqa: E402
 from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS  # noqa: E402
+from crossml.graph.passes.norm_rotary import NORM_ROTARY  # noqa: E402
 from crossml.kernels._launch import INTERPRET  # noqa: E402
 from crossml.runtime.session import fusion_rules  # noqa: E402
 from tests.graph._rules import contrib_model, fold_copy, rule_reason, unfused_session  # noqa: E402
@@ -92,6 +93,7 @@ def test_what_it_leaves() -> None:
 
 def test_runs_off_the_cpu_after_the_other_rules() -> None:
     rules = fusion_rules(None, torch.device("cuda"))
-    others = [i for i, r in enumerate(rules) if r not in (NORM_CASTS, FOLD_SKIP_NORM) and "Norm" in r.name]
-    assert max(others) < rules.index(NORM_CASTS) < rules.index(FOLD_SKIP_NORM)  # which takes the norms it folds
+    later = (NORM_CASTS, FOLD_SKIP_NORM, NORM_ROTARY)  # the last two take the norms it folds
+    others = [i for i, r in enumerate(rules) if r not in later and "Norm" in r.name]
+    assert max(others) < rules.index(NORM_CASTS) < min(rules.index(FOLD_SKIP_NORM), rules.index(NORM_ROTARY))
     assert NORM_CASTS not in fusion_rules(None, torch.device("cpu"))

@@ -13,7 +13,10 @@ channels past ``rotary_embedding_dim`` are copied. Under TRITON_INTERPRET=1 the 
 
 ``rotary`` runs com.microsoft RotaryEmbedding (one position stream: Gemma 4's global and local layers, Phi-2-style
 partial rotary) on the same kernel, every frequency from stream 0 of a position tensor whose three streams are one
-(stride 0): a Gemma-4-shaped decode step made about ten torch kernels a call of it, two calls a layer.
+(stride 0): a Gemma-4-shaped decode step made about ten torch kernels a call of it, two calls a layer. With
+``norm_weight`` each head is RMS-normalized first (Gemma 3/4's query and key norms, graph rule NormRotary): its
+statistics in float32 over the head's channels, the normalized channels rounded to the output type as the norm node
+stores them, then rotated.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from crossml.kernels._launch import cdiv, next_power_of_2, on_device, use_interp
 
 __all__ = ["m_rotary", "rotary"]
 
+#: longest head the kernel normalizes (its channels held in registers)
+NORM_MAX_HEAD = 1024
+
 
 @triton.jit
 def _mrope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, S, N, H, HALF, ROT, MAX_POS, S0, S1, S2,
                   s_xb, s_xs, s_xn, s_xh, s_yb, s_ys, s_yn, s_yh, s_p0, s_pb, s_ps, s_c, s_s,
                   INTERLEAVED_LAYOUT: tl.constexpr, PAIRS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr):
+                  BLOCK_J: tl.constexpr, BLOCK_P: tl.constexpr, NORM: tl.constexpr = False, w_ptr=None, eps=0.0):
     row = tl.program_id(0)
     b = (row // S).to(tl.int64)
     s = (row % S).to(tl.int64)
@@ -61,19 +67,32 @@ def _mrope_kernel(x_ptr, pos_ptr, cos_ptr, sin_ptr, y_ptr, S, N, H, HALF, ROT, M
     x1 = tl.load(xb + c1[None, :] * s_xh, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(xb + c2[None, :] * s_xh, mask=ok, other=0.0).to(tl.float32)
     out_ty = y_ptr.dtype.element_ty
-    tl.store(yb + c1[None, :] * s_yh, (x1 * c - x2 * sn).to(out_ty), mask=ok)
-    tl.store(yb + c2[None, :] * s_yh, (x1 * sn + x2 * c).to(out_ty), mask=ok)
-    if BLOCK_P > 0:  # channels past the rotary ones pass through
+    if BLOCK_P > 0:  # channels past the rotary ones
         q = ROT + tl.arange(0, BLOCK_P)
         q_ok = n_ok[:, None] & (q < H)[None, :]
-        tl.store(yb + q[None, :] * s_yh, tl.load(xb + q[None, :] * s_xh, mask=q_ok, other=0.0).to(out_ty),
-                 mask=q_ok)
+        xp = tl.load(xb + q[None, :] * s_xh, mask=q_ok, other=0.0)
+    if NORM:  # each head's RMSNorm first, rounded to the output type as the norm node stores it
+        ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+        if BLOCK_P > 0:
+            xpf = xp.to(tl.float32)
+            ss += tl.sum(xpf * xpf, axis=1)
+        inv = tl.math.rsqrt(ss / H + eps)[:, None]
+        x1 = (x1 * inv * tl.load(w_ptr + c1, mask=j_ok, other=0.0).to(tl.float32)[None, :]).to(out_ty).to(tl.float32)
+        x2 = (x2 * inv * tl.load(w_ptr + c2, mask=j_ok, other=0.0).to(tl.float32)[None, :]).to(out_ty).to(tl.float32)
+        if BLOCK_P > 0:
+            xp = xpf * inv * tl.load(w_ptr + q, mask=q < H, other=0.0).to(tl.float32)[None, :]
+    tl.store(yb + c1[None, :] * s_yh, (x1 * c - x2 * sn).to(out_ty), mask=ok)
+    tl.store(yb + c2[None, :] * s_yh, (x1 * sn + x2 * c).to(out_ty), mask=ok)
+    if BLOCK_P > 0:  # pass through
+        tl.store(yb + q[None, :] * s_yh, xp.to(out_ty), mask=q_ok)
 
 
 def m_rotary(h: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-             out: torch.Tensor, section: list[int], layout: int, interleaved: bool, rot: int) -> torch.Tensor:
+             out: torch.Tensor, section: list[int], layout: int, interleaved: bool, rot: int,
+             norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0) -> torch.Tensor:
     """Rotate ``h`` (a [B, S, N, H] view, any strides) into ``out`` (a [B, S, N, H] view of the result) with
-    position_ids [3, B, S] and the caches [max_pos, >= rot / 2]; the caller has checked the shapes. Returns out."""
+    position_ids [3, B, S] and the caches [max_pos, >= rot / 2]; the caller has checked the shapes. ``norm_weight``
+    (H values, contiguous): each head RMS-normalized (epsilon ``norm_eps``) with it first. Returns out."""
     B, S, N, H = h.shape
     half = rot // 2
     if B * S == 0 or N == 0:
@@ -87,14 +106,17 @@ def m_rotary(h: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tenso
             *h.stride(), *out.stride(), *position_ids.stride(), cos_cache.stride(0), sin_cache.stride(0),
             INTERLEAVED_LAYOUT=layout == 1, PAIRS=interleaved, BLOCK_N=block_n, BLOCK_J=max(2, next_power_of_2(half)),
             BLOCK_P=next_power_of_2(H - rot) if H > rot else 0,
+            **({"NORM": True, "w_ptr": norm_weight, "eps": float(norm_eps)} if norm_weight is not None else {}),
             **({} if interpret else {"num_warps": 4, "enable_fp_fusion": False}))
     return out
 
 
 def rotary(h: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
-           out: torch.Tensor, interleaved: bool, rot: int) -> torch.Tensor:
+           out: torch.Tensor, interleaved: bool, rot: int, norm_weight: torch.Tensor | None = None,
+           norm_eps: float = 0.0) -> torch.Tensor:
     """RotaryEmbedding: rotate ``h`` (a [B, S, N, H] view) into ``out`` with integer ``positions`` [B, S] (any strides)
-    and the caches [max_pos, >= rot / 2], as ``m_rotary`` with all frequencies from the one stream. Returns out."""
+    and the caches [max_pos, >= rot / 2], as ``m_rotary`` with all frequencies from the one stream (and its
+    ``norm_weight``). Returns out."""
     B, S = h.shape[0], h.shape[1]
     return m_rotary(h, positions.expand(B, S).unsqueeze(0).expand(3, B, S), cos_cache, sin_cache, out,
-                    [rot // 2, 0, 0], 0, interleaved, rot)
+                    [rot // 2, 0, 0], 0, interleaved, rot, norm_weight, norm_eps)

@@ -38,6 +38,7 @@ from crossml.graph.passes.matmul_norm import (
 )
 from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
+from crossml.graph.passes.norm_rotary import NORM_ROTARY
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.short_conv import SHORT_CONV
@@ -623,16 +624,18 @@ def fusion_rules(gpu: Any, device: torch.device) -> list[Any]:
     activation gelu_tanh, which the gate/up merge and SILU_MUL_NBITS then take as SwiGLU's (on the CPU: the nodes'
     values). Last off the CPU, FOLD_SKIP_NORM folds into the residual stream's SkipSimplifiedLayerNormalization the
     scalar Muls on its inputs, the RMSNorm writing its skip and the Cast of its result (Gemma's layer scalars and
-    sandwich norms; the nodes' values)."""
+    sandwich norms; the nodes' values), and NORM_ROTARY the per-head RMSNorm before a RotaryEmbedding into its kernel
+    (Gemma's query and key norms)."""
     merge = ([GATE_UP, SIBLING_MATMUL, NORM_MATMUL, GATHER_NORM, MASK_LENGTHS, SKIP_LAYER_NORM, QUERY_SCALE,
               ROTARY_CASTS, GATE_CASTS]
              if device.type != "cpu" else [GATE_UP_NBITS, NORM_MATMUL_CPU])
     if gpu is not None and gpu.disable_metacommands:
-        return [GELU, SWIGLU, GEGLU, *merge, *([NORM_CASTS, FOLD_SKIP_NORM] if device.type != "cpu" else [])]
+        return [GELU, SWIGLU, GEGLU, *merge,
+                *([NORM_CASTS, FOLD_SKIP_NORM, NORM_ROTARY] if device.type != "cpu" else [])]
     rules = [GELU, ATTENTION, LINEAR, SWIGLU, GEGLU, *merge]
     if device.type != "cpu":
         rules += [MATMUL_NORM, MATMUL_SILU_MUL, SILU_MUL_NORM, SILU_MUL_NBITS, ATTENTION_NORM, NORM_CASTS,
-                  FOLD_SKIP_NORM]
+                  FOLD_SKIP_NORM, NORM_ROTARY]
     else:
         rules.append(SILU_MUL_NBITS)
     rules.append(SHORT_CONV)

@@ -16,6 +16,8 @@ width from 2 for ``3 * section[2]``). The rotation is RotaryEmbedding's. On a GP
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from crossml.ops._util import cpu_kernels, gpu_kernels
@@ -82,6 +84,15 @@ def rotary_embedding(
     rotary_embedding_dim: int = 0,
     scale: float = 1.0,
 ) -> torch.Tensor:
+    return _rotary_embedding(x, position_ids, cos_cache, sin_cache, interleaved, is_packed_batching, num_heads,
+                             rotary_embedding_dim)
+
+
+def _rotary_embedding(x: torch.Tensor, position_ids: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
+                      interleaved: int, is_packed_batching: int, num_heads: int, rotary_embedding_dim: int,
+                      norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """com.microsoft RotaryEmbedding; ``norm`` (weight, epsilon): each head RMS-normalized first (in the kernel where
+    the heads are the weight's size, else by ``_norm_heads`` before)."""
     if rotary_embedding_dim > 0 and num_heads == 0:
         raise ValueError("RotaryEmbedding: num_heads must be given with rotary_embedding_dim")
     packed_tokens = x.dim() == 2
@@ -95,16 +106,65 @@ def rotary_embedding(
         pos = pos.expand(B, S)
     else:
         pos = position_ids.reshape(B, S)
+    kernels = None
     if (not pos.is_floating_point() and sin_cache.dtype == cos_cache.dtype and pos.device == x.device
             and (kernels := gpu_kernels("mrope", x, cos_cache, sin_cache)) is not None):  # one launch
+        if norm is not None and (norm[0].numel() != h.shape[-1] or h.shape[-1] > kernels.NORM_MAX_HEAD
+                                 or norm[0].device != x.device or not norm[0].is_floating_point()):
+            return _rotary_embedding(_norm_heads(x, *norm), position_ids, cos_cache, sin_cache, interleaved,
+                                     is_packed_batching, num_heads, rotary_embedding_dim)
         y = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
-        kernels.rotary(h, pos, cos_cache, sin_cache, y.view(h.shape), bool(interleaved), rot)
+        weight = norm[0].reshape(-1).contiguous() if norm is not None else None
+        kernels.rotary(h, pos, cos_cache, sin_cache, y.view(h.shape), bool(interleaved), rot, weight,
+                       norm[1] if norm is not None else 0.0)
+    elif norm is not None:
+        return _rotary_embedding(_norm_heads(x, *norm), position_ids, cos_cache, sin_cache, interleaved,
+                                 is_packed_batching, num_heads, rotary_embedding_dim)
     else:
         cos, sin = gather_cos_sin(cos_cache[:, : rot // 2], sin_cache[:, : rot // 2], pos)
         y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
     if packed_tokens:
         return y.squeeze(0)
     return y.transpose(1, 2) if x.dim() == 4 else y
+
+
+def _norm_heads(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """What Reshape(x, [0, -1, n]), SimplifiedLayerNormalization(weight, epsilon) of x's type, Reshape back compute
+    (n = weight's size)."""
+    from crossml import dtypes
+    from crossml.ops.contrib.norm import simplified_layer_normalization_cast
+
+    n = weight.numel()
+    if x.dim() < 1 or x.numel() % max(n, 1) or (x.dim() > 1 and math.prod(x.shape[1:]) % max(n, 1)):
+        raise ValueError(f"RotaryEmbedding: the input of shape {tuple(x.shape)} is not a whole number of heads of the "
+                         f"norm weight's {n} values")
+    rows = x.reshape(x.shape[0], -1, n) if x.dim() > 1 else x.reshape(-1, n)
+    return simplified_layer_normalization_cast(rows, weight, epsilon=epsilon, to=dtypes.onnx_type_of(x)).reshape(x.shape)
+
+
+@op("RotaryEmbedding", since=1, domain="com.crossml")
+def norm_rotary_embedding(
+    x: torch.Tensor,
+    position_ids: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    norm_weight: torch.Tensor,
+    *,
+    norm_epsilon: float = 1e-6,
+    interleaved: int = 0,
+    is_packed_batching: int = 0,
+    num_heads: int = 0,
+    rotary_embedding_dim: int = 0,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """com.crossml RotaryEmbedding (graph rule NormRotary, ``crossml.graph.passes.norm_rotary``): com.microsoft
+    RotaryEmbedding of x whose heads are RMS-normalized first, standing for Reshape(x, [0, -1, n]),
+    SimplifiedLayerNormalization(norm_weight, norm_epsilon) of x's type, Reshape back (Gemma 3/4's query and key
+    norms; n = norm_weight's size). On a GPU, where the rotary heads are of n channels, one launch of the rotary
+    kernel, which normalizes each head first (its sum of squares in another order than the norm kernel's, so within
+    an ulp of the nodes'); elsewhere the ops."""
+    return _rotary_embedding(x, position_ids, cos_cache, sin_cache, interleaved, is_packed_batching, num_heads,
+                             rotary_embedding_dim, (norm_weight, norm_epsilon))
 
 
 @op("MRotaryEmbedding", domain=MS_DOMAIN)
