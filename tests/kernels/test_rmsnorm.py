@@ -425,8 +425,8 @@ def _folded_by_nodes(x, skip, w, bias, kw, x_scale, skip_scale, out_dtype):
 def test_folded_skip_rms_norm_is_the_nodes(device: str, dtype: torch.dtype, skip_dtype: torch.dtype,
                                            out_dtype: torch.dtype, parts: str) -> None:
     """folded_skip_rms_norm (Gemma's residual norm: layer-scalar Muls, the skip's own RMSNorm, the result's Cast)
-    against the nodes on their own kernels: the same values bit for bit (the same float32 steps, each intermediate
-    rounded to x's type as its node stores it)."""
+    against the nodes on their own kernels: the same float32 steps, each intermediate rounded to x's type as its node
+    stores it, so bit for bit in the interpreter; compiled, within an ulp or two (FMA contraction)."""
     H, rows = 96, 3
     x = rand(1, rows, H, dtype=dtype, device=device, seed=1) * 4
     normed = parts != "scales"  # the skip's norm takes the skip of another type to x's; without it, x's type
@@ -441,8 +441,12 @@ def test_folded_skip_rms_norm_is_the_nodes(device: str, dtype: torch.dtype, skip
                                         skip_scale=scales[1], skip_weight=kw, skip_eps=EPS)
     want_y, want_s = _folded_by_nodes(x, skip, w, bias, kw, *scales, out_dtype)
     assert y.dtype == out_dtype and s.dtype == dtype
-    assert torch.equal(s, want_s)
-    assert torch.equal(y, want_y)
+    if device == "cpu":  # interpreted: the same float32 steps
+        assert torch.equal(s, want_s)
+        assert torch.equal(y, want_y)
+    else:  # compiled, the two kernels may contract a product and a sum into one FMA at different steps
+        assert _ulps(s, want_s) <= 1
+        assert _ulps(y, want_y) <= 2
 
 
 @pytest.mark.parametrize("device", DEVICES)

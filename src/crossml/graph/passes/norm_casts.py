@@ -181,6 +181,8 @@ def rewrite_skip(view: GraphView, m: Match) -> list[onnx.NodeProto]:
 #: SkipSimplifiedLayerNormalization (``crossml.ops.contrib.norm``): a Mul by a constant scalar on either input (Gemma 4's
 #: layer scalars), a SimplifiedLayerNormalization writing the skip (Gemma's post-attention / post-feed-forward norms,
 #: after FoldNormCasts has taken their Casts), a Cast of the result to a float type: up to five launches a norm in
-#: one, the nodes' values (each intermediate of x's type, as its node stores it). Each folded node's result must be
-#: read by the next alone, of x's element type; the statistics outputs unused. Off the CPU, after FoldNormCasts.
+#: one, the nodes' steps (each intermediate of x's type, as its node stores it: bit for bit on the torch path; the
+#: compiled kernel within an ulp or two, where it contracts a product and a sum into an FMA at another step). Each
+#: folded node's result must be read by the next alone, of x's element type; the statistics outputs unused. Off the
+#: CPU, after FoldNormCasts.
 FOLD_SKIP_NORM = Rule("FoldSkipNorm", match_skip, check_skip, rewrite_skip, domains=((DOMAIN, 1),))

@@ -257,8 +257,8 @@ def folded_skip_simplified_layer_normalization(
     ``skip_gamma``: the skip is SimplifiedLayerNormalization(skip, skip_gamma, epsilon=skip_epsilon) first (Gemma's
     post-attention / post-feed-forward norm), its result of x's type; ``input_scale`` / ``skip_scale``: x / the skip
     times that constant first (Mul nodes of x's type: Gemma 4's layer scalars); ``to``: Y's ONNX element type (0: x's;
-    a Cast of the result). The nodes' values; on a GPU one launch (``crossml.kernels.rmsnorm.folded_skip_rms_norm``)
-    where the skip has x's shape, else the ops one by one."""
+    a Cast of the result). On a GPU one launch (``crossml.kernels.rmsnorm.folded_skip_rms_norm``: the nodes' steps,
+    within an ulp or two of their kernels) where the skip has x's shape, else the ops one by one (their values)."""
     out = dtypes.torch_dtype(to) if to else x.dtype
     want_sum = len(ctx.outputs_wanted) > 1 and ctx.outputs_wanted[1]
     kernels = _rmsnorm_kernels() if _use_kernel(x, skip, gamma, bias, skip_gamma) else None
