@@ -57,9 +57,9 @@ def run_light(name: str, providers: list[str]) -> None:
     np.testing.assert_allclose(got, expected, rtol=MODELS[name], atol=1e-7)
 
 
-def run_light_at(name: str, tensor: str, providers: list) -> None:
+def run_light_at(name: str, tensor: str, providers: list) -> tuple[np.ndarray, np.ndarray]:
     """Compare the model's intermediate ``tensor`` with onnxruntime's on the CPU, and check the final output is
-    still a distribution of the expected shape."""
+    still a distribution of the expected shape; returns (that tensor, the final output)."""
     ref_ort = pytest.importorskip("onnxruntime", reason="onnxruntime (test extra) is the reference here")
     model = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
     model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
@@ -71,6 +71,7 @@ def run_light_at(name: str, tensor: str, providers: list) -> None:
     shipped = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
     assert final.shape == shipped.shape and final.dtype == shipped.dtype
     np.testing.assert_allclose(final.sum(axis=1), 1.0, rtol=1e-5)
+    return got, final
 
 
 @pytest.mark.parametrize("name", sorted(GPU_COMPARE_AT))
@@ -79,9 +80,29 @@ def test_light_model_at_cpu(name: str) -> None:
     run_light_at(name, GPU_COMPARE_AT[name], ["CPUExecutionProvider"])
 
 
+def _softmax_input(name: str) -> str | None:
+    """The input of the model's last Softmax (its logits), None without one."""
+    model = onnx.load(os.path.join(LIGHT, f"light_{name}.onnx"))
+    return next((n.input[0] for n in reversed(model.graph.node) if n.op_type == "Softmax"), None)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_light_model_cpu(name: str) -> None:
-    run_light(name, ["CPUExecutionProvider"])
+    """The shipped outputs (every class 0.001) hold only where a model's 1000 logits, equal in exact arithmetic
+    (constant weights), come out bit-identical. torch's CPU products on a wide host (16 threads on an H200 machine)
+    sum the final product's column blocks in different orders, one rounding apart at logits of 1e12-1e31, and the
+    softmax is then 1/24 on 24 classes: so the logits are compared with onnxruntime's at the model's tolerance, and the
+    output with the shipped one where the logits of each row are all equal (as on a 2-core host), else checked as a
+    distribution."""
+    tensor = _softmax_input(name)
+    if tensor is None:
+        run_light(name, ["CPUExecutionProvider"])
+        return
+    logits, final = run_light_at(name, tensor, ["CPUExecutionProvider"])
+    flat = logits.reshape(logits.shape[0], -1)
+    if (flat == flat[:, :1]).all():
+        shipped = numpy_helper.to_array(onnx.load_tensor(os.path.join(LIGHT, f"light_{name}_output_0.pb")))
+        np.testing.assert_allclose(final, shipped, rtol=MODELS[name], atol=1e-7)
 
 
 @pytest.mark.gpu

@@ -90,8 +90,12 @@ def test_gated_delta_net_matches_transformers_qwen35_recurrence():
     out, state = crossml.InferenceSession(model.SerializeToString()).run(None, feeds)
     t = {k: torch.from_numpy(v) for k, v in inputs.items() if v is not None}
     g = -t["a_log"].exp() * torch.nn.functional.softplus(t["decay"] + t["dt_bias"])
+    # the layer repeats each query/key head for its value heads before the rule (transformers 5.24's rule takes them
+    # so; 5.17's repeated them itself, a no-op once they are)
+    rep = t["value"].shape[2] // t["key"].shape[2]
+    q, k = (t[n].repeat_interleave(rep, dim=2) for n in ("query", "key"))
     want, want_state = modeling.torch_recurrent_gated_delta_rule(
-        t["query"], t["key"], t["value"], g=g, beta=torch.sigmoid(t["beta"]),
+        q, k, t["value"], g=g, beta=torch.sigmoid(t["beta"]),
         initial_state=t["initial_state"].transpose(-1, -2), output_final_state=True, use_qk_l2norm_in_kernel=True)
     np.testing.assert_allclose(out, want.numpy(), atol=2e-5, rtol=1e-5)
     np.testing.assert_allclose(state, want_state.transpose(-1, -2).numpy(), atol=2e-5, rtol=1e-5)
