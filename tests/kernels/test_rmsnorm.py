@@ -426,7 +426,7 @@ def test_folded_skip_rms_norm_is_the_nodes(device: str, dtype: torch.dtype, skip
                                            out_dtype: torch.dtype, parts: str) -> None:
     """folded_skip_rms_norm (Gemma's residual norm: layer-scalar Muls, the skip's own RMSNorm, the result's Cast)
     against the nodes on their own kernels: the same float32 steps, each intermediate rounded to x's type as its node
-    stores it, so bit for bit in the interpreter; compiled, within an ulp or two (FMA contraction)."""
+    stores it, so bit for bit in the interpreter; compiled, within a rounding of the operands (FMA contraction)."""
     H, rows = 96, 3
     x = rand(1, rows, H, dtype=dtype, device=device, seed=1) * 4
     normed = parts != "scales"  # the skip's norm takes the skip of another type to x's; without it, x's type
@@ -444,9 +444,11 @@ def test_folded_skip_rms_norm_is_the_nodes(device: str, dtype: torch.dtype, skip
     if device == "cpu":  # interpreted: the same float32 steps
         assert torch.equal(s, want_s)
         assert torch.equal(y, want_y)
-    else:  # compiled, the two kernels may contract a product and a sum into one FMA at different steps
-        assert _ulps(s, want_s) <= 1
-        assert _ulps(y, want_y) <= 2
+    else:  # compiled, the kernels may contract a product and a sum into one FMA at different steps: one rounding of
+        # the operands apart (not an ulp of a sum that cancels)
+        tol = {torch.float32: (1e-6, 1e-5), torch.float16: (1e-3, 1e-2), torch.bfloat16: (8e-3, 8e-2)}
+        torch.testing.assert_close(s, want_s, rtol=tol[dtype][0], atol=tol[dtype][1])
+        torch.testing.assert_close(y, want_y, rtol=tol[out_dtype][0], atol=tol[out_dtype][1])
 
 
 @pytest.mark.parametrize("device", DEVICES)
