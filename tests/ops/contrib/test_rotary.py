@@ -38,6 +38,16 @@ def test_rotary(dtype, interleaved, layout, pos_kind, partial):
     check("RotaryEmbedding", {"x": x, "pos": pos, "cos": cos, "sin": sin}, [("y", t)], atol=tol, rtol=tol, **attrs)
 
 
+@pytest.mark.parametrize("B", [1, 2], ids=["decode", "batch-decode"])
+def test_rotary_one_position_one_token(B):
+    """A decode step's one-element position (p0 for every row: no arange on the way): onnxruntime's values
+    (onnxruntime takes [B, S] or a 1-D first position)."""
+    x = RNG.standard_normal((B, 1, 4 * 32)).astype(np.float32)
+    cos, sin = caches(64, 16, np.float32)
+    for pos in (np.array([9], np.int64), *([np.array([[9]], np.int64)] if B == 1 else [])):
+        check("RotaryEmbedding", {"x": x, "pos": pos, "cos": cos, "sin": sin}, [("y", TP.FLOAT)], num_heads=4)
+
+
 def test_rotary_no_num_heads():
     """num_heads 0: head size from the cos cache (what the builder emits for full rotation)."""
     x = RNG.standard_normal((1, 4, 64)).astype(np.float32)

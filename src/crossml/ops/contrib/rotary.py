@@ -102,8 +102,11 @@ def _rotary_embedding(x: torch.Tensor, position_ids: torch.Tensor, cos_cache: to
     if cos_cache.shape[-1] * 2 < rot:
         raise ValueError(f"RotaryEmbedding: cos_cache has {cos_cache.shape[-1]} columns, need rotary_embedding_dim/2={rot // 2}")
     if position_ids.numel() == 1 and not (packed_tokens or is_packed_batching and S == 1):
-        pos = position_ids.reshape(1, 1) + torch.arange(S, device=x.device).reshape(1, S)
-        pos = pos.expand(B, S)
+        if S == 1:  # p0 itself (a decode step's: on a GPU no arange and add kernels, two a call)
+            pos = position_ids.reshape(1, 1).expand(B, 1)
+        else:
+            pos = position_ids.reshape(1, 1) + torch.arange(S, device=x.device).reshape(1, S)
+            pos = pos.expand(B, S)
     else:
         pos = position_ids.reshape(B, S)
     kernels = None
