@@ -333,3 +333,69 @@ def test_builder_module_names_what_it_needs(monkeypatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime_genai" else real(name, *a))
     with pytest.raises(SystemExit, match="needs onnxruntime_genai: pip install onnxruntime-genai transformers"):
         builder.main(["-i", "x", "-o", "y", "-p", "fp32", "-e", "cpu"])
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma4"])
+@pytest.mark.parametrize("case", ["greedy", "eos", "greedy-step"])
+def test_window_caches_run_ahead_until_they_fill(more_models, arch: str, case: str) -> None:
+    """With window-sized KV caches the decode steps run ahead of the host (the fixed-address path a GPU takes, forced
+    on the CPU) while they evict nothing, then step by step once the window caches are full: tokens, shown logits,
+    token counts and the logits after a forced end-of-sequence step (whose step ran ahead and was dropped) and the
+    chunk appended after it are the default path's."""
+    from tests.genai.test_static_decode import _greedy_module, _model
+
+    folder = more_models[arch]
+
+    def steps(ahead: bool) -> tuple[dict[str, list], list[bool]]:
+        model = _model(folder, True, ahead=ahead)
+        ran: list[bool] = []
+        forward = xg.Generator._forward
+
+        def spy(self, *a, **kw):
+            if self._len > 0 and kw.get("ahead"):
+                ran.append(self._len <= model.window_rows(MAX_LENGTH))
+            return forward(self, *a, **kw)
+
+        xg.Generator._forward = spy
+        try:
+            tok = xg.Tokenizer(model)
+            params = xg.GeneratorParams(model)
+            params.set_search_options(max_length=MAX_LENGTH)
+            gen = xg.Generator(model, params)
+            if case == "greedy-step" and ahead:
+                gen._greedy = _greedy_module()
+            gen.append_tokens(tok.encode(PROMPT))
+            seen: dict[str, list] = {"tokens": [], "outputs": [], "counts": [], "logits": []}
+            step = 0
+            while not gen.is_done():
+                if case == "eos" and step == 4:
+                    forced = np.full((1, gen.get_logits().shape[-1]), -1e4, np.float32)
+                    forced[:, model.config.model.eos_token_id[0]] = 0.0
+                    gen.set_logits(forced)
+                gen.generate_next_token()
+                seen["tokens"].append(gen.get_next_tokens().tolist())
+                seen["outputs"].append(gen.get_output("logits"))
+                seen["counts"].append(gen.token_count())
+                step += 1
+            if case == "eos":
+                gen.append_tokens(tok.encode(" the fox")[1:])
+                while not gen.is_done():
+                    gen.generate_next_token()
+                    seen["tokens"].append(gen.get_next_tokens().tolist())
+                    seen["counts"].append(gen.token_count())
+                seen["logits"].append(gen.get_logits())
+            seen["sequence"] = [gen.get_sequence(0).tolist()]
+            return seen, ran
+        finally:
+            xg.Generator._forward = forward
+
+    ref, _ = steps(False)
+    got, ran = steps(True)
+    assert got["tokens"] == ref["tokens"] and got["counts"] == ref["counts"] and got["sequence"] == ref["sequence"]
+    for a, b in zip(got["outputs"], ref["outputs"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    for a, b in zip(got["logits"], ref["logits"], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # steps ran ahead, none that would evict; the generation went past the window caches' rows
+    assert ran and all(ran)
+    assert ref["counts"][-1] > xg.Model(folder).window_rows(MAX_LENGTH)

@@ -208,9 +208,10 @@ class Generator:
         self._final: list[list[int]] | None = None
         self._staged: int | None = None  # column whose decode inputs are already in the fixed buffers
         # run ahead (see the module docstring): the static decode path of a recording session, not beam search
-        # (not with window-sized KV caches: a step run ahead and then dropped may already have evicted positions;
-        # carried layer states are copied before a step runs ahead and put back if it is dropped, _drop_ahead)
-        self._ahead = (model._run_ahead and self._bufs is not None and self._beam is None and not model.window_layers)
+        # (carried layer states are copied before a step runs ahead and put back if it is dropped, _drop_ahead; with
+        # window-sized KV caches only steps that evict nothing run ahead, _ahead_keeps: a step dropped after it
+        # evicted would have lost positions)
+        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
@@ -776,13 +777,20 @@ class Generator:
         self._finished_step = False
         if pending is not None:
             self._pending = pending
-        if self._ahead and self._len < self._s.max_length:
+        if self._ahead and self._len < self._s.max_length and self._ahead_keeps():
             # the host copy first, then the step this token feeds: the host waits only for the copy
             if pending is None:
                 if both is None:
                     both = self._tokens_and_flags()
                 self._pending = Queue(self._dev).readback(DeviceTensor(both), blocking=False)
             self._forward(ahead=True)
+
+    def _ahead_keeps(self) -> bool:
+        """Whether the step the last token feeds evicts nothing from a window-sized KV cache (its ``_len`` rows fit
+        the window layers' rows), so it may run ahead and be dropped; True without window layers. Gemma 2/3/4 and
+        gpt-oss run ahead until their window caches fill (a benchmark's 1024 tokens on Gemma 4's 1024-row ones: all of
+        them), then step by step."""
+        return not self._model.window_layers or self._len <= self._model.window_rows(self._s.max_length)
 
     def _drop_ahead(self) -> None:
         """Forget the step that ran ahead: the next run starts at its first column again, and the carried layer states
