@@ -342,7 +342,7 @@ def test_window_caches_run_ahead_until_they_fill(more_models, arch: str, case: s
     on the CPU) while they evict nothing, then step by step once the window caches are full: tokens, shown logits,
     token counts and the logits after a forced end-of-sequence step (whose step ran ahead and was dropped) and the
     chunk appended after it are the default path's."""
-    from tests.genai.test_static_decode import _greedy_module, _model
+    from tests.genai.test_static_decode import _greedy_module, _model, force_eos
 
     folder = more_models[arch]
 
@@ -369,9 +369,7 @@ def test_window_caches_run_ahead_until_they_fill(more_models, arch: str, case: s
             step = 0
             while not gen.is_done():
                 if case == "eos" and step == 4:
-                    forced = np.full((1, gen.get_logits().shape[-1]), -1e4, np.float32)
-                    forced[:, model.config.model.eos_token_id[0]] = 0.0
-                    gen.set_logits(forced)
+                    force_eos(gen, model, 1)
                 gen.generate_next_token()
                 seen["tokens"].append(gen.get_next_tokens().tolist())
                 seen["outputs"].append(gen.get_output("logits"))

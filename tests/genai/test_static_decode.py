@@ -339,6 +339,13 @@ def _greedy_module() -> Any:
     return types.SimpleNamespace(greedy_step=greedy.greedy_step if _launch.INTERPRET else greedy.greedy_step_reference)
 
 
+def force_eos(gen: og.Generator, model: og.Model, rows: int) -> None:
+    """Make the next token of every row the first end-of-sequence id (set_logits)."""
+    forced = np.full((rows, gen.get_logits().shape[-1]), -1e4, np.float32)
+    forced[:, model.config.model.eos_token_id[0]] = 0.0
+    gen.set_logits(forced)
+
+
 def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | None = None,
            greedy_step: bool = False, **options: Any) -> dict[str, Any]:
     """Generate step by step, reading everything the API shows after each step: the tokens, get_output("logits"),
@@ -356,9 +363,7 @@ def _steps(model: og.Model, prompts: list[str], max_length: int, eos_at: int | N
     step = 0
     while not gen.is_done():
         if step == eos_at:
-            forced = np.full((len(prompts), gen.get_logits().shape[-1]), -1e4, np.float32)
-            forced[:, model.config.model.eos_token_id[0]] = 0.0
-            gen.set_logits(forced)
+            force_eos(gen, model, len(prompts))
         gen.generate_next_token()
         seen["tokens"].append(gen.get_next_tokens().tolist())
         seen["outputs"].append(gen.get_output("logits"))
