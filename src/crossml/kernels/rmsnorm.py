@@ -127,9 +127,9 @@ def _rms_norm_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, beta_ptr, y_ptr, inv_ptr, su
 @triton.jit
 def _folded_skip_kernel(x_ptr, skip_ptr, w_ptr, b_ptr, kw_ptr, y_ptr, sum_ptr, H, inv_n, eps, k_eps, x_scale, k_scale,
                         HAS_BIAS: tl.constexpr, SKIP_NORM: tl.constexpr, X_SCALE: tl.constexpr,
-                        K_SCALE: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, Y_RTNE: tl.constexpr,
-                        SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False):
-    """Row ``program_id(0)`` of contiguous [rows, H] x and skip (whole rows, BLOCK >= H): the nodes
+                        K_SCALE: tl.constexpr, STORE_SUM: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+                        Y_RTNE: tl.constexpr, SUM_RTNE: tl.constexpr, PDL: tl.constexpr = False):
+    """Row ``program_id(0)`` of contiguous [rows, H] x and skip (whole rows: SINGLE, BLOCK >= H): the nodes
     ``folded_skip_rms_norm`` stands for, each intermediate rounded to x's type as its node's output is (a no-op for
     float32): k = RMSNorm(skip) * kw (SKIP_NORM), x * x_scale (X_SCALE), k * k_scale (K_SCALE), then s = x + k
     (+ bias) and y = (s * rsqrt(mean(s * s) + eps)) * w, in float32, as ``_rms_norm_kernel`` computes them; y rounded
@@ -345,16 +345,10 @@ def folded_skip_rms_norm(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tens
     s = torch.empty(x.shape, dtype=x.dtype, device=x.device) if store_sum else None
     rows = xc.numel() // H
     if rows:
-        block = next_power_of_2(H)
-        warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
         args = (xc, sk, w, b if b is not None else w, kw if kw is not None else w, y, s if s is not None else y, H,
                 1.0 / H, float(eps), float(skip_eps), float(x_scale or 1.0), float(skip_scale or 1.0))
         flags = {"HAS_BIAS": b is not None, "SKIP_NORM": kw is not None, "X_SCALE": x_scale is not None,
-                 "K_SCALE": skip_scale is not None, "STORE_SUM": store_sum, "BLOCK": block}
-        if use_interpreter(x, what):
-            _folded_skip_kernel[(rows,)](*args, **flags, Y_RTNE=y.dtype == torch.bfloat16,
-                                         SUM_RTNE=x.dtype == torch.bfloat16)
-        else:
-            with torch.cuda.device(x.device) if x.device.type == "cuda" else contextlib.nullcontext():
-                _folded_skip_kernel[(rows,)](*args, **flags, Y_RTNE=False, SUM_RTNE=False, num_warps=warps, **pdl(x))
+                 "K_SCALE": skip_scale is not None, "STORE_SUM": store_sum}
+        # SUM_RTNE follows x's type (xc in the sum's place): the kernel rounds every intermediate to it
+        _launch(_folded_skip_kernel, xc, rows, H, args, flags, what, y, xc)
     return y, s

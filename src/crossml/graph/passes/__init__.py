@@ -51,6 +51,10 @@ class GraphView:
         return GraphView(graph, producer, consumers, types, {o.name for o in graph.output},
                          {t.name: t for t in graph.initializer})
 
+    def is_read(self, name: str) -> bool:
+        """Whether ``name`` (an output slot; "" for one left out) is read by a node or is a graph output."""
+        return bool(name) and (bool(self.consumers.get(name)) or name in self.outputs)
+
     def only_consumer(self, name: str) -> onnx.NodeProto | None:
         users = self.consumers.get(name, [])
         return users[0] if len(users) == 1 and name not in self.outputs else None

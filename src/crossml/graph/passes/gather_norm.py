@@ -56,7 +56,7 @@ def check(view: GraphView, m: Match) -> str | None:
         if rank is None or axis != len(rank) - 1:
             return f"'{norm.name}' does not normalize over the last axis alone (axis {axis})"
     inv = norm.output[1] if len(norm.output) > 1 else ""
-    if inv and (view.consumers.get(inv) or inv in view.outputs or inv in view.nested_reads):
+    if view.is_read(inv) or (inv and inv in view.nested_reads):
         return f"the inverse standard deviation '{norm.output[1]}' of '{norm.name}' is used"
     return None
 

@@ -57,7 +57,7 @@ def check(view: GraphView, m: Match) -> str | None:
     if not view.read_once(y):
         return f"the product's output ('{y}') of '{product.name}' is used elsewhere"
     for name in norm.output[1:3]:
-        if name and (view.consumers.get(name) or name in view.outputs):
+        if view.is_read(name):
             return f"'{norm.name}' output '{name}' (a statistic) is used"
     if len(norm.input) > 3 and norm.input[3]:
         return f"'{norm.name}' has a bias input"

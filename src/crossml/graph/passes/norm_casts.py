@@ -19,6 +19,7 @@ import onnx
 from onnx import helper
 
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs
+from crossml.graph.passes._consts import constant, scalar
 
 DOMAIN = "com.crossml"
 _HALF = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
@@ -32,7 +33,7 @@ def _cast(node: onnx.NodeProto | None) -> onnx.NodeProto | None:
 def match(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if node.op_type != "SimplifiedLayerNormalization" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
         return None
-    if any(name and (view.consumers.get(name) or name in view.outputs) for name in node.output[1:]):
+    if any(view.is_read(name) for name in node.output[1:]):
         return None  # the mean / inverse deviation are read
     inner = _cast(view.producer.get(node.input[0]))
     if inner is not None and (node_attrs(inner).get("to") != onnx.TensorProto.FLOAT
@@ -89,8 +90,6 @@ def _type_of(view: GraphView, name: str) -> int | None:
 def _scalar_mul(view: GraphView, name: str, elem: int) -> tuple[onnx.NodeProto, str, float] | None:
     """(Mul, its other operand, c) where ``name`` is Mul(v, c) (either order) of a one-element constant c of at most
     one dimension (not a graph input), of element type ``elem``, read once; else None."""
-    from crossml.graph.passes._consts import constant, scalar
-
     mul = view.producer.get(name)
     if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2 \
             or mul.attribute or not view.read_once(name) or _type_of(view, name) != elem:
@@ -113,7 +112,7 @@ def _skip_norm(view: GraphView, name: str, elem: int) -> onnx.NodeProto | None:
     a = node_attrs(norm)
     if a.get("axis", -1) != -1 or a.get("stash_type", 1) != 1 or norm.output[0] != name:
         return None
-    if any(o and (view.consumers.get(o) or o in view.outputs) for o in norm.output[1:]):
+    if any(view.is_read(o) for o in norm.output[1:]):
         return None
     return norm
 
@@ -122,7 +121,7 @@ def match_skip(view: GraphView, node: onnx.NodeProto) -> Match | None:
     if node.op_type != "SkipSimplifiedLayerNormalization" or node.domain != MS_DOMAIN or len(node.input) < 3 \
             or not node.output or not node.output[0]:
         return None
-    if any(o and (view.consumers.get(o) or o in view.outputs) for o in node.output[1:3]):
+    if any(view.is_read(o) for o in node.output[1:3]):
         return None  # the mean / inverse deviation are read
     elem = _type_of(view, node.input[0])
     if elem not in _FLOATS or _type_of(view, node.input[1]) != elem:

@@ -50,7 +50,7 @@ def check(view: GraphView, m: Match, *, int8: bool = False) -> str | None:
         return f"the normalized output ('{h}') of '{norm.name}' is used elsewhere"
     stats = norm.output[1:3] if m.info["skip"] else norm.output[1:2]
     for name in stats:
-        if name and (view.consumers.get(name) or name in view.outputs):
+        if view.is_read(name):
             return f"'{norm.name}' output '{name}' (a statistic) is used"
     na = node_attrs(norm)
     if na.get("axis", -1) != -1 or na.get("stash_type", 1) != 1:

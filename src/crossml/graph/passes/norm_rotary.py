@@ -17,6 +17,7 @@ from onnx import helper
 
 from crossml.graph import external
 from crossml.graph.passes import GraphView, Match, Rule, node_attrs
+from crossml.graph.passes._consts import constant
 from crossml.graph.passes.norm_casts import _type_of
 
 DOMAIN = "com.crossml"
@@ -30,8 +31,6 @@ def _reshape(view: GraphView, name: str) -> tuple[onnx.NodeProto, list[int]] | N
         return None
     if node_attrs(node).get("allowzero", 0):
         return None
-    from crossml.graph.passes._consts import constant
-
     t = constant(view, node.input[1])
     return (node, [int(v) for v in external.array(t).reshape(-1)]) if t is not None else None
 
@@ -65,7 +64,7 @@ def check(view: GraphView, m: Match) -> str | None:
     for name, reader in ((inner.output[0], norm), (norm.output[0], outer), (outer.output[0], rotary)):
         if not view.read_once(name):
             return f"'{name}' is read by another node than '{reader.name}'"
-    if any(o and (view.consumers.get(o) or o in view.outputs) for o in norm.output[1:]):
+    if any(view.is_read(o) for o in norm.output[1:]):
         return f"'{norm.name}' has its statistics read"
     a = node_attrs(norm)
     if a.get("axis", -1) not in (-1, 2) or a.get("stash_type", 1) != 1:

@@ -110,19 +110,18 @@ def _rotary_embedding(x: torch.Tensor, position_ids: torch.Tensor, cos_cache: to
     else:
         pos = position_ids.reshape(B, S)
     kernels = None
-    if (not pos.is_floating_point() and sin_cache.dtype == cos_cache.dtype and pos.device == x.device
-            and (kernels := gpu_kernels("mrope", x, cos_cache, sin_cache)) is not None):  # one launch
-        if norm is not None and (norm[0].numel() != h.shape[-1] or h.shape[-1] > kernels.NORM_MAX_HEAD
-                                 or norm[0].device != x.device or not norm[0].is_floating_point()):
-            return _rotary_embedding(_norm_heads(x, *norm), position_ids, cos_cache, sin_cache, interleaved,
-                                     is_packed_batching, num_heads, rotary_embedding_dim)
+    if not pos.is_floating_point() and sin_cache.dtype == cos_cache.dtype and pos.device == x.device:
+        kernels = gpu_kernels("mrope", x, cos_cache, sin_cache)
+    if norm is not None and (kernels is None or norm[0].numel() != h.shape[-1] or h.shape[-1] > kernels.NORM_MAX_HEAD
+                             or norm[0].device != x.device or not norm[0].is_floating_point()):
+        # the kernel does not normalize these heads: the norm's op first, then the rotation
+        return _rotary_embedding(_norm_heads(x, *norm), position_ids, cos_cache, sin_cache, interleaved,
+                                 is_packed_batching, num_heads, rotary_embedding_dim)
+    if kernels is not None:  # one launch
         y = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
         weight = norm[0].reshape(-1).contiguous() if norm is not None else None
         kernels.rotary(h, pos, cos_cache, sin_cache, y.view(h.shape), bool(interleaved), rot, weight,
                        norm[1] if norm is not None else 0.0)
-    elif norm is not None:
-        return _rotary_embedding(_norm_heads(x, *norm), position_ids, cos_cache, sin_cache, interleaved,
-                                 is_packed_batching, num_heads, rotary_embedding_dim)
     else:
         cos, sin = gather_cos_sin(cos_cache[:, : rot // 2], sin_cache[:, : rot // 2], pos)
         y = apply_rotary(h, cos, sin, bool(interleaved)).reshape(x3.shape)
@@ -137,11 +136,11 @@ def _norm_heads(x: torch.Tensor, weight: torch.Tensor, epsilon: float) -> torch.
     from crossml import dtypes
     from crossml.ops.contrib.norm import simplified_layer_normalization_cast
 
-    n = weight.numel()
-    if x.dim() < 1 or x.numel() % max(n, 1) or (x.dim() > 1 and math.prod(x.shape[1:]) % max(n, 1)):
+    n = weight.numel()  # x has rank 2 to 4 (checked by _heads)
+    if math.prod(x.shape[1:]) % max(n, 1):
         raise ValueError(f"RotaryEmbedding: the input of shape {tuple(x.shape)} is not a whole number of heads of the "
                          f"norm weight's {n} values")
-    rows = x.reshape(x.shape[0], -1, n) if x.dim() > 1 else x.reshape(-1, n)
+    rows = x.reshape(x.shape[0], -1, n)
     return simplified_layer_normalization_cast(rows, weight, epsilon=epsilon, to=dtypes.onnx_type_of(x)).reshape(x.shape)
 
 
