@@ -108,7 +108,7 @@ def test_folds_with_the_nodes_values(form: str, kernel: bool, monkeypatch) -> No
     m = residual(**FORMS[form])
     folded, counts = _fold(m)
     assert counts["FoldSkipNorm"] == 1
-    (node,) = [n for n in folded.graph.node]
+    (node,) = folded.graph.node
     assert (node.domain, node.op_type) == ("com.crossml", "SkipSimplifiedLayerNormalization")
     attrs = {a.name: h.get_attribute_value(a) for a in node.attribute}
     kw = FORMS[form]

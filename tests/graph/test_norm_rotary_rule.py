@@ -69,7 +69,7 @@ def norm_rope(*, heads: int = 4, head: int = 32, rot: int | None = None, interle
               h.make_tensor_value_info("pos", T.INT64, ["batch", "seq"])]
     outputs = [h.make_tensor_value_info("y", T.FLOAT16, None)]
     if read_twice:
-        outputs.append(h.make_tensor_value_info(n, T.FLOAT16 if casts else T.FLOAT16, None))
+        outputs.append(h.make_tensor_value_info(n, T.FLOAT16, None))
     return contrib_model(nodes, inputs, outputs, inits)
 
 
