@@ -98,6 +98,20 @@ class _Shown:
             self.logits, self.live = self.logits.to(torch.float32, copy=True), False
 
 
+class _Tail:
+    """The "logits" output of a run that computed them at each row's last real column only (``Model.rows_input``):
+    every column's, computed from the lm_head's per-position inputs the run gave when get_output asks for them."""
+
+    def __init__(self, model: Model, hidden: list[torch.Tensor], shape: tuple[int, ...]) -> None:
+        self._model, self._hidden, self.shape = model, hidden, shape
+        self._value: torch.Tensor | None = None
+
+    def value(self) -> torch.Tensor:
+        if self._value is None:
+            self._value = self._model.logits_at_every(self._hidden)
+        return self._value
+
+
 class GeneratorParams:
     """og.GeneratorParams(model): search options for one Generator."""
 
@@ -196,6 +210,9 @@ class Generator:
                                    dev, self._bufs.states if self._bufs is not None else None)
         # the decoder outputs every run asks for
         self._names = [io.logits, *self._cache.present_names, *self._states.present_names]
+        # ... and a run of several columns, which computes the logits at each row's last real one only (where the
+        # model selects rows), asks for the lm_head's per-position inputs too (get_output's full logits: _Tail)
+        self._prompt_names = self._names + model.rows_hidden
         self._rng: torch.Generator | None = None
         if s.do_sample:
             self._rng = torch.Generator(device=dev)
@@ -332,6 +349,8 @@ class Generator:
                 shown.keep()  # a live logits buffer this run may overwrite
         model = self._model
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
+        select = self._selects(start, end)
+        run_names = self._prompt_names if select else names
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
         padded = bufs is not None and model._prompt_graphs and model._logits_per_position
@@ -375,7 +394,11 @@ class Generator:
             mask = self._mask[:, :width]
             if slot.pos is not None:
                 slot.pos.copy_(_positions(mask))
-            outs = self._model.run_bound(slot, self._feed(slot.ids, mask, slot.pos), names)
+            feed = self._feed(slot.ids, mask, slot.pos)
+            if select:
+                slot.rows.copy_(self._last_columns(start, end))
+                feed[model.rows_input] = slot.rows
+            outs = self._model.run_bound(slot, feed, run_names)
         elif chunk is not None:
             outs = self._run_chunk(chunk, start, end)
             width = chunk.width
@@ -383,10 +406,14 @@ class Generator:
             outs = self._run_pieces(pieces, start, end)
         else:  # growing-cache steps, chunks that do not fit a bucket, window-sized caches: eager
             outs = self._run_eager(start, end)
+        outs, hidden = outs[:len(names)], outs[len(names):]
         logits = outs[0]
-        if width != end - start and logits.dim() == 3:
+        if width != end - start and logits.dim() == 3 and not hidden:
             logits = logits[:, :end - start]  # the bucket's pad columns are not the user's
-        outputs = dict(zip(names, [logits, *outs[1:]]))
+        outputs: dict[str, Any] = dict(zip(names, [logits, *outs[1:]]))
+        if hidden:  # logits [rows, 1, vocab] at each row's last real column; get_output computes the others if asked
+            outputs[names[0]] = _Tail(model, [h[:, :end - start] for h in hidden],
+                                      (self._rows, end - start, logits.shape[-1]))
         kv = len(self._cache.present_names)
         self._cache.update(outs[1:1 + kv])
         self._states.update(outs[1 + kv:])
@@ -395,6 +422,8 @@ class Generator:
                 outputs[name] = t.clone()  # get_output shows the states the next step takes in
         if logits.dim() == 2:  # [rows, vocab]: the model already keeps the last position
             last = logits
+        elif hidden:
+            last = logits[:, 0]
         elif start == 0 and self._prompt_last is not None and logits.shape[1] == end:
             last = logits[torch.arange(self._rows, device=self._dev), self._prompt_last.clamp(max=end - 1)]
         else:
@@ -444,6 +473,8 @@ class Generator:
             for name, t in zip(self._states.past_names, self._states.tensors):
                 feed[name] = t.new_zeros((1, *t.shape[1:]))
             feed.update(self._extra)
+            if self._model.rows_input is not None:  # its logits are not read: one position spares the lm_head
+                feed[self._model.rows_input] = torch.full((1,), n - 1, dtype=torch.long, device=self._dev)
             outs = self._model.run(feed, self._states.present_names, eager=True)
             for t, p in zip(self._states.tensors, outs):
                 t[row:row + beams].copy_(p.expand(beams, *p.shape[1:]))
@@ -472,33 +503,63 @@ class Generator:
         """Columns start..end of a carried-state model in the pieces of ``plan`` (``_plan_pieces``), each on its
         buffers with the set's whole max-length mask (``_run_chunk``), whose columns are set up to the piece's end
         only (GroupQueryAttention reads the sequence's length from them), or eagerly. Returns the last run's
-        outputs, with the logits of all the pieces' columns where the decoder gives them per position."""
+        outputs, with the logits of all the pieces' columns where the decoder gives them per position, or where the
+        pieces select rows (each its last column) with the lm_head's inputs of all the columns."""
         mask = self._mask
         kv = len(self._cache.present_names)
-        logits = None
+        n = len(self._names)
+        kept: list[torch.Tensor] = []  # the logits of all columns, or the lm_head inputs of selecting runs
         col = start
         mask[:, start + plan[0][0]:end] = 0
         for i, (w, slot) in enumerate(plan):
             stop = col + w
             mask[:, col:stop] = 1
-            outs = self._run_chunk(slot, col, stop) if slot is not None else self._run_eager(col, stop)
-            if len(plan) > 1 and outs[0].dim() == 3:
-                if logits is None:
-                    logits = outs[0].new_empty((outs[0].shape[0], end - start, outs[0].shape[2]))
-                logits[:, col - start:stop - start].copy_(outs[0])  # before the slot's next replay overwrites it
+            select = self._model.rows_input is not None  # every piece alike, one-column ones too
+            outs = (self._run_chunk(slot, col, stop, select) if slot is not None
+                    else self._run_eager(col, stop, select))
+            per_column = outs[n:] if len(outs) > n else outs[:1] if outs[0].dim() == 3 else []
+            if len(plan) > 1 and per_column:
+                if not kept:
+                    kept = [t.new_empty((t.shape[0], end - start, *t.shape[2:])) for t in per_column]
+                for into, t in zip(kept, per_column):
+                    into[:, col - start:stop - start].copy_(t)  # before the slot's next replay overwrites it
             if i + 1 < len(plan):
                 self._cache.update(outs[1:1 + kv])
-                self._states.update(outs[1 + kv:])
+                self._states.update(outs[1 + kv:n])
             col = stop
-        return outs if logits is None else [logits, *outs[1:]]
+        if not kept:
+            return outs
+        return [*outs[:n], *kept] if len(outs) > n else [kept[0], *outs[1:]]
 
-    def _run_eager(self, start: int, end: int) -> list[torch.Tensor]:
+    def _run_eager(self, start: int, end: int, select: bool | None = None) -> list[torch.Tensor]:
         """Columns start..end run eagerly (not recorded) on the mask's first ``end`` columns."""
         mask = self._mask[:, :end]
         pos = _positions(mask)[:, start:end] if self._model.io.position_ids is not None else None
-        return self._model.run(self._feed(self._seq[:, start:end], mask, pos), self._names, eager=True)
+        feed = self._feed(self._seq[:, start:end], mask, pos)
+        if self._selects(start, end) if select is None else select:
+            feed[self._model.rows_input] = self._rows_tensor(start, end)
+            return self._model.run(feed, self._prompt_names, eager=True)
+        return self._model.run(feed, self._names, eager=True)
 
-    def _run_chunk(self, chunk: PromptBuffers, start: int, end: int) -> list[torch.Tensor]:
+    def _selects(self, start: int, end: int) -> bool:
+        """Whether a run of columns start..end computes the logits at each row's last real column only: runs of several
+        columns, where the model selects rows (``Model.rows_input``)."""
+        return self._model.rows_input is not None and end - start > 1
+
+    def _last_columns(self, start: int, end: int) -> torch.Tensor | int:
+        """Each row's last real column of a run of columns start..end, counted from ``start``: a first prompt's rows
+        end where their tokens do (a batch's shorter prompts are right-padded), other runs at their last column."""
+        if start == 0 and end == self._len and self._prompt_last is not None:
+            return self._prompt_last.clamp(max=end - 1)
+        return end - 1 - start
+
+    def _rows_tensor(self, start: int, end: int) -> torch.Tensor:
+        last = self._last_columns(start, end)
+        if isinstance(last, torch.Tensor):
+            return last
+        return torch.full((self._rows,), last, dtype=torch.long, device=self._dev)
+
+    def _run_chunk(self, chunk: PromptBuffers, start: int, end: int, select: bool | None = None) -> list[torch.Tensor]:
         """A continuation prompt (columns start..end of a started sequence) right-padded to ``chunk``'s width and run
         on its fixed buffers with the set's whole max-length mask, as a decode step is: recorded on its bucket's
         second run (``Model.run_bound``). The pad columns (pad ids) are fed as tokens: their mask columns are set
@@ -511,7 +572,13 @@ class Generator:
         chunk.ids.copy_(self._seq[:, start:stop])
         if chunk.pos is not None:
             chunk.pos.copy_(_positions(self._mask)[:, start:stop])
-        outs = self._model.run_bound(chunk, self._feed(chunk.ids, self._mask, chunk.pos), self._names)
+        feed = self._feed(chunk.ids, self._mask, chunk.pos)
+        names = self._names
+        if self._selects(start, end) if select is None else select:
+            chunk.rows.fill_(end - 1 - start)
+            feed[self._model.rows_input] = chunk.rows
+            names = self._prompt_names
+        outs = self._model.run_bound(chunk, feed, names)
         self._mask[:, end:stop] = 0
         return outs
 
@@ -539,7 +606,10 @@ class Generator:
             with prompt.collect():
                 mask = self._mask[:, :width]
                 pos = _positions(mask) if io.position_ids is not None else None
-                self._model.run(self._feed(self._seq[:, :width], mask, pos), self._names, eager=True)
+                feed = self._feed(self._seq[:, :width], mask, pos)
+                if self._selects(0, end):  # the real run's shapes
+                    feed[self._model.rows_input] = self._rows_tensor(0, end)
+                self._model.run(feed, self._names, eager=True)
             prompt.wait()
             if self._bufs is not None:
                 decode = CompileAhead(self._dev)
@@ -896,6 +966,8 @@ class Generator:
         value = self._outputs[name]
         if isinstance(value, _Shown):
             return value.logits.to(value.dtype).reshape(value.shape).cpu().numpy()
+        if isinstance(value, _Tail):
+            return value.value().cpu().numpy()
         return value.cpu().numpy()
 
     def get_input(self, name: str) -> np.ndarray:

@@ -70,7 +70,14 @@ from crossml.genai.errors import ModelFileNotFound, UnsupportedModelError
 from crossml.genai.kv_cache import zero_kv, zero_states
 from crossml.runtime.options import GraphOptimizationLevel, RunOptions, SessionOptions
 from crossml.runtime.ortvalue import OrtValue
-from crossml.runtime.session import CAPTURE_BIND_IO, DEFER_CAPTURE, KV_INPLACE, InferenceSession
+from crossml.runtime.session import (
+    CAPTURE_BIND_IO,
+    DEFER_CAPTURE,
+    KV_INPLACE,
+    OUTPUT_ROWS,
+    ROWS_INPUT,
+    InferenceSession,
+)
 
 log = logging.getLogger("crossml.genai")
 
@@ -137,6 +144,11 @@ STATE_PIECE_MAX = 512
 #: prompts of a width recorded at their own width, chat turns eager): a width's first runs cost far more host time
 #: than an eager run, repaid only over many prompts (see Generator._plan_pieces)
 STATE_PIECE_AFTER = 16
+#: prompts and chat turns compute logits at each row's last real position only (the session entry
+#: ``crossml.output_rows``: a GatherRows node in front of the lm_head product, ``crossml.graph.passes.output_rows``);
+#: a full ``get_output("logits")`` of such a run computes the other positions when asked. False: every position, as
+#: the decoder gives them (before models are made)
+SELECT_LOGITS = True
 
 
 def prompt_bucket(n: int, max_length: int) -> int:
@@ -187,6 +199,8 @@ class PromptBuffers:
     def __init__(self, io: DecoderIO, rows: int, width: int, device: torch.device) -> None:
         self.width = width
         self.ids = torch.zeros((rows, width), dtype=io.input_ids_dtype, device=device)
+        #: each row's position whose logits the run computes (the model's ``rows_input``)
+        self.rows = torch.zeros(rows, dtype=torch.long, device=device)
         self.pos = _position_buffer(io, rows, width, device)
         self.replay: Any = None
         self.warmed = False  # a run on these buffers has run the specialised plan eagerly (see Model.run_bound)
@@ -302,6 +316,11 @@ class Model:
         so = self._session_options()
         self.session = InferenceSession(model_path if data is None else data, so, providers=providers)
         self.device: torch.device = self.session.device
+        tail = self.session._tail
+        #: the decoder input that selects one position per row for the logits (None: the decoder computes them at every
+        #: position), and the lm_head product's per-position inputs a selecting run also gives (``logits_at_every``)
+        self.rows_input: str | None = ROWS_INPUT if tail is not None else None
+        self.rows_hidden: list[str] = list(tail.inputs) if tail is not None else []
         self.io = self._decoder_io()
         #: the session records decode steps into a device graph (a GPU, capture not turned off)
         self._capture = bool(self.session._capture)
@@ -391,7 +410,14 @@ class Model:
             so.add_session_config_entry(CAPTURE, "1")
         # GroupQueryAttention writes new keys/values into the static cache buffers in place
         so.add_session_config_entry(KV_INPLACE, "1")
+        if SELECT_LOGITS:  # prompts compute the logits the generator reads only
+            so.add_session_config_entry(OUTPUT_ROWS, self.config.model.decoder.output_name("logits", "logits"))
         return so
+
+    def logits_at_every(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """The logits of every position of a run that selected rows, from the lm_head inputs it gave
+        (``rows_hidden``)."""
+        return self.session._run_tail(hidden)
 
     def kv_shapes(self, max_length: int) -> list[tuple[int, int, int]]:
         """(kv_heads, rows, head_size) of each past KV buffer (``io.past_names`` order: key and value of layer 0, then
@@ -466,7 +492,7 @@ class Model:
                 f"its inputs are {', '.join(inputs)} and outputs {', '.join(sorted(outputs))}")
         mask = dec.input_name("attention_mask", "attention_mask")
         pos = dec.input_name("position_ids", "position_ids")
-        managed = {ids, *past_all, mask, pos}
+        managed = {ids, *past_all, mask, pos, ROWS_INPUT}
         extra = {a.name: a._tp.tensor_type.elem_type for a in
                  self.session.get_inputs() + self.session.get_overridable_initializers() if a.name not in managed}
 

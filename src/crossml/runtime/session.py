@@ -39,6 +39,7 @@ from crossml.graph.passes.matmul_norm import (
 from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.norm_rotary import NORM_ROTARY
+from crossml.graph.passes.output_rows import select_rows
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.short_conv import SHORT_CONV
@@ -143,6 +144,10 @@ class InferenceSession:
             fired = apply_rules(model, fusion_rules(self._providers[0].config, self._device))
             if fired:
                 log.info("graph fusions: %s", fired)
+        rows_output = opts._config.get(OUTPUT_ROWS)
+        #: the row selection in front of that output's last product (crossml.graph.passes.output_rows), if found
+        self._tail = select_rows(model, rows_output, ROWS_INPUT) if rows_output else None
+        self._tail_plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._model = model
         g = model.graph
         init_names = {t.name for t in g.initializer}
@@ -419,6 +424,30 @@ class InferenceSession:
             return self._input_names
         return self._input_names + tuple(a.name for a in self._overridable if a.name in feed)
 
+    def _run_tail(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """crossml internal (GenAI's prompts): the ``crossml.output_rows`` output computed from the values its product
+        takes at every position (the graph outputs the selection added, as a run gave them), eagerly, on a plan of the
+        tail alone that shares this session's device weights (its constant cache)."""
+        tail = self._tail
+        if tail is None:
+            raise InvalidArgument(f"this session has no row selection (session config entry {OUTPUT_ROWS})")
+        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        plan = self._tail_plans.get(key)
+        if plan is None:
+            sub = tail.model(self._model)
+            types = {vi.name: vi.type for vi in list(sub.graph.input) + list(sub.graph.output)}
+            for vi, t in zip(sub.graph.input, inputs):
+                types[vi.name] = onnx.helper.make_tensor_type_proto(dtypes.onnx_type_of(t), list(t.shape))
+            plan = build_plan(sub, self._plan_options(), types)
+            with self._lock:
+                self._tail_plans[key] = plan
+                while len(self._tail_plans) > MAX_SIGNATURES:
+                    self._tail_plans.popitem(last=False)
+        vals = plan.initial_values()
+        for name, t in zip(tail.inputs, inputs):
+            vals[plan.input_slots[name]] = t.to(self._device)
+        return execute(plan, vals)[0]
+
     def _run_specialized(self, feed: dict[str, Any], stable: bool = False,
                          into: Sequence[torch.Tensor | None] | None = None, defer: bool = False) -> list[Any] | None:
         """Run the plan specialised for these input shapes, replaying its captured command list. ``stable``
@@ -650,6 +679,12 @@ CAPTURE_BIND_IO = "crossml.graph_capture_bind_io"
 #: session config entry: "1" lets attention ops write new keys/values into the past buffers they are
 #: given (the GenAI static KV cache, past_present_share_buffer), instead of returning updated copies.
 KV_INPLACE = "crossml.kv_cache_in_place"
+#: session config entry (crossml internal, GenAI's decoders): an output (the logits) whose runs may ask for one position
+#: per batch row by feeding ROWS_INPUT ([batch] int64; runs that do not feed it compute every position as before):
+#: ``crossml.graph.passes.output_rows``. The output's product's per-position inputs become graph outputs too, from
+#: which ``InferenceSession._run_tail`` computes every position later
+OUTPUT_ROWS = "crossml.output_rows"
+ROWS_INPUT = "crossml.rows"
 
 
 def _eager_requested(run_options: RunOptions | None) -> bool:
