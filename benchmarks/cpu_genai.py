@@ -32,9 +32,10 @@ from _common import child_result, machine, write  # noqa: E402
 #: the default model shape (``--model``: any of genai_bench.SHAPES)
 MODEL = "qwen2.5-0.5b"
 #: runtime name -> module the child imports; "crossml-torch-int4" runs crossml with numba hidden, so its 4-bit decode
-#: products take torch's packed int4 kernel (what runs where numba is not installed)
+#: products take torch's packed int4 kernel (what runs where numba is not installed); "crossml-allrows" computes the
+#: prompt's logits at every position (crossml.genai.model.SELECT_LOGITS off)
 RUNTIMES = {"crossml": "crossml.genai", "crossml-torch-int4": "crossml.genai:no-numba",
-            "onnxruntime-genai": "onnxruntime_genai"}
+            "crossml-allrows": "crossml.genai:all-rows", "onnxruntime-genai": "onnxruntime_genai"}
 
 
 def build(work: str, model: str = MODEL) -> str:
@@ -59,6 +60,10 @@ def child(module: str, folder: str, prompt: int, new: int, max_length: int) -> N
     if flag == "no-numba":
         sys.modules["numba"] = None  # import numba raises ImportError: crossml.kernels.cpu_nbits does not load
     og = __import__(module, fromlist=["Model"])
+    if flag == "all-rows":
+        import crossml.genai.model as genai_model
+
+        genai_model.SELECT_LOGITS = False
     t0 = time.perf_counter()
     model = og.Model(folder)
     load = time.perf_counter() - t0

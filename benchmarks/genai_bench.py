@@ -85,9 +85,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                        sliding_window=1024, final_logit_softcapping=30.0,
                        layer_types=["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(12)]),
 }
-RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager", "crossml-torch")
+RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager", "crossml-torch", "crossml-allrows")
 #: crossml records each decode step into a device graph by default; crossml-eager turns that off
-#: (session entry ep.dml.enable_graph_capture=0) to show what the capture is worth
+#: (session entry ep.dml.enable_graph_capture=0) to show what the capture is worth; crossml-allrows computes a
+#: prompt's logits at every position as the decoder gives them (crossml.genai.model.SELECT_LOGITS off)
 DEFAULT_RUNTIMES = RUNTIMES[:4]
 CORPUS = ["The quick brown fox jumps over the lazy dog. " * 4, "def f(x):\n    return x * 2\n",
           "Hello world! How are you today? It is a fine day for a benchmark."] * 30
@@ -525,6 +526,15 @@ def main(argv: list[str] | None = None) -> None:
                         finally:
                             op_util.GPU_KERNELS = True
                         row["note"] = "the Gated DeltaNet ops and MRotaryEmbedding on their torch paths"
+                    elif rt == "crossml-allrows":
+                        import crossml.genai.model as genai_model
+
+                        genai_model.SELECT_LOGITS = False
+                        try:
+                            row.update(run_crossml(folder, prompt, args.new, args.repeats))
+                        finally:
+                            genai_model.SELECT_LOGITS = True
+                        row["note"] = "prompt logits at every position"
                     elif rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))
                         row["note"] = "graph capture off" if rt.endswith("eager") else "prompt and decode graphs recorded"

@@ -22,6 +22,7 @@ import crossml.genai as og
 import crossml.runtime.session
 from crossml.device.recording import Recording
 from crossml.genai.kv_cache import LayerStates
+from tests.genai._generation import assert_greedy_match
 from tests.genai.conftest import build_models
 
 pytestmark = pytest.mark.gpu
@@ -83,16 +84,25 @@ def test_gpu_matches_cpu(models: Path, arch: str, precision: str, prompts: list[
     assert gpu._static_decode and gpu._capture  # decode steps replay one recorded graph
     ref_seq, ref_logits = _generate(cpu, prompts)
     seq, logits = _generate(gpu, prompts)
-    # the prompt and the first new tokens (int4: the CPU's int8 activations can flip a near-tie sooner)
-    first = len(ref_seq[0]) - NEW + (4 if precision == "fp16" else 2)
-    assert [s[:first] for s in seq] == [s[:first] for s in ref_seq]
     # the first steps: fp16 activations (~1e-3 relative); for int4 the CPU model also quantizes its
     # activations to int8 (MatMulNBits accuracy_level 4) and the GPU one does not: a few percent
     rel = 0.02 if precision == "fp16" else 0.08
+    # the prompt and the first new tokens; int4: two tokens, and a step whose best two tokens the logits' agreement
+    # cannot tell apart (the CPU's int8 activations against fp16 ones) may fork there (assert_greedy_match)
+    steps = 4 if precision == "fp16" else 2
+    first = len(ref_seq[0]) - NEW + steps
+    if precision == "fp16":
+        assert [s[:first] for s in seq] == [s[:first] for s in ref_seq]
+    else:
+        assert_greedy_match(([s[:first] for s in seq], logits[:steps]), ([s[:first] for s in ref_seq], ref_logits[:steps]),
+                            atol=rel * float(np.abs(ref_logits[0]).max()))
+    prompt = len(ref_seq[0]) - NEW
     for step in range(4):
         a, b = logits[step], ref_logits[step]
         scale = float(np.abs(b).max())
         np.testing.assert_allclose(a, b, atol=rel * scale, rtol=0, err_msg=f"logits of step {step}")
+        if [s[prompt + step] for s in seq] != [s[prompt + step] for s in ref_seq]:
+            break  # a fork (int4): the steps after it continue from other tokens
 
 
 

@@ -92,3 +92,17 @@ def test_outputs_the_pass_leaves(case: str) -> None:
     assert sess._tail is None and ROWS_INPUT not in [a.name for a in sess.get_overridable_initializers()]
     with pytest.raises(InvalidArgument, match=OUTPUT_ROWS):
         sess._run_tail([torch.zeros(1, 1, K)])
+
+
+def test_runs_without_rows_keep_the_graphs_steps() -> None:
+    """Plans of runs that do not feed ``crossml.rows`` (decode steps) have no GatherRows step: their steps, and what
+    each kernel knows of the step before it, are those of a session without the pass; a run that feeds it has one."""
+    m = _model()
+    sess = _session(m)
+    plain = crossml.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert [st.op_type for st in sess._plan.steps] == [st.op_type for st in plain._plan.steps]
+    x = np.ones((2, 3, K), dtype=np.float32)
+    sess.run(None, {"x": x})
+    assert sess._rows_plan is None
+    sess.run(None, {"x": x, ROWS_INPUT: np.array([2, 0], dtype=np.int64)})
+    assert [st.op_type for st in sess._rows_plan.steps].count("GatherRows") == 1

@@ -117,6 +117,10 @@ class PlanOptions:
     disable_metacommands: bool = False
     #: the GPU provider's use_tf32: fp32 matrix products may use TF32 tensor cores (weights are laid out for them)
     tf32: bool = True
+    #: (domain, op type) of nodes that are no step of this plan: each one's output is its first input's value. The
+    #: session's row selection (com.crossml GatherRows) in plans for runs that do not select rows, so those plans'
+    #: steps, and what each kernel knows of the step before it (``OpContext.settled_inputs``), are the graph's own
+    pass_through: frozenset[tuple[str, str]] = frozenset()
 
 
 class _Builder:
@@ -256,6 +260,12 @@ class _Builder:
         opset = opsets.get(domain, 1)
         spec = lookup(domain, node.op_type, opset)
         label = f"{node.op_type}({opset}) node with name '{node.name}'"
+        if (domain, node.op_type) in self.opt.pass_through and node.input and node.input[0]:
+            src = node.input[0]
+            dev = self.value_device.get(src, self.opt.device)
+            self.slots[(node.output[0], _dev_key(dev))] = self.slot_of(src, dev)
+            self.value_device[node.output[0]] = dev
+            return
         if spec is None:
             expanded = expand_function_node(node, opset, self.value_types)
             if expanded is not None:

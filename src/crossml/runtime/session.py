@@ -39,7 +39,8 @@ from crossml.graph.passes.matmul_norm import (
 from crossml.graph.passes.norm_casts import FOLD_SKIP_NORM, NORM_CASTS
 from crossml.graph.passes.norm_matmul import NORM_MATMUL, NORM_MATMUL_CPU
 from crossml.graph.passes.norm_rotary import NORM_ROTARY
-from crossml.graph.passes.output_rows import select_rows
+from crossml.graph.passes.output_rows import DOMAIN as ROWS_DOMAIN
+from crossml.graph.passes.output_rows import GATHER_ROWS, select_rows
 from crossml.graph.passes.query_scale import QUERY_SCALE
 from crossml.graph.passes.rotary_casts import ROTARY_CASTS
 from crossml.graph.passes.short_conv import SHORT_CONV
@@ -148,6 +149,7 @@ class InferenceSession:
         #: the row selection in front of that output's last product (crossml.graph.passes.output_rows), if found
         self._tail = select_rows(model, rows_output, ROWS_INPUT) if rows_output else None
         self._tail_plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._rows_plan: Plan | None = None  # the generic plan of runs that feed ROWS_INPUT (made on first use)
         self._model = model
         g = model.graph
         init_names = {t.name for t in g.initializer}
@@ -188,14 +190,16 @@ class InferenceSession:
         torch.backends.cuda.matmul.allow_tf32 = self._gpu.use_tf32
         torch.backends.cudnn.allow_tf32 = self._gpu.use_tf32
 
-    def _plan_options(self) -> PlanOptions:
+    def _plan_options(self, rows: bool = False) -> PlanOptions:
+        """``rows``: the plan is for runs that feed ROWS_INPUT; the others' plans skip the row selection's nodes."""
         gpu = self._providers[0].config
         cfg = self._sess_options._config
         extra = {"kv_inplace": cfg.get(KV_INPLACE, "0") == "1"}
         return PlanOptions(device=self._device, fold_constants=self._fold, constant_cache=self._constant_cache,
                            channels_last=gpu.prefer_nhwc if gpu is not None else True, op_extra=extra,
                            disable_metacommands=gpu is not None and gpu.disable_metacommands,
-                           tf32=gpu is None or gpu.use_tf32)
+                           tf32=gpu is None or gpu.use_tf32,
+                           pass_through=frozenset() if rows else frozenset({(ROWS_DOMAIN, GATHER_ROWS)}))
 
     def _capture_enabled(self) -> bool:
         if self._gpu is None or not capture_supported(self._device) or self._profiler is not None:
@@ -386,6 +390,12 @@ class InferenceSession:
             if outs is not None:
                 return outs
         plan = self._plan
+        if ROWS_INPUT in converted and self._tail is not None:
+            if self._rows_plan is None:
+                rows_plan = build_plan(self._model, self._plan_options(rows=True))
+                self._apply_overrides(rows_plan)
+                self._rows_plan = rows_plan
+            plan = self._rows_plan
         vals = plan.initial_values()
         for name, value in converted.items():
             vals[plan.input_slots[name]] = value
@@ -438,7 +448,7 @@ class InferenceSession:
             types = {vi.name: vi.type for vi in list(sub.graph.input) + list(sub.graph.output)}
             for vi, t in zip(sub.graph.input, inputs):
                 types[vi.name] = onnx.helper.make_tensor_type_proto(dtypes.onnx_type_of(t), list(t.shape))
-            plan = build_plan(sub, self._plan_options(), types)
+            plan = build_plan(sub, self._plan_options(rows=True), types)
             with self._lock:
                 self._tail_plans[key] = plan
                 while len(self._tail_plans) > MAX_SIGNATURES:
@@ -526,7 +536,7 @@ class InferenceSession:
                 except Exception as exc:  # noqa: BLE001 - keep the copying recording
                     log.info("input shapes %s: no in-place recording: %s", shapes, exc)
                     return base
-        plan = build_plan(self._model, self._plan_options(), self._specialized_types(shapes))
+        plan = build_plan(self._model, self._plan_options(rows=ROWS_INPUT in names), self._specialized_types(shapes))
         self._apply_overrides(plan)
         slots = [plan.input_slots[n] for n in names]
 
