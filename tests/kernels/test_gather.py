@@ -101,3 +101,36 @@ def test_gather_op_routes_gpu_tensors_to_the_kernel(monkeypatch: pytest.MonkeyPa
     assert calls and torch.equal(got.cpu(), gather_op(data, idx, axis=0))
     bools = torch.rand(5, 4) > 0.5
     assert torch.equal(gather_op(bools.cuda(), idx.cuda() % 5, axis=0).cpu(), gather_op(bools, idx % 5, axis=0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3, 7, 24), (2, 5), (2, 4, 3, 700)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.int64])
+def test_gather_rows_matches_indexing(device: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """gather_rows (com.crossml GatherRows' kernel): one position per batch row, negative ones from the end, zeros
+    outside [-positions, positions)."""
+    from crossml.kernels.gather import gather_rows
+
+    data = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 50).to(dtype)
+    n = shape[1]
+    rows = np.array([n - 1, -n, n, -n - 1, 0][:shape[0]])
+    for rows_dtype in (torch.int64, torch.int32):
+        got = gather_rows(data.to(device), torch.as_tensor(rows, dtype=rows_dtype).to(device))
+        wrapped = np.where(rows < 0, rows + n, rows)
+        inside = (wrapped >= 0) & (wrapped < n)
+        want = data.numpy()[np.arange(shape[0]), np.where(inside, wrapped, 0)][:, None]
+        want[~inside] = 0
+        assert tuple(got.shape) == want.shape
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+
+
+def test_gather_rows_refuses_what_it_does_not_take() -> None:
+    from crossml.kernels.gather import gather_rows
+
+    x = torch.randn(2, 3, 4)
+    assert gather_rows(x.to(torch.complex64), torch.tensor([0, 1])) is None
+    assert gather_rows(x, torch.tensor([0.0, 1.0])) is None
+    assert gather_rows(torch.randn(2, 3, 4, 5).transpose(2, 3), torch.tensor([0, 1])) is None  # not [b, s, inner]
+    strided = torch.randn(4, 3, 2).transpose(0, 1)  # [3, 4, 2] read through its strides
+    got = gather_rows(strided, torch.tensor([3, 0, -1]))
+    assert torch.equal(got[:, 0], strided[torch.arange(3), torch.tensor([3, 0, 3])])

@@ -5,6 +5,9 @@ kernels before ``index_select`` (compare, add, where); at an LLM's decode step t
 one token was those four launches, about 7 us of a step on an H200. Here one program per (index,
 outer slice, chunk of the inner elements) wraps the index and copies the chunk.
 
+``gather_rows`` is com.crossml GatherRows' kernel: one position per batch row, ``out[b, 0, :] = data[b, rows[b], :]``
+(torch spent about ten launches on the wrap, the bounds and the gather).
+
 An index outside ``[-size, size)`` gives a row of zeros, as onnxruntime's CUDA Gather writes (the device
 cannot raise; torch's ``index_select`` would stop the whole process with a device-side assert). The data
 is copied bit for bit: callers pass any element type viewed as same-width integers (see
@@ -19,7 +22,7 @@ import triton.language as tl
 
 from crossml.kernels._launch import GRID_YZ_MAX, cdiv, next_power_of_2, on_device, pdl, pdl_wait, use_interpreter
 
-__all__ = ["DTYPES", "gather", "supported"]
+__all__ = ["DTYPES", "gather", "gather_rows", "supported"]
 
 #: element types the kernel copies (others are viewed as one of these by the caller)
 DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
@@ -84,4 +87,47 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor
     with launch:
         _gather_kernel[(m, outer, cdiv(inner, block))](x, idx, out, size, inner, m, *x.stride(), BLOCK=block,
                                                        **({} if interpret else {"num_warps": 4, **pdl(x)}))
+    return out
+
+
+@triton.jit
+def _gather_rows_kernel(x_ptr, rows_ptr, y_ptr, SIZE, INNER, s_b, s_a, s_i, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr = False):
+    pdl_wait(PDL)
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < INNER
+    idx = tl.load(rows_ptr + b).to(tl.int64)
+    idx = tl.where(idx < 0, idx + SIZE, idx)
+    inside = (idx >= 0) & (idx < SIZE)
+    src = x_ptr + b * s_b + tl.where(inside, idx, 0) * s_a + cols.to(tl.int64) * s_i
+    v = tl.load(src, mask=ok & inside, other=0)
+    tl.store(y_ptr + b * INNER + cols, v, mask=ok)
+
+
+def gather_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
+    """``data`` [batch, positions, ...] at one position per batch row (``rows`` [batch], int32 / int64; negative from
+    the end, zeros outside ``[-positions, positions)``): [batch, 1, ...]. None where the kernel does not take the
+    inputs (another element type, rows on another device, data not viewable as [batch, positions, inner], or more
+    chunks than the grid holds)."""
+    if data.dtype not in DTYPES or rows.dtype not in (torch.int32, torch.int64) or rows.device != data.device \
+            or data.dim() < 2:
+        return None
+    x = _view3(data, 1)
+    if x is None:
+        return None
+    batch, size, inner = x.shape
+    if cdiv(max(inner, 1), _BLOCK) > GRID_YZ_MAX:
+        return None
+    out = torch.empty((batch, 1, *data.shape[2:]), dtype=data.dtype, device=data.device)
+    if out.numel() == 0:
+        return out
+    if size == 0:
+        return out.zero_()
+    interpret = use_interpreter(data, "GatherRows")
+    idx = rows.contiguous()
+    block = min(_BLOCK, max(16, next_power_of_2(inner)))
+    with on_device(data, interpret):
+        _gather_rows_kernel[(batch, cdiv(inner, block))](x, idx, out, size, inner, *x.stride(), BLOCK=block,
+                                                         **({} if interpret else {"num_warps": 4, **pdl(x)}))
     return out

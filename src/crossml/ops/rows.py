@@ -5,13 +5,15 @@ LLM's lm_head so a prompt computes logits only where the generator reads them.
 
 Negative positions count from the end (-1: the last). ``rows`` with no elements (shape [0], the pass's default) hands
 X on as it is, with no kernel: the op costs nothing in runs that do not select. Positions outside [-S, S) raise on
-the CPU; on a GPU they give zeros (as onnxruntime's CUDA Gather does), checking them would need a host sync.
+the CPU; on a GPU they give zeros (as onnxruntime's CUDA Gather does), checking them would need a host sync. On a
+Triton device the op is one launch (``crossml.kernels.gather.gather_rows``).
 """
 
 from __future__ import annotations
 
 import torch
 
+from crossml.kernels import TRITON_DEVICES, load
 from crossml.ops.registry import op
 
 
@@ -25,6 +27,11 @@ def gather_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     if rows.shape != (batch,):
         raise ValueError(f"GatherRows: rows must hold one position per batch row, shape ({batch},), got "
                          f"{tuple(rows.shape)} for X of shape {tuple(x.shape)}")
+    if x.device.type in TRITON_DEVICES and rows.device == x.device:
+        kernel = load("gather")  # one launch (crossml.kernels.gather.gather_rows)
+        y = kernel.gather_rows(x, rows) if kernel is not None else None
+        if y is not None:
+            return y
     rows = rows.to(device=x.device, dtype=torch.long)
     idx = torch.where(rows < 0, rows + positions, rows)
     if x.device.type == "cpu":
