@@ -124,13 +124,15 @@ def test_gather_rows_matches_indexing(device: str, shape: tuple[int, ...], dtype
         np.testing.assert_array_equal(got.cpu().numpy(), want)
 
 
-def test_gather_rows_refuses_what_it_does_not_take() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_rows_refuses_what_it_does_not_take(device: str) -> None:
     from crossml.kernels.gather import gather_rows
 
-    x = torch.randn(2, 3, 4)
-    assert gather_rows(x.to(torch.complex64), torch.tensor([0, 1])) is None
-    assert gather_rows(x, torch.tensor([0.0, 1.0])) is None
-    assert gather_rows(torch.randn(2, 3, 4, 5).transpose(2, 3), torch.tensor([0, 1])) is None  # not [b, s, inner]
-    strided = torch.randn(4, 3, 2).transpose(0, 1)  # [3, 4, 2] read through its strides
-    got = gather_rows(strided, torch.tensor([3, 0, -1]))
+    x = torch.randn(2, 3, 4, device=device)
+    rows = torch.tensor([0, 1], device=device)
+    assert gather_rows(x.to(torch.complex64), rows) is None
+    assert gather_rows(x, rows.float()) is None
+    assert gather_rows(torch.randn(2, 3, 4, 5, device=device).transpose(2, 3), rows) is None  # not [b, s, inner]
+    strided = torch.randn(4, 3, 2, device=device).transpose(0, 1)  # [3, 4, 2] read through its strides
+    got = gather_rows(strided, torch.tensor([3, 0, -1], device=device))
     assert torch.equal(got[:, 0], strided[torch.arange(3), torch.tensor([3, 0, 3])])
