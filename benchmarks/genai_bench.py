@@ -90,6 +90,10 @@ RUNTIMES = ("crossml", "ortgenai", "ortgenai-graph", "hf-static", "crossml-eager
 #: (session entry ep.dml.enable_graph_capture=0) to show what the capture is worth; crossml-allrows computes a
 #: prompt's logits at every position as the decoder gives them (crossml.genai.model.SELECT_LOGITS off)
 DEFAULT_RUNTIMES = RUNTIMES[:4]
+#: crossml runtimes that set a module constant for their run: (module, name, value, the row's note)
+FLAGGED = {"crossml-torch": ("crossml.ops._util", "GPU_KERNELS", False,
+                             "the Gated DeltaNet ops and MRotaryEmbedding on their torch paths"),
+           "crossml-allrows": ("crossml.genai.model", "SELECT_LOGITS", False, "prompt logits at every position")}
 CORPUS = ["The quick brown fox jumps over the lazy dog. " * 4, "def f(x):\n    return x * 2\n",
           "Hello world! How are you today? It is a fine day for a benchmark."] * 30
 
@@ -294,6 +298,20 @@ def timed_runs(generator: Callable[[], Any], tokens: Any, new: int, repeats: int
         if got != [total] * rows:
             raise RuntimeError(f"sequence lengths {got}, expected {total} in every row")
     return prefill, decode
+
+
+@contextlib.contextmanager
+def _constant(module: str, name: str, value: Any) -> Iterator[None]:
+    """``module.name`` set to ``value`` inside the block, put back after it."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    old = getattr(mod, name)
+    setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        setattr(mod, name, old)
 
 
 @contextlib.contextmanager
@@ -517,24 +535,11 @@ def main(argv: list[str] | None = None) -> None:
                     if folder is None:
                         raise RuntimeError(f"no {prec} model was built (see {args.workdir}/build_{name}_{prec}.log)")
                     row["bytes_per_token"] = bytes_per_token(folder, SHAPES[name], context)
-                    if rt == "crossml-torch":  # the Gated DeltaNet ops' torch paths (ops._util.GPU_KERNELS off)
-                        import crossml.ops._util as op_util
-
-                        op_util.GPU_KERNELS = False
-                        try:
+                    if rt in FLAGGED:  # crossml with one module constant set for the run
+                        module, constant, value, note = FLAGGED[rt]
+                        with _constant(module, constant, value):
                             row.update(run_crossml(folder, prompt, args.new, args.repeats))
-                        finally:
-                            op_util.GPU_KERNELS = True
-                        row["note"] = "the Gated DeltaNet ops and MRotaryEmbedding on their torch paths"
-                    elif rt == "crossml-allrows":
-                        import crossml.genai.model as genai_model
-
-                        genai_model.SELECT_LOGITS = False
-                        try:
-                            row.update(run_crossml(folder, prompt, args.new, args.repeats))
-                        finally:
-                            genai_model.SELECT_LOGITS = True
-                        row["note"] = "prompt logits at every position"
+                        row["note"] = note
                     elif rt.startswith("crossml"):
                         row.update(run_crossml(folder, prompt, args.new, args.repeats, not rt.endswith("eager")))
                         row["note"] = "graph capture off" if rt.endswith("eager") else "prompt and decode graphs recorded"

@@ -32,13 +32,16 @@ _BLOCK = 1024
 
 
 @triton.jit
-def _gather_kernel(x_ptr, idx_ptr, y_ptr, SIZE, INNER, M, s_o, s_a, s_i, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+def _gather_kernel(x_ptr, idx_ptr, y_ptr, SIZE, INNER, M, s_o, s_a, s_i, IDX_PER_OUTER, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    """out[o, i, :] = x[o, idx[i + o * IDX_PER_OUTER], :]: one index list for every outer slice (Gather,
+    IDX_PER_OUTER 0), or one index per outer slice (GatherRows: M 1, IDX_PER_OUTER 1)."""
     pdl_wait(PDL)
     i = tl.program_id(0)
     o = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < INNER
-    idx = tl.load(idx_ptr + i).to(tl.int64)
+    idx = tl.load(idx_ptr + i + o * IDX_PER_OUTER).to(tl.int64)
     idx = tl.where(idx < 0, idx + SIZE, idx)
     inside = (idx >= 0) & (idx < SIZE)
     src = x_ptr + o * s_o + tl.where(inside, idx, 0) * s_a + cols.to(tl.int64) * s_i
@@ -85,24 +88,9 @@ def gather(data: torch.Tensor, indices: torch.Tensor, axis: int) -> torch.Tensor
     launch = on_device(data, interpret)
     block = min(_BLOCK, max(16, next_power_of_2(inner)))
     with launch:
-        _gather_kernel[(m, outer, cdiv(inner, block))](x, idx, out, size, inner, m, *x.stride(), BLOCK=block,
+        _gather_kernel[(m, outer, cdiv(inner, block))](x, idx, out, size, inner, m, *x.stride(), 0, BLOCK=block,
                                                        **({} if interpret else {"num_warps": 4, **pdl(x)}))
     return out
-
-
-@triton.jit
-def _gather_rows_kernel(x_ptr, rows_ptr, y_ptr, SIZE, INNER, s_b, s_a, s_i, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr = False):
-    pdl_wait(PDL)
-    b = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < INNER
-    idx = tl.load(rows_ptr + b).to(tl.int64)
-    idx = tl.where(idx < 0, idx + SIZE, idx)
-    inside = (idx >= 0) & (idx < SIZE)
-    src = x_ptr + b * s_b + tl.where(inside, idx, 0) * s_a + cols.to(tl.int64) * s_i
-    v = tl.load(src, mask=ok & inside, other=0)
-    tl.store(y_ptr + b * INNER + cols, v, mask=ok)
 
 
 def gather_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
@@ -117,7 +105,7 @@ def gather_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
     if x is None:
         return None
     batch, size, inner = x.shape
-    if cdiv(max(inner, 1), _BLOCK) > GRID_YZ_MAX:
+    if batch > GRID_YZ_MAX or cdiv(max(inner, 1), _BLOCK) > GRID_YZ_MAX:
         return None
     out = torch.empty((batch, 1, *data.shape[2:]), dtype=data.dtype, device=data.device)
     if out.numel() == 0:
@@ -128,6 +116,6 @@ def gather_rows(data: torch.Tensor, rows: torch.Tensor) -> torch.Tensor | None:
     idx = rows.contiguous()
     block = min(_BLOCK, max(16, next_power_of_2(inner)))
     with on_device(data, interpret):
-        _gather_rows_kernel[(batch, cdiv(inner, block))](x, idx, out, size, inner, *x.stride(), BLOCK=block,
-                                                         **({} if interpret else {"num_warps": 4, **pdl(x)}))
+        _gather_kernel[(1, batch, cdiv(inner, block))](x, idx, out, size, inner, 1, *x.stride(), 1, BLOCK=block,
+                                                       **({} if interpret else {"num_warps": 4, **pdl(x)}))
     return out
