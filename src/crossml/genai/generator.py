@@ -108,7 +108,7 @@ class _Tail:
 
     def value(self) -> torch.Tensor:
         if self._value is None:
-            self._value = self._model.logits_at_every(self._hidden)
+            self._value = self._model.logits_at_every([h.contiguous() for h in self._hidden])
         return self._value
 
 
