@@ -106,3 +106,18 @@ def test_runs_without_rows_keep_the_graphs_steps() -> None:
     assert sess._rows_plan is None
     sess.run(None, {"x": x, ROWS_INPUT: np.array([2, 0], dtype=np.int64)})
     assert [st.op_type for st in sess._rows_plan.steps].count("GatherRows") == 1
+
+
+def test_optimized_model_of_a_selecting_session(tmp_path) -> None:
+    """The optimized model a selecting session writes (its generic plan's nodes: GatherRows passed through as an
+    Identity) is a valid model computing every position."""
+    m = _model()
+    so = crossml.SessionOptions()
+    so.add_session_config_entry(OUTPUT_ROWS, "logits")
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    crossml.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    written = onnx.load(str(tmp_path / "opt.onnx"))
+    x = np.random.default_rng(2).standard_normal((2, 3, K)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(["logits"], {"x": x})[0]
+    got = crossml.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"]).run(["logits"], {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -265,6 +265,7 @@ class _Builder:
             dev = self.value_device.get(src, self.opt.device)
             self.slots[(node.output[0], _dev_key(dev))] = self.slot_of(src, dev)
             self.value_device[node.output[0]] = dev
+            self.kept_nodes.append(onnx.helper.make_node("Identity", [src], [node.output[0]], name=node.name))
             return
         if spec is None:
             expanded = expand_function_node(node, opset, self.value_types)

@@ -241,8 +241,12 @@ class InferenceSession:
         g.node.extend(self._plan.kept_nodes)
         used = {i for n in self._plan.kept_nodes for i in n.input} | {o.name for o in g.output}
         kept_inits = [external.materialize(t) for t in g.initializer if t.name in used]
+        dropped = {t.name for t in g.initializer} - used
+        kept_inputs = [vi for vi in g.input if vi.name not in dropped]  # an overridable initializer nothing reads
         del g.initializer[:]
         g.initializer.extend(kept_inits)
+        del g.input[:]
+        g.input.extend(kept_inputs)
         for name, v in self._plan.folded.items():
             if name in used:
                 g.initializer.append(numpy_helper.from_array(dtypes.to_numpy(v), name))
