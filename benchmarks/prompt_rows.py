@@ -33,13 +33,6 @@ import genai_bench as gb  # noqa: E402
 from _common import machine, results_parser, write  # noqa: E402
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _first_token(og, model, ids: np.ndarray, decode: int = 0) -> tuple[float, float, float, int]:
     """(ms until the prompt has run, ms until the host holds the first token, ms per token of ``decode`` more tokens
     (0 where none), the first token)."""
@@ -47,10 +40,10 @@ def _first_token(og, model, ids: np.ndarray, decode: int = 0) -> tuple[float, fl
     total = len(ids) + decode + 8
     params.set_search_options(max_length=total, min_length=total)
     gen = og.Generator(model, params)
-    _sync()
+    gb._sync()
     t0 = time.perf_counter()
     gen.append_tokens(ids)
-    _sync()
+    gb._sync()
     t1 = time.perf_counter()
     gen.generate_next_token()
     token = int(gen.get_next_tokens()[0])

@@ -349,8 +349,6 @@ class Generator:
                 shown.keep()  # a live logits buffer this run may overwrite
         model = self._model
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
-        select = self._selects(start, end)
-        run_names = self._prompt_names if select else names
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
         padded = bufs is not None and model._prompt_graphs and model._logits_per_position
@@ -395,9 +393,11 @@ class Generator:
             if slot.pos is not None:
                 slot.pos.copy_(_positions(mask))
             feed = self._feed(slot.ids, mask, slot.pos)
-            if select:
+            run_names = names
+            if self._selects(start, end):
                 slot.rows.copy_(self._last_columns(start, end))
                 feed[model.rows_input] = slot.rows
+                run_names = self._prompt_names
             outs = self._model.run_bound(slot, feed, run_names)
         elif chunk is not None:
             outs = self._run_chunk(chunk, start, end)
@@ -575,7 +575,7 @@ class Generator:
         feed = self._feed(chunk.ids, self._mask, chunk.pos)
         names = self._names
         if self._selects(start, end) if select is None else select:
-            chunk.rows.fill_(end - 1 - start)
+            chunk.rows.copy_(self._last_columns(start, end))
             feed[self._model.rows_input] = chunk.rows
             names = self._prompt_names
         outs = self._model.run_bound(chunk, feed, names)

@@ -4,7 +4,8 @@ LLM's lm_head so a prompt computes logits only where the generator reads them.
     GatherRows(X [B, S, ...], rows int64 [B]) -> [B, 1, ...], Y[b, 0] = X[b, rows[b]]
 
 Negative positions count from the end (-1: the last). ``rows`` with no elements (shape [0], the pass's default) hands
-X on as it is, with no kernel: the op costs nothing in runs that do not select. Positions outside [-S, S) raise on
+X on as it is, with no kernel (the session's plans for runs that do not feed ``rows`` leave the node out altogether:
+``PlanOptions.pass_through``). Positions outside [-S, S) raise on
 the CPU; on a GPU they give zeros (as onnxruntime's CUDA Gather does), checking them would need a host sync. On a
 Triton device the op is one launch (``crossml.kernels.gather.gather_rows``).
 """
