@@ -574,3 +574,40 @@ def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts
         scale = float(np.abs(cpu_logits[step]).max())
         np.testing.assert_allclose(logits[step], cpu_logits[step], atol=rel * scale, rtol=0,
                                    err_msg=f"logits of step {step}")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_engine_requests_match_their_own_generators(models: Path, precision: str) -> None:
+    """og.Engine on the GPU: three resident requests, two turns each, interleaved run by run (each request's steps
+    on its recorded decode graph, running ahead); every request's tokens are those of its own Generator fed the same
+    turns."""
+    model = og.Model(str(models / f"qwen2_{precision}_cuda"))
+    tok = og.Tokenizer(model)
+    turns = [[tok.encode(p), tok.encode(" and then")] for p in (PROMPT, *BATCH)]
+    engine = og.Engine(model)
+    session = og.RequestOptions()
+    session.set_max_session_tokens(64)
+    reqs = [engine.create_request(options=session) for _ in turns]
+    got: list[list[int]] = [[] for _ in reqs]
+    buf = engine.create_event_buffer(8)
+    for t in range(2):
+        for i, r in enumerate(reqs):
+            opts = og.TurnOptions(r)
+            opts.set_max_generated_tokens(NEW - 2 * i)
+            r.begin_turn(turns[i][t], opts)
+        while engine.has_pending_requests():
+            for ev in engine.run(buf):
+                if ev.flags & og.EngineEventFlags.TOKEN:
+                    got[reqs.index(ev.request)].append(ev.token)
+    for i, r in enumerate(reqs):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=64)
+        gen = og.Generator(model, params)
+        want = []
+        for t in range(2):
+            gen.append_tokens(turns[i][t])
+            for _ in range(NEW - 2 * i):
+                gen.generate_next_token()
+                want.append(int(gen.get_next_tokens()[0]))
+        assert got[i] == want, i
+        assert r._gen._bufs is not None  # the static decode path (recorded graphs)

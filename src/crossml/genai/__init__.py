@@ -18,6 +18,19 @@ from __future__ import annotations
 
 from crossml.genai.adapters import Adapters, NamedTensors
 from crossml.genai.config import Config
+from crossml.genai.engine import (
+    Engine,
+    EngineCapabilities,
+    EngineErrorCode,
+    EngineEvent,
+    EngineEventBuffer,
+    EngineEventFlags,
+    FinishReason,
+    Request,
+    RequestOptions,
+    TurnOptions,
+    TurnUsage,
+)
 from crossml.genai.errors import (
     ConfigError,
     GenAIError,
@@ -109,6 +122,8 @@ __all__ = [
     "Config", "ConfigError", "GenAIError", "Generator", "GeneratorParams", "GeneratorStateError", "Model",
     "ModelFileNotFound", "NameNotFoundError", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream",
     "UnsupportedModelError",
+    "Engine", "EngineCapabilities", "EngineErrorCode", "EngineEvent", "EngineEventBuffer", "EngineEventFlags",
+    "FinishReason", "Request", "RequestOptions", "TurnOptions", "TurnUsage",
     "get_current_gpu_device_id", "is_cuda_available", "is_dml_available", "is_rocm_available",
     "set_current_gpu_device_id", "set_log_callback", "set_log_options",
 ]

@@ -246,6 +246,23 @@ class Generator:
         self._extra: dict[str, torch.Tensor] = {}
         self._refresh_extras()
 
+    def _set_policy(self, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
+                    repetition_penalty: float, no_repeat_ngram_size: int, min_length: int,
+                    seed: int | None = None) -> None:
+        """Change the search of the steps to come (an Engine turn's policy, ``crossml.genai.engine``): the
+        selection options, ``min_length`` (the sequence length before which end-of-sequence ids are banned) and,
+        with ``seed``, a reseeded random stream. The step that already ran ahead only computed logits, which no
+        option changes."""
+        s = self._s
+        s.do_sample, s.temperature, s.top_k, s.top_p = do_sample, temperature, top_k, top_p
+        s.repetition_penalty, s.no_repeat_ngram_size, s.min_length = repetition_penalty, no_repeat_ngram_size, min_length
+        if self._rng is None and (do_sample or seed is not None):
+            self._rng = torch.Generator(device=self._dev)
+            self._rng.seed()
+        if seed is not None:
+            self._rng.manual_seed(seed)
+        self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+
     def _make_cache(self) -> KVCache:
         io = self._model.io
         if self._s.past_present_share_buffer:
