@@ -377,3 +377,73 @@ def test_engine_refuses_beam_and_session_floor_models(genai_models) -> None:
         config.overlay(json.dumps({"search": search}))
         with pytest.raises(RuntimeError, match=message):
             og.Engine(og.Model(config))
+
+
+def _static(folder: str) -> og.Model:
+    """A model on the static decode path (fixed buffers, what GPUs run), forced on the CPU."""
+    model = og.Model(folder)
+    model._static_decode = model._run_ahead = True
+    return model
+
+
+def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the static decode path requests that start together share decode buffers and their decode steps run as one
+    batched step: tokens equal each request's own Generator's (two turns each, caps of different lengths, a cancel,
+    a closed request's row taken by a new request)."""
+    folder = genai_models[("qwen2", "fp32")]
+    model, ref = _static(folder), og.Model(folder)
+    steps: list[int] = []
+    step = engine_module._Batch.step
+    monkeypatch.setattr(engine_module._Batch, "step", lambda self, waiting: (steps.append(len(waiting)),
+                                                                            step(self, waiting))[1])
+    e = og.Engine(model)
+    reqs = [e.create_request() for _ in range(3)]
+    turns = [[_ids(1, 2 + i, 5), _ids(9, 3 + i, 4)] for i in range(3)]
+    got: list[list[int]] = [[] for _ in reqs]
+    buf = e.create_event_buffer(8)
+    for t in range(2):
+        for i, r in enumerate(reqs):
+            opts = og.TurnOptions(r)
+            opts.set_max_generated_tokens(5 + 2 * i + t)
+            r.begin_turn(turns[i][t], opts)
+        while e.has_pending_requests():
+            for ev in e.run(buf):
+                if ev.flags & og.EngineEventFlags.TOKEN:
+                    got[reqs.index(ev.request)].append(ev.token)
+    assert steps and max(steps) == 3 and reqs[0]._batch is reqs[2]._batch is not None
+    assert len(reqs[0]._batch.requests) == 4  # three requests: a power of two of rows
+    for i in range(3):
+        params = og.GeneratorParams(ref)
+        params.set_search_options(max_length=ref.config.search.max_length)
+        gen = og.Generator(ref, params)
+        want = []
+        for t in range(2):
+            gen.append_tokens(turns[i][t])
+            for _ in range(5 + 2 * i + t):
+                gen.generate_next_token()
+                want.append(int(gen.get_next_tokens()[0]))
+        assert got[i] == want, i
+    # a closed request's row goes to the next request; the others' rows are untouched by its steps
+    batch = reqs[1]._batch
+    reqs[1].close()
+    late = e.create_request()
+    first, _ = _generated(ref, _ids(4, 4, 4), 6)
+    o = og.TurnOptions(late)
+    o.set_max_generated_tokens(6)
+    late.begin_turn(_ids(4, 4, 4), o)
+    o = og.TurnOptions(reqs[0])
+    o.set_max_generated_tokens(6)
+    reqs[0].begin_turn(_ids(7), o)
+    out: dict[int, list[int]] = {0: [], 1: []}
+    while e.has_pending_requests():
+        for ev in e.run(buf):
+            if ev.flags & og.EngineEventFlags.TOKEN:
+                out[0 if ev.request is reqs[0] else 1].append(ev.token)
+    assert late._batch is batch and late._row == 1 and out[1] == first
+    gen = og.Generator(ref, params)
+    gen.append_tokens(np.concatenate([turns[0][0], got[0][:5], turns[0][1], got[0][5:], [7]]).astype(np.int32))
+    want = []
+    for _ in range(6):
+        gen.generate_next_token()
+        want.append(int(gen.get_next_tokens()[0]))
+    assert out[0] == want

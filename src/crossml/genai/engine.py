@@ -40,6 +40,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+import torch
 
 from crossml.genai.errors import GenAIError, GeneratorStateError, SearchOptionError
 from crossml.genai.generator import Generator, GeneratorParams
@@ -53,6 +54,10 @@ __all__ = ["Engine", "EngineCapabilities", "EngineErrorCode", "EngineEvent", "En
 #: requests one ``Engine.run`` steps at most (EngineCapabilities.configured_max_batch_size); the others wait, in
 #: admission order, for one of them to finish its turn
 MAX_BATCH = 16
+#: requests that get their generators in the same run share one set of decode buffers of up to this many rows
+#: (a power of two at least their count) on the static decode path (GPUs), so the decode steps of those in the
+#: middle of a turn run as one batched step; 1 turns batching off
+BATCH_ROWS = 16
 #: stop strings of a turn: at most this many, of at most STOP_BYTES UTF-8 bytes together (as onnxruntime-genai)
 MAX_STOP_STRINGS, STOP_BYTES = 16, 16 * 1024
 GUIDANCE_TYPES = ("json_schema", "regex", "lark_grammar")
@@ -342,6 +347,86 @@ class _Turn:
         self.stop: _StopMatcher | None = None
 
 
+class _Batch:
+    """Decode buffers of ``rows`` rows shared by up to that many requests (each request's generator decodes on its
+    row, ``DecodeBuffers.row_view``), and the batched decode step over the rows whose last token is not in their KV
+    cache yet: one run of the decoder over every row (a recorded graph on a GPU), each waiting row fed its last token
+    and position, then each of them handed its logits row (``Generator._decoded``). A row not in the step gets a
+    scratch mask cell at its sequence's end for the run, so the key and value the run writes for it land where its
+    sequence has nothing yet."""
+
+    def __init__(self, model: Model, rows: int, max_length: int) -> None:
+        from crossml.genai.kv_cache import StaticKVCache
+        from crossml.genai.model import DecodeBuffers
+
+        self.model, self.max_length = model, max_length
+        io = model.io
+        self.bufs = DecodeBuffers(io, rows, max_length, model.kv_shapes(max_length), model.device)
+        self.requests: list[Request | None] = [None] * rows
+        self._cache = StaticKVCache(io.past_names, io.present_names, rows, [], io.kv_dtype, model.device,
+                                    self.bufs.kv)
+        self._names = [io.logits, *io.present_names]
+
+    def place(self, request: Request) -> int | None:
+        """A free row for ``request`` (its mask zeroed), or None."""
+        for row, held in enumerate(self.requests):
+            if held is None:
+                self.requests[row] = request
+                self.bufs.mask[row].zero_()
+                return row
+        return None
+
+    def release(self, request: Request) -> None:
+        self.requests = [None if r is request else r for r in self.requests]
+
+    def step(self, waiting: list[Request]) -> None:
+        """One decoder run over every row; ``waiting``: the requests (of this batch) whose last token it feeds."""
+        bufs, io = self.bufs, self.model.io
+        rows = len(self.requests)
+        ids, pos = [0] * rows, [0] * rows
+        scratch_rows, scratch_cols = [], []
+        for row, request in enumerate(self.requests):
+            gen = request._gen if request is not None else None
+            length = gen._len if gen is not None else 0
+            if request is not None and request in waiting:
+                ids[row], pos[row] = request._last, length - 1
+            elif length < self.max_length:
+                scratch_rows.append(row)
+                scratch_cols.append(length)
+                pos[row] = length
+        device = bufs.ids.device
+        bufs.ids.copy_(torch.tensor(ids, dtype=bufs.ids.dtype).view(rows, 1).to(device, non_blocking=True))
+        if bufs.pos is not None:
+            bufs.pos.copy_(torch.tensor(pos, dtype=bufs.pos.dtype).view(rows, 1).expand(bufs.pos.shape)
+                           .to(device, non_blocking=True))
+        cells = (torch.tensor(scratch_rows, device=device), torch.tensor(scratch_cols, device=device))
+        if scratch_rows:
+            bufs.mask[cells] = 1
+        feed = {io.input_ids: bufs.ids}
+        if io.attention_mask is not None:
+            feed[io.attention_mask] = bufs.mask
+        if io.position_ids is not None:
+            feed[io.position_ids] = bufs.pos
+        feed.update(self._cache.feed())
+        outs = self.model.run_bound(bufs, feed, self._names)
+        self._cache.update(outs[1:])
+        if scratch_rows:
+            bufs.mask[cells] = 0
+        logits = outs[0].reshape(rows, -1)
+        for row, request in enumerate(self.requests):
+            if request is not None and request in waiting:
+                request._gen._decoded(logits[row:row + 1])
+
+
+def _batchable(model: Model) -> bool:
+    """Whether an Engine batches this model's decode steps (``_Batch``): the static decode path, and KV caches alone
+    (no carried layer states, which a run advances for every row; no window-sized caches; no inputs beside ids, mask,
+    positions and KV)."""
+    io = model.io
+    return (BATCH_ROWS > 1 and model._static_decode and model.config.search.past_present_share_buffer
+            and not model.window_layers and not io.state_names and not io.required)
+
+
 class Request:
     """One resident conversation of an Engine (``Engine.create_request``): turns begin with ``begin_turn`` once
     the previous one finished; ``close`` releases it."""
@@ -360,6 +445,9 @@ class Request:
         self._next_id = 1
         self._closed = False
         self._failed: str | None = None
+        self._batch: _Batch | None = None  # the shared decode buffers its generator decodes on, if any
+        self._row = 0
+        self._last = 0  # the last token it generated (what a batched step feeds)
 
     # -- state --------------------------------------------------------------------------------
     def _check_open(self) -> Engine:
@@ -459,7 +547,9 @@ class Request:
         engine = self._engine()
         if engine is not None:
             engine._forget(self)
-        self._closed, self._turn, self._gen = True, None, None
+        if self._batch is not None:
+            self._batch.release(self)
+        self._closed, self._turn, self._gen, self._batch = True, None, None, None
 
     # -- one step (Engine.run) ------------------------------------------------------------------
     def _generator(self, engine: Engine) -> Generator:
@@ -467,7 +557,11 @@ class Request:
             params = GeneratorParams(engine._model)
             params.set_search_options(max_length=self._limit, min_length=0, batch_size=1, num_beams=1,
                                       do_sample=False)
-            self._gen = Generator(engine._model, params)
+            if self._batch is not None:  # its row of shared buffers; the batched steps replace running ahead
+                self._gen = Generator(engine._model, params, _buffers=self._batch.bufs.row_view(self._row),
+                                      _run_ahead=False)
+            else:
+                self._gen = Generator(engine._model, params)
             if engine._seed >= 0:
                 self._gen._set_policy(**_policy_args(params.search), seed=engine._seed)
         return self._gen
@@ -494,6 +588,7 @@ class Request:
             engine._finish(self, turn, FinishReason.EOS)
             return
         token = int(tokens[0])
+        self._last = token
         turn.generated += 1
         reason, matched = FinishReason.NONE, None
         if turn.stop is not None and (matched := turn.stop.push(token)) is not None:
@@ -552,6 +647,7 @@ class Engine:
         self._queue: list[Request] = []  # requests with an active turn, in admission order
         self._retained: list[EngineEvent] = []  # events not handed out yet, in order
         self._tok: Any = None
+        self._batches: list[_Batch] = []
 
     def _tokenizer(self) -> Any:
         if self._tok is None:
@@ -591,6 +687,18 @@ class Engine:
             return buffer
         if not self._retained:
             active = list(self._queue[:MAX_BATCH])
+            if _batchable(self._model):
+                self._place([r for r in active if r._gen is None and r._batch is None and r._failed is None])
+                for batch in self._batches:
+                    waiting = [r for r in active if r._batch is batch and r._turn.fed and r._gen is not None
+                               and r._gen._logits is None and r._gen._kv_len == r._gen._len - 1]
+                    if len(waiting) > 1:
+                        try:
+                            batch.step(waiting)
+                        except Exception as exc:  # noqa: BLE001 - the batched step's requests fail their turns
+                            for r in waiting:
+                                self._fail(r, exc)
+                            active = [r for r in active if r not in waiting]
             # every step launched, then every token read (and its event made), in admission order
             failed = {id(r): exc for r in active if (exc := _attempt(r._launch, self)) is not None}
             for request in active:
@@ -600,6 +708,27 @@ class Engine:
         buffer._events, self._retained = self._retained[:buffer.capacity], self._retained[buffer.capacity:]
         return buffer
 
+    def _place(self, new: list[Request]) -> None:
+        """Rows of shared decode buffers (``_Batch``) for requests about to get their generators: free rows of
+        batches of their session length first, then new batches for two or more of them (rows: the next power of
+        two, at most BATCH_ROWS); a request left alone decodes on buffers of its own (and runs ahead)."""
+        rest = []
+        for request in new:
+            for batch in self._batches:
+                if batch.max_length == request._limit and (row := batch.place(request)) is not None:
+                    request._batch, request._row = batch, row
+                    break
+            else:
+                rest.append(request)
+        for limit in dict.fromkeys(r._limit for r in rest):
+            group = [r for r in rest if r._limit == limit]
+            while len(group) > 1:
+                take, group = group[:BATCH_ROWS], group[BATCH_ROWS:]
+                batch = _Batch(self._model, min(BATCH_ROWS, 1 << (len(take) - 1).bit_length()), limit)
+                self._batches.append(batch)
+                for request in take:
+                    request._batch, request._row = batch, batch.place(request)
+
     def _fail(self, request: Request, exc: Exception) -> None:
         """A request's step raised: its turn fails (TURN_FINISHED | FAILED, the cause logged and kept for its next
         begin_turn) and its generator is dropped; the other requests go on."""
@@ -607,6 +736,9 @@ class Engine:
         log.error("Engine: turn %d of a request failed: %s: %s", turn.id, type(exc).__name__, exc)
         request._failed = f"{type(exc).__name__}: {exc}"
         request._gen = None
+        if request._batch is not None:
+            request._batch.release(request)
+            request._batch = None
         self._finish(request, turn, FinishReason.FAILED, error=EngineErrorCode.ENGINE_EXECUTION_FAILURE)
 
     def _finish(self, request: Request, turn: _Turn, reason: FinishReason, *, matched: int | None = None,

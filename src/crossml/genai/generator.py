@@ -169,7 +169,10 @@ def _check(s: SearchConfig, context_length: int) -> None:
 class Generator:
     """og.Generator(model, params)."""
 
-    def __init__(self, model: Model, params: GeneratorParams) -> None:
+    def __init__(self, model: Model, params: GeneratorParams, *, _buffers: Any = None,
+                 _run_ahead: bool = True) -> None:
+        """(``_buffers``: the fixed decode buffers to use instead of a set lent by the model, ``_run_ahead=False``:
+        no step runs ahead; both for an Engine's batched requests, ``crossml.genai.engine``.)"""
         s = dataclasses.replace(params.search)
         _check(s, model.config.model.context_length)
         self._model, self._s = model, s
@@ -185,9 +188,16 @@ class Generator:
         # decode with fixed shapes at fixed addresses (see crossml.genai.model): one recorded graph for every
         # decode step, reading the model's lent DecodeBuffers in place
         self._static = model._static_decode and s.past_present_share_buffer
-        self._bufs = model._acquire_buffers(self._rows, s.max_length) if self._static else None
+        if _buffers is not None:
+            if not self._static or (_buffers.rows, _buffers.max_length) != (self._rows, s.max_length):
+                raise GenAIError("Generator: lent decode buffers need the static decode path and rows x max_length "
+                                 f"{self._rows} x {s.max_length}")
+            self._bufs = _buffers
+        else:
+            self._bufs = model._acquire_buffers(self._rows, s.max_length) if self._static else None
+            if self._bufs is not None:
+                weakref.finalize(self, model._release_buffers, self._bufs)
         if self._bufs is not None:
-            weakref.finalize(self, model._release_buffers, self._bufs)
             self._mask = self._bufs.mask
         else:
             self._mask = torch.zeros((self._rows, s.max_length), dtype=io.mask_dtype, device=dev)
@@ -228,7 +238,7 @@ class Generator:
         # (carried layer states are copied before a step runs ahead and put back if it is dropped, _drop_ahead; with
         # window-sized KV caches only steps that evict nothing run ahead, _ahead_keeps: a step dropped after it
         # evicted would have lost positions)
-        self._ahead = model._run_ahead and self._bufs is not None and self._beam is None
+        self._ahead = _run_ahead and model._run_ahead and self._bufs is not None and self._beam is None
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
@@ -262,6 +272,16 @@ class Generator:
         if seed is not None:
             self._rng.manual_seed(seed)
         self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+
+    def _decoded(self, logits: torch.Tensor) -> None:
+        """The decode step of the last appended token ran outside this generator, on its buffers (an Engine's
+        batched step over several generators' rows, ``crossml.genai.engine``): ``logits`` [1, vocab] are this row's,
+        and its KV row holds the token. The next ``generate_next_token`` chooses from them."""
+        if self._bufs is None or self._ahead or self._kv_len != self._len - 1 or self._logits is not None:
+            raise GeneratorStateError("_decoded: the generator is not waiting for the decode step of its last token")
+        self._logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+        self._kv_len = self._len
+        self._staged = None
 
     def _make_cache(self) -> KVCache:
         io = self._model.io

@@ -229,6 +229,23 @@ class DecodeBuffers:
         #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
         self.extras: dict[str, torch.Tensor] = {}
 
+    def row_view(self, row: int) -> DecodeBuffers:
+        """Row ``row`` of this set as a set of one row: its mask, KV and state buffers are views of this set's rows,
+        its ids and positions its own. A generator on it writes the row in place, so a run of the whole set
+        (``crossml.genai.engine``'s batched decode steps) sees each row's sequence as its own generator left it."""
+        view = object.__new__(DecodeBuffers)
+        view.rows, view.max_length = 1, self.max_length
+        view.ids = torch.zeros((1, 1), dtype=self.ids.dtype, device=self._device)
+        view.pos = _position_buffer(self._io, 1, 1, self._device)
+        view.mask = self.mask[row:row + 1]
+        view.kv = [t[row:row + 1] for t in self.kv]
+        view.states = [t[row:row + 1] for t in self.states]
+        view.replay, view.warmed = None, False
+        view._io, view._device = self._io, self._device
+        view.prompts, view.chunks, view.pieces = OrderedDict(), OrderedDict(), OrderedDict()
+        view.extras = {}
+        return view
+
     def bind_extras(self, values: dict[str, torch.Tensor]) -> None:
         """Copy a generator's extra input values into this set's fixed buffers. A different set of names, shapes
         or types gets new buffers, and the recordings made on the old ones are dropped."""
