@@ -447,3 +447,12 @@ def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch
         gen.generate_next_token()
         want.append(int(gen.get_next_tokens()[0]))
     assert out[0] == want
+    # a later Engine takes the batch back (its recordings with it); the requests of the one gone are closed
+    del e
+    assert reqs[0]._closed
+    e = og.Engine(model)
+    pair = [e.create_request() for _ in range(2)]
+    for r in pair:
+        r.begin_turn(_ids(1, 2))
+    e.run(buf := e.create_event_buffer(4))
+    assert pair[0]._batch is batch

@@ -578,9 +578,9 @@ def test_states_and_position_streams_on_the_gpu(models: Path, arch: str, prompts
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_engine_requests_match_their_own_generators(models: Path, precision: str) -> None:
-    """og.Engine on the GPU: three resident requests, two turns each, interleaved run by run (each request's steps
-    on its recorded decode graph, running ahead); every request's tokens are those of its own Generator fed the same
-    turns."""
+    """og.Engine on the GPU: three requests admitted together share decode buffers and decode in batched steps, two
+    turns each; every request's tokens are those of its own Generator fed the same turns, up to a fork where that
+    generator's best two logits are within rounding of each other (the batched products sum in another order)."""
     model = og.Model(str(models / f"qwen2_{precision}_cuda"))
     tok = og.Tokenizer(model)
     turns = [[tok.encode(p), tok.encode(" and then")] for p in (PROMPT, *BATCH)]
@@ -599,15 +599,24 @@ def test_engine_requests_match_their_own_generators(models: Path, precision: str
             for ev in engine.run(buf):
                 if ev.flags & og.EngineEventFlags.TOKEN:
                     got[reqs.index(ev.request)].append(ev.token)
-    for i, r in enumerate(reqs):
+    assert reqs[0]._batch is not None and reqs[0]._batch.bufs.replay is not None  # batched, recorded
+    forks = 0
+    for i in range(len(reqs)):
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=64)
         gen = og.Generator(model, params)
-        want = []
+        want, logits = [], []
         for t in range(2):
             gen.append_tokens(turns[i][t])
             for _ in range(NEW - 2 * i):
+                logits.append(gen.get_logits().reshape(-1))
                 gen.generate_next_token()
                 want.append(int(gen.get_next_tokens()[0]))
-        assert got[i] == want, i
-        assert r._gen._bufs is not None  # the static decode path (recorded graphs)
+        k = next((j for j, (a, b) in enumerate(zip(got[i], want)) if a != b), None)
+        if k is None:
+            assert got[i] == want
+            continue
+        forks += 1
+        top = logits[k].max()
+        assert top - logits[k][got[i][k]] <= 0.05, f"request {i} forks at token {k} without a near-tie"
+    assert forks < len(reqs)

@@ -362,6 +362,9 @@ class _Batch:
         self.model, self.max_length = model, max_length
         io = model.io
         self.bufs = DecodeBuffers(io, rows, max_length, model.kv_shapes(max_length), model.device)
+        #: each row as a set of one row, kept with its recordings (decode step, prompt buckets) for the row's next
+        #: request
+        self.views = [self.bufs.row_view(r) for r in range(rows)]
         self.requests: list[Request | None] = [None] * rows
         self._cache = StaticKVCache(io.past_names, io.present_names, rows, [], io.kv_dtype, model.device,
                                     self.bufs.kv)
@@ -416,6 +419,27 @@ class _Batch:
         for row, request in enumerate(self.requests):
             if request is not None and request in waiting:
                 request._gen._decoded(logits[row:row + 1])
+
+
+def _acquire_batch(model: Model, rows: int, max_length: int) -> _Batch:
+    """A free ``_Batch`` of the model's with at least ``rows`` rows (the fewest; an earlier Engine's, with its
+    recordings) or a new one of ``rows`` rows."""
+    pool = model.__dict__.setdefault("_engine_batches", [])
+    fits = [b for b in pool if b.max_length == max_length and len(b.requests) >= rows]
+    if fits:
+        batch = min(fits, key=lambda b: len(b.requests))
+        pool.remove(batch)
+        return batch
+    return _Batch(model, rows, max_length)
+
+
+def _release_engine(model: Model, batches: list[_Batch], requests: weakref.WeakSet) -> None:
+    """An Engine is gone: its requests are closed, its batches go back to the model for the next Engine."""
+    for request in list(requests):
+        request._closed, request._turn, request._gen, request._batch = True, None, None, None
+    for batch in batches:
+        batch.requests = [None] * len(batch.requests)
+        model.__dict__.setdefault("_engine_batches", []).append(batch)
 
 
 def _batchable(model: Model) -> bool:
@@ -558,8 +582,7 @@ class Request:
             params.set_search_options(max_length=self._limit, min_length=0, batch_size=1, num_beams=1,
                                       do_sample=False)
             if self._batch is not None:  # its row of shared buffers; the batched steps replace running ahead
-                self._gen = Generator(engine._model, params, _buffers=self._batch.bufs.row_view(self._row),
-                                      _run_ahead=False)
+                self._gen = Generator(engine._model, params, _buffers=self._batch.views[self._row], _run_ahead=False)
             else:
                 self._gen = Generator(engine._model, params)
             if engine._seed >= 0:
@@ -648,6 +671,8 @@ class Engine:
         self._retained: list[EngineEvent] = []  # events not handed out yet, in order
         self._tok: Any = None
         self._batches: list[_Batch] = []
+        self._requests: weakref.WeakSet = weakref.WeakSet()
+        weakref.finalize(self, _release_engine, model, self._batches, self._requests)
 
     def _tokenizer(self) -> Any:
         if self._tok is None:
@@ -667,7 +692,9 @@ class Engine:
         return {k: 0 for k in _SPECULATIVE_STATS}
 
     def create_request(self, *, options: RequestOptions | None = None) -> Request:
-        return Request(self, options)
+        request = Request(self, options)
+        self._requests.add(request)
+        return request
 
     def create_event_buffer(self, capacity: int) -> EngineEventBuffer:
         return EngineEventBuffer(self, _count(capacity, "create_event_buffer"))
@@ -724,7 +751,7 @@ class Engine:
             group = [r for r in rest if r._limit == limit]
             while len(group) > 1:
                 take, group = group[:BATCH_ROWS], group[BATCH_ROWS:]
-                batch = _Batch(self._model, min(BATCH_ROWS, 1 << (len(take) - 1).bit_length()), limit)
+                batch = _acquire_batch(self._model, min(BATCH_ROWS, 1 << (len(take) - 1).bit_length()), limit)
                 self._batches.append(batch)
                 for request in take:
                     request._batch, request._row = batch, batch.place(request)
