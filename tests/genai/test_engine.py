@@ -456,3 +456,55 @@ def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch
         r.begin_turn(_ids(1, 2))
     e.run(buf := e.create_event_buffer(4))
     assert pair[0]._batch is batch
+
+
+def test_batched_rows_end_sample_and_ban_as_alone(genai_models) -> None:
+    """In a batched step a row that chooses an end-of-sequence id ends its turn (not appended), a row below its
+    minimum has those ids banned, and a sampled row (chosen by its own generator from its logits row) draws what it
+    draws alone: each request's events equal those of the same turn run alone on the default path."""
+    folder = genai_models[("qwen2", "fp32")]
+    eos = [ev[2] for ev in _script(og, folder)[:9] if ev[0] == 0][2]
+
+    def model(static: bool) -> og.Model:
+        config = og.Config(folder)
+        config.overlay(json.dumps({"model": {"eos_token_id": [eos]}}))
+        m = og.Model(config)
+        m._static_decode = m._run_ahead = static
+        return m
+
+    def setups(o: og.TurnOptions, i: int) -> None:
+        o.set_max_generated_tokens(12)
+        if i == 1:
+            o.set_min_generated_tokens(6)
+        if i == 2:
+            o.set_do_sample(True)
+            o.set_top_k(20)
+            o.set_temperature(1.3)
+            o.set_seed(5)
+
+    def events(e: og.Engine, reqs: list) -> list[list]:
+        out: list[list] = [[] for _ in reqs]
+        buf = e.create_event_buffer(8)
+        while e.has_pending_requests():
+            for x in e.run(buf):
+                out[reqs.index(x.request)].append((x.token, int(x.flags), x.finish_reason.name,
+                                                   x.usage.generated_tokens))
+        return out
+
+    e = og.Engine(model(True))
+    reqs = [e.create_request() for _ in range(3)]
+    for i, r in enumerate(reqs):
+        o = og.TurnOptions(r)
+        setups(o, i)
+        r.begin_turn(_ids(1, 2, 3, 7), o)
+    together = events(e, reqs)
+    assert reqs[0]._batch is not None
+    alone_model = model(False)
+    for i in range(3):
+        e = og.Engine(alone_model)
+        r = e.create_request()
+        o = og.TurnOptions(r)
+        setups(o, i)
+        r.begin_turn(_ids(1, 2, 3, 7), o)
+        assert together[i] == events(e, [r])[0], i
+    assert together[0][-1][2] == "EOS" and together[1][-1][2] != "EOS"

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from crossml.genai.errors import GenAIError, GeneratorStateError, SearchOptionError
-from crossml.genai.generator import Generator, GeneratorParams
+from crossml.genai.generator import Generator, GeneratorParams, _plain_greedy
 from crossml.genai.model import Model
 
 log = logging.getLogger("crossml.genai")
@@ -362,6 +362,7 @@ class _Batch:
         self.model, self.max_length = model, max_length
         io = model.io
         self.bufs = DecodeBuffers(io, rows, max_length, model.kv_shapes(max_length), model.device)
+        self.bufs.seq = torch.zeros((rows, max_length), dtype=torch.long, device=model.device)
         #: each row as a set of one row, kept with its recordings (decode step, prompt buckets) for the row's next
         #: request
         self.views = [self.bufs.row_view(r) for r in range(rows)]
@@ -382,8 +383,11 @@ class _Batch:
     def release(self, request: Request) -> None:
         self.requests = [None if r is request else r for r in self.requests]
 
-    def step(self, waiting: list[Request]) -> None:
-        """One decoder run over every row; ``waiting``: the requests (of this batch) whose last token it feeds."""
+    def step(self, waiting: list[Request]) -> set[int]:
+        """One decoder run over every row; ``waiting``: the requests (of this batch) whose last token it feeds.
+        Rows on plain greedy search take their tokens here, in a few batched operations and one copy to the host
+        (``Generator._chosen``); the others get their logits row (``Generator._decoded``) and choose as their
+        generators do. Returns the ids of the requests whose tokens were chosen."""
         bufs, io = self.bufs, self.model.io
         rows = len(self.requests)
         ids, pos = [0] * rows, [0] * rows
@@ -416,9 +420,36 @@ class _Batch:
         if scratch_rows:
             bufs.mask[cells] = 0
         logits = outs[0].reshape(rows, -1)
+        fast: list[tuple[int, Request]] = []
         for row, request in enumerate(self.requests):
             if request is not None and request in waiting:
-                request._gen._decoded(logits[row:row + 1])
+                if _plain_greedy(request._gen._s):
+                    fast.append((row, request))
+                else:
+                    request._gen._decoded(logits[row:row + 1])
+        if fast:
+            self._choose(logits, fast)
+        return {id(r) for _, r in fast}
+
+    def _choose(self, logits: torch.Tensor, fast: list[tuple[int, Request]]) -> None:
+        """Greedy tokens of the ``fast`` rows: their end-of-sequence ids banned below each one's min_length, the
+        argmax, the tokens written into the rows' sequences and masks, one copy of tokens and ended flags to the
+        host, then each generator told (``Generator._chosen``)."""
+        gen0 = fast[0][1]._gen
+        device = logits.device
+        rows = torch.tensor([row for row, _ in fast], device=device)
+        cols = torch.tensor([r._gen._len for _, r in fast], device=device)
+        scores = logits.index_select(0, rows).float()
+        banned = [i for i, (_, r) in enumerate(fast) if r._gen._len < r._gen._s.min_length]
+        if banned:
+            scores[torch.tensor(banned, device=device)[:, None], gen0._eos[None, :]] = float("-inf")
+        tokens = scores.argmax(-1)
+        self.bufs.seq[rows, cols] = tokens
+        self.bufs.mask[rows, cols] = 1
+        both = torch.cat([tokens, torch.isin(tokens, gen0._eos).long()]).cpu().numpy()
+        n = len(fast)
+        for i, (_, request) in enumerate(fast):
+            request._gen._chosen(int(both[i]), bool(both[n + i]), tokens[i:i + 1])
 
 
 def _acquire_batch(model: Model, rows: int, max_length: int) -> _Batch:
@@ -714,6 +745,7 @@ class Engine:
             return buffer
         if not self._retained:
             active = list(self._queue[:MAX_BATCH])
+            chosen: set[int] = set()  # requests whose batched step chose their tokens
             if _batchable(self._model):
                 self._place([r for r in active if r._gen is None and r._batch is None and r._failed is None])
                 for batch in self._batches:
@@ -721,13 +753,13 @@ class Engine:
                                and r._gen._logits is None and r._gen._kv_len == r._gen._len - 1]
                     if len(waiting) > 1:
                         try:
-                            batch.step(waiting)
+                            chosen |= batch.step(waiting)
                         except Exception as exc:  # noqa: BLE001 - the batched step's requests fail their turns
                             for r in waiting:
                                 self._fail(r, exc)
                             active = [r for r in active if r not in waiting]
             # every step launched, then every token read (and its event made), in admission order
-            failed = {id(r): exc for r in active if (exc := _attempt(r._launch, self)) is not None}
+            failed = {id(r): exc for r in active if id(r) not in chosen and (exc := _attempt(r._launch, self)) is not None}
             for request in active:
                 exc = failed.get(id(request)) or _attempt(request._collect, self)
                 if exc is not None:

@@ -184,7 +184,11 @@ class Generator:
         self._eos = torch.tensor(mc.eos_token_id or [-1], dtype=torch.long, device=dev)
         self._eos_list = list(mc.eos_token_id)
         io = model.io
-        self._seq = torch.full((self._rows, s.max_length), self._pad, dtype=torch.long, device=dev)
+        if _buffers is not None and _buffers.seq is not None:
+            self._seq = _buffers.seq
+            self._seq.fill_(self._pad)
+        else:
+            self._seq = torch.full((self._rows, s.max_length), self._pad, dtype=torch.long, device=dev)
         # decode with fixed shapes at fixed addresses (see crossml.genai.model): one recorded graph for every
         # decode step, reading the model's lent DecodeBuffers in place
         self._static = model._static_decode and s.past_present_share_buffer
@@ -282,6 +286,23 @@ class Generator:
         self._logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
         self._kv_len = self._len
         self._staged = None
+
+    def _chosen(self, token: int, ended: bool, next_token: torch.Tensor) -> None:
+        """The step's token was chosen outside this generator and written into its sequence and mask (an Engine's
+        batched greedy step, ``crossml.genai.engine``): ``token`` on the host, ``next_token`` its [1] device tensor,
+        ``ended``: it is an end-of-sequence id (the step is then not appended, as ``_settle`` does)."""
+        self._len += 1
+        self._next = next_token
+        self._logits = None
+        self._finished_step = False
+        self._staged = None
+        self._host = (np.array([token], dtype=np.int32), ended)
+        if ended:
+            self._done.fill_(True)
+            self._len -= 1
+            self._seq[:, self._len] = self._pad
+            self._mask[:, self._len] = 0
+            self._finished_step = True
 
     def _make_cache(self) -> KVCache:
         io = self._model.io

@@ -228,6 +228,9 @@ class DecodeBuffers:
         self.pieces: OrderedDict[int, PromptBuffers] = OrderedDict()  # carried-state models' pieces (state_pieces)
         #: the decoder's extra inputs (adapter parameters, set_model_input values) at fixed addresses
         self.extras: dict[str, torch.Tensor] = {}
+        #: the sequences of token ids ([rows, max_length] int64) when the set owns them (an Engine's batch, whose
+        #: rows' generators keep theirs in it); None: each generator has its own
+        self.seq: torch.Tensor | None = None
 
     def row_view(self, row: int) -> DecodeBuffers:
         """Row ``row`` of this set as a set of one row: its mask, KV and state buffers are views of this set's rows,
@@ -244,6 +247,7 @@ class DecodeBuffers:
         view._io, view._device = self._io, self._device
         view.prompts, view.chunks, view.pieces = OrderedDict(), OrderedDict(), OrderedDict()
         view.extras = {}
+        view.seq = self.seq[row:row + 1] if self.seq is not None else None
         return view
 
     def bind_extras(self, values: dict[str, torch.Tensor]) -> None:
