@@ -290,7 +290,9 @@ class Generator:
     def _chosen(self, token: int, ended: bool, next_token: torch.Tensor) -> None:
         """The step's token was chosen outside this generator and written into its sequence and mask (an Engine's
         batched greedy step, ``crossml.genai.engine``): ``token`` on the host, ``next_token`` its [1] device tensor,
-        ``ended``: it is an end-of-sequence id (the step is then not appended, as ``_settle`` does)."""
+        ``ended``: it is an end-of-sequence id (the step is then not appended, as ``_settle`` does). The run that
+        gave its logits fed the previous token, which is in the KV cache now."""
+        self._kv_len = self._len
         self._len += 1
         self._next = next_token
         self._logits = None
