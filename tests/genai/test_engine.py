@@ -452,11 +452,24 @@ def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch
     del e
     assert reqs[0]._closed
     e = og.Engine(model)
-    pair = [e.create_request() for _ in range(2)]
-    for r in pair:
+    three = [e.create_request() for _ in range(3)]
+    for r in three:
         r.begin_turn(_ids(1, 2))
-    e.run(buf := e.create_event_buffer(4))
-    assert pair[0]._batch is batch
+    e.run(e.create_event_buffer(4))
+    assert three[0]._batch is batch
+    # a request joins a batch holding requests; fewer than BATCH_MIN starting together otherwise decode on
+    # buffers of their own
+    one = e.create_request()
+    one.begin_turn(_ids(3))
+    e.run(e.create_event_buffer(4))
+    assert one._batch is batch and one._row == 3
+    for r in (*three, one):
+        r.close()
+    two = [e.create_request() for _ in range(2)]
+    for r in two:
+        r.begin_turn(_ids(1, 2))
+    e.run(e.create_event_buffer(4))
+    assert two[0]._batch is None and two[0]._gen._bufs is not None
 
 
 def test_batched_rows_end_sample_and_ban_as_alone(genai_models) -> None:
