@@ -4,8 +4,8 @@ For each of the GenAI benchmark's models (``genai_bench.py``'s builder folders, 
 and each request count N in --requests, N requests are admitted together (prompts of --prompt distinct tokens, turns
 of exactly --new tokens: min and max generated tokens both --new), and the engine is run until it has nothing
 pending (each request's session limited to its prompt and turn, plus one); the table has the wall time from the first admission to the last event and the generated tokens per second
-over all requests (median of --repeats, after one unmeasured round). Runtimes: ``crossml`` (crossml.genai.Engine,
-one decode per request and run) and ``ortgenai`` (onnxruntime-genai's Engine on its CUDA build, where it imports);
+over all requests (median of --repeats, after one unmeasured round). Runtimes: ``crossml`` (crossml.genai.Engine:
+three or more requests that start together decode in batched steps on shared buffers, crossml.genai.engine) and ``ortgenai`` (onnxruntime-genai's Engine on its CUDA build, where it imports);
 ``generator`` is the N = 1 reference: one crossml Generator's turn of the same length, its tokens read one by one.
 
     python benchmarks/genai_engine.py [--models qwen2.5-0.5b] [--precisions fp16,int4] [--requests 1,4,8]
