@@ -26,8 +26,12 @@ lowest index), the precedence STOP_STRING > MAX_GENERATED_TOKENS > MAX_SESSION_T
 token event not yet handed out, turn ids from 1 per request. Differences: requests run on dynamic batching (a turn
 joins the next run, a continuation turn works with any number of requests), so stop strings and per-turn seeds are
 accepted (onnxruntime-genai's CPU engine, on static batching, refuses them); a token id outside the vocabulary is
-refused by ``begin_turn`` (there it fails the step and the engine); each request steps its own generator (one
-decode per request and run, not one batched decode); guidance and speculative drafts are not provided and raise.
+refused by ``begin_turn`` (there it fails the step and the engine); guidance and speculative drafts are not provided
+and raise.
+
+On the static decode path (GPUs) requests that get their generators in the same run, three or more, share one set
+of decode buffers (``_Batch``): each generator works on its own row, and whenever two or more of them wait for a
+decode step the engine runs one batched step for them (``Engine.run``).
 """
 
 from __future__ import annotations
