@@ -26,8 +26,8 @@ lowest index), the precedence STOP_STRING > MAX_GENERATED_TOKENS > MAX_SESSION_T
 token event not yet handed out, turn ids from 1 per request. Differences: requests run on dynamic batching (a turn
 joins the next run, a continuation turn works with any number of requests), so stop strings and per-turn seeds are
 accepted (onnxruntime-genai's CPU engine, on static batching, refuses them); a token id outside the vocabulary is
-refused by ``begin_turn`` (there it fails the step and the engine); guidance and speculative drafts are not provided
-and raise.
+refused by ``begin_turn`` (there it fails the step and the engine); speculative drafts are not provided and raise;
+guidance runs on llguidance (``crossml.genai.guidance``).
 
 On the static decode path (GPUs) requests that get their generators in the same run, three or more, share one set
 of decode buffers (``_Batch``): each generator works on its own row, and whenever two or more of them wait for a
@@ -46,8 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from crossml.genai import guidance
 from crossml.genai.errors import GenAIError, GeneratorStateError, SearchOptionError
-from crossml.genai.generator import Generator, GeneratorParams, _plain_greedy
+from crossml.genai.generator import Generator, GeneratorParams
 from crossml.genai.model import Model
 
 log = logging.getLogger("crossml.genai")
@@ -68,7 +69,6 @@ BATCH_ROWS = 16
 BATCH_MIN = 3
 #: stop strings of a turn: at most this many, of at most STOP_BYTES UTF-8 bytes together (as onnxruntime-genai)
 MAX_STOP_STRINGS, STOP_BYTES = 16, 16 * 1024
-GUIDANCE_TYPES = ("json_schema", "regex", "lark_grammar")
 
 
 class FinishReason(enum.IntEnum):
@@ -246,13 +246,10 @@ class TurnOptions:
         self._stop = strings
 
     def set_guidance(self, guidance_type: str, guidance_data: str) -> None:
-        """A grammar for this turn (json_schema, regex or lark_grammar); crossml.genai runs no constrained decoding,
-        so a turn given one is refused by begin_turn."""
-        if not guidance_type or not guidance_data:
+        """Constrain this turn's tokens to a grammar (json_schema, regex or lark_grammar; ``crossml.genai.guidance``,
+        needs llguidance), compiled when the turn is admitted. Never inherited by the next turn."""
+        if not guidance.check_request(guidance_type, guidance_data):
             raise SearchOptionError("Guidance type and data must be provided together.")
-        if guidance_type not in GUIDANCE_TYPES:
-            raise SearchOptionError(f"Unsupported guidance type: {guidance_type} (only json_schema, regex, and "
-                                    "lark_grammar are supported).")
         self._guidance = (str(guidance_type), str(guidance_data))
 
     def clear_guidance(self) -> None:
@@ -273,6 +270,7 @@ class _Policy:
     min_generated: int
     seed: int | None
     stop: list[str]
+    guide: Any = None  # crossml.genai.guidance.Guide of the turn's grammar
 
 
 def _resolve(options: TurnOptions | None, model: Model) -> _Policy:
@@ -280,9 +278,6 @@ def _resolve(options: TurnOptions | None, model: Model) -> _Policy:
     admission checks it (nothing about the request changes before this passes)."""
     d = model.config.search
     v = options._values if options is not None else {}
-    if options is not None and options._guidance is not None:
-        raise SearchOptionError(f"begin_turn: guidance ({options._guidance[0]}) is not supported by crossml.genai: "
-                                "it runs no constrained decoding; clear_guidance() on the TurnOptions")
     get = lambda key: v.get(key, getattr(d, key))  # noqa: E731
     temperature, top_k, top_p = get("temperature"), get("top_k"), get("top_p")
     rep, ngram = get("repetition_penalty"), get("no_repeat_ngram_size")
@@ -321,10 +316,13 @@ def _resolve(options: TurnOptions | None, model: Model) -> _Policy:
     mx, mn = v.get("max_generated_tokens", 0), v.get("min_generated_tokens", 0)
     if mx and mn > mx:
         raise SearchOptionError(f"min_generated_tokens ({mn}) must not exceed max_generated_tokens ({mx}).")
+    guide = None
+    if options is not None and options._guidance is not None:  # compiled now: a bad grammar changes nothing
+        guide = guidance.Guide(model, *options._guidance, 1)
     return _Policy(do_sample=not greedy, temperature=temperature if not greedy else 1.0, top_k=top_k,
                    top_p=0.0 if top_p == 1.0 else top_p, repetition_penalty=rep, no_repeat_ngram_size=ngram,
                    max_generated=mx, min_generated=mn, seed=options._seed if options is not None else None,
-                   stop=list(options._stop) if options is not None else [])
+                   stop=list(options._stop) if options is not None else [], guide=guide)
 
 
 class _StopMatcher:
@@ -431,7 +429,7 @@ class _Batch:
         fast: list[tuple[int, Request]] = []
         for row, request in enumerate(self.requests):
             if request is not None and request in waiting:
-                if _plain_greedy(request._gen._s):
+                if request._gen._plain():
                     fast.append((row, request))
                 else:
                     request._gen._decoded(logits[row:row + 1])
@@ -638,6 +636,7 @@ class Request:
             gen._set_policy(do_sample=p.do_sample, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
                             repetition_penalty=p.repetition_penalty, no_repeat_ngram_size=p.no_repeat_ngram_size,
                             min_length=turn.start + turn.tokens.size + p.min_generated, seed=p.seed)
+            gen._set_guide(p.guide)  # a turn's grammar or none: never the previous turn's
             gen.append_tokens(turn.tokens)
             turn.fed = True
         gen.generate_next_token()

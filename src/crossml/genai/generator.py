@@ -42,7 +42,7 @@ import crossml.genai.model as genai_model
 from crossml import dtypes
 from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
-from crossml.genai import logs, search
+from crossml.genai import guidance, logs, search
 from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
@@ -118,6 +118,7 @@ class GeneratorParams:
     def __init__(self, model: Model) -> None:
         self._model = model
         self.search = dataclasses.replace(model.config.search)
+        self.guidance: tuple[str, str] | None = None  # (type, data): set_guidance
 
     def set_search_options(self, **options: Any) -> None:
         values = {}
@@ -136,8 +137,17 @@ class GeneratorParams:
             out[key] = bool(v) if kind is bool else float(v)
         return out
 
-    def set_guidance(self, *args: Any, **kwargs: Any) -> None:
-        raise SearchOptionError("constrained decoding (set_guidance) is not supported by crossml.genai")
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:  # noqa: A002 - og's name
+        """Constrain the generated tokens to a grammar: ``type`` json_schema, regex or lark_grammar, ``data`` the
+        schema / expression / grammar (``crossml.genai.guidance``; needs llguidance). Both empty: no guidance.
+        ``enable_ff_tokens`` (tokens the grammar forces appended without a model step) is not provided."""
+        if guidance.check_request(type, data):
+            if enable_ff_tokens:
+                raise SearchOptionError("set_guidance: enable_ff_tokens=True (forced tokens appended without a model "
+                                        "step) is not supported by crossml.genai; leave it False")
+            self.guidance = (str(type), str(data))
+        else:
+            self.guidance = None
 
 
 def _check(s: SearchConfig, context_length: int) -> None:
@@ -234,6 +244,14 @@ class Generator:
                 self._rng.manual_seed(s.random_seed)
             else:
                 self._rng.seed()
+        # constrained decoding: one llguidance matcher per row (crossml.genai.guidance); the columns of the tokens
+        # committed to row 0's (rewind_to)
+        self._guide: guidance.Guide | None = None
+        self._guide_cols: list[int] = []
+        if params.guidance is not None:
+            if s.num_beams > 1:
+                raise SearchOptionError("set_guidance cannot be combined with num_beams > 1")
+            self._guide = guidance.Guide(model, *params.guidance, self._rows)
         self._beam = (search.BeamSearch(s.batch_size, s.num_beams, self._eos_list, s.length_penalty,
                                         s.early_stopping, dev) if s.num_beams > 1 else None)
         self._final: list[list[int]] | None = None
@@ -246,7 +264,7 @@ class Generator:
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
-        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and self._plain() else None
         self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
         # ... which the greedy kernel also writes straight into host memory (two slots, used in turn), so the
         # host waits for an event instead of a copy launched behind the kernel
@@ -275,7 +293,17 @@ class Generator:
             self._rng.seed()
         if seed is not None:
             self._rng.manual_seed(seed)
-        self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and _plain_greedy(s) else None
+        self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and self._plain() else None
+
+    def _plain(self) -> bool:
+        """Whether a step is argmax plus the end-of-sequence ban alone (the greedy kernel's, an Engine's batched
+        choice): plain greedy search without guidance."""
+        return _plain_greedy(self._s) and self._guide is None
+
+    def _set_guide(self, guide: guidance.Guide | None) -> None:
+        """Constrain the steps to come with ``guide`` (None: unconstrained); an Engine turn's grammar."""
+        self._guide, self._guide_cols = guide, []
+        self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and self._plain() else None
 
     def _decoded(self, logits: torch.Tensor) -> None:
         """The decode step of the last appended token ran outside this generator, on its buffers (an Engine's
@@ -810,7 +838,11 @@ class Generator:
         seq = self._seq[:, :self._len]
         scores = search.apply_repetition_penalty(scores, seq, s.repetition_penalty)
         scores = search.apply_min_length(scores, self._len, s.min_length, self._eos)
-        return search.apply_no_repeat_ngram(scores, seq, s.no_repeat_ngram_size)
+        scores = search.apply_no_repeat_ngram(scores, seq, s.no_repeat_ngram_size)
+        if self._guide is not None:  # what the grammar refuses gets the lowest float32, as onnxruntime-genai sets it
+            allowed = self._guide.allowed(scores.shape[-1], scores.device)
+            scores = scores.float().masked_fill(~allowed, torch.finfo(torch.float32).min)
+        return scores
 
     def _select(self) -> torch.Tensor:
         s = self._s
@@ -838,6 +870,12 @@ class Generator:
             self._beam_step()
         elif self._greedy is not None:
             self._greedy_step()
+        elif self._guide is not None:
+            live = np.flatnonzero(~self._done.cpu().numpy())  # rows still generating: their tokens are committed
+            col = self._len
+            self._append(search.finish(self._select(), self._done, self._pad, self._eos))
+            self._guide.commit(self._settle()[0], live)
+            self._guide_cols.append(col)
         else:
             self._append(search.finish(self._select(), self._done, self._pad, self._eos))
         if logs.wants("append_next_tokens") or logs.wants("hit_eos") or logs.wants("hit_max_length"):
@@ -1104,6 +1142,10 @@ class Generator:
                 f"{self._kv_len} positions, so the tokens needed at that point have already been evicted. Increase "
                 "model.decoder.sliding_window.cache_slack in genai_config.json to keep more positions resident, or "
                 "rewind before the cache fills.")
+        if self._guide is not None:  # the grammar back to the tokens committed before new_length
+            kept = sum(c < new_length for c in self._guide_cols)
+            self._guide.rewind(kept)
+            self._guide_cols = self._guide_cols[:kept]
         self._seq[:, new_length:] = self._pad
         self._mask[:, new_length:] = 0
         self._len = new_length
