@@ -620,3 +620,46 @@ def test_engine_requests_match_their_own_generators(models: Path, precision: str
         top = logits[k].max()
         assert top - logits[k][got[i][k]] <= 0.05, f"request {i} forks at token {k} without a near-tie"
     assert forks < len(reqs)
+
+
+def test_guided_turns_on_the_gpu(models: Path) -> None:
+    """Constrained decoding on the GPU: a guided Generator, and an Engine whose batch holds one guided request
+    beside two plain ones (the guided row chooses from its logits row, the others in the batched choice); the guided
+    texts follow the grammar and end on the end-of-sequence id."""
+    pytest.importorskip("llguidance", reason="guidance needs llguidance (pip install crossml[guidance])")
+    model = og.Model(str(models / "qwen2_fp16_cuda"))
+    tok = og.Tokenizer(model)
+    regex = r"(yes|no|maybe)[.!]"
+    allowed = {f"{w}{p}" for w in ("yes", "no", "maybe") for p in ".!"}
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=64)
+    params.set_guidance("regex", regex)
+    gen = og.Generator(model, params)
+    prompt = tok.encode(PROMPT)
+    gen.append_tokens(prompt)
+    while not gen.is_done():
+        gen.generate_next_token()
+    assert tok.decode(gen.get_sequence(0)[len(prompt):]) in allowed
+    engine = og.Engine(model)
+    session = og.RequestOptions()
+    session.set_max_session_tokens(64)
+    reqs = [engine.create_request(options=session) for _ in range(3)]
+    for i, r in enumerate(reqs):
+        opts = og.TurnOptions(r)
+        opts.set_max_generated_tokens(8)
+        if i == 1:
+            opts.set_guidance("regex", regex)
+        r.begin_turn(tok.encode(BATCH[i % 2]), opts)
+    tokens: list[list[int]] = [[] for _ in reqs]
+    reasons = [None] * 3
+    buf = engine.create_event_buffer(8)
+    while engine.has_pending_requests():
+        for ev in engine.run(buf):
+            i = reqs.index(ev.request)
+            if ev.flags & og.EngineEventFlags.TOKEN:
+                tokens[i].append(ev.token)
+            if ev.flags & og.EngineEventFlags.TURN_FINISHED:
+                reasons[i] = ev.finish_reason
+    assert reqs[0]._batch is not None
+    assert tok.decode(np.array(tokens[1], dtype=np.int32)) in allowed and reasons[1] == og.FinishReason.EOS
+    assert reasons[0] == reasons[2] == og.FinishReason.MAX_GENERATED_TOKENS and len(tokens[0]) == 8
