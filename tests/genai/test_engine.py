@@ -124,6 +124,36 @@ def test_cancel_merges_into_a_token_event_not_handed_out(genai_models, og_ref) -
     assert ours[2] == (True, True, 3, "CANCELLED", 1)
 
 
+def _engine_turns(e, reqs, turns, cap, buf) -> list[list[int]]:
+    """Each request's tokens over rounds of turns: in round t every request i begins ``turns[i][t]`` capped at
+    ``cap(i, t)`` tokens, then the engine runs until nothing is pending."""
+    got: list[list[int]] = [[] for _ in reqs]
+    for t in range(len(turns[0])):
+        for i, r in enumerate(reqs):
+            opts = og.TurnOptions(r)
+            opts.set_max_generated_tokens(cap(i, t))
+            r.begin_turn(turns[i][t], opts)
+        while e.has_pending_requests():
+            for ev in e.run(buf):
+                if ev.flags & og.EngineEventFlags.TOKEN:
+                    got[reqs.index(ev.request)].append(ev.token)
+    return got
+
+
+def _generator_turns(model, turns, caps) -> list[int]:
+    """The tokens of one Generator fed ``turns`` (chat turns), generating ``caps[t]`` tokens after each."""
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=model.config.search.max_length)
+    gen = og.Generator(model, params)
+    want = []
+    for tokens, n in zip(turns, caps):
+        gen.append_tokens(tokens)
+        for _ in range(n):
+            gen.generate_next_token()
+            want.append(int(gen.get_next_tokens()[0]))
+    return want
+
+
 def test_continuation_turns_of_several_requests_match_one_generator_each(genai_models) -> None:
     """Dynamic batching: turns of three resident requests interleave, and each request's tokens are those of its
     own Generator fed the same turns (chat turns: append_tokens after generating)."""
@@ -131,28 +161,9 @@ def test_continuation_turns_of_several_requests_match_one_generator_each(genai_m
     e = og.Engine(model)
     reqs = [e.create_request() for _ in range(3)]
     turns = [[_ids(1, 2 + i), _ids(9, 3 + i, 4)] for i in range(3)]
-    got: list[list[int]] = [[] for _ in reqs]
-    buf = e.create_event_buffer(2)  # events of one run come out over two
-    for t in range(2):
-        for i, r in enumerate(reqs):
-            opts = og.TurnOptions(r)
-            opts.set_max_generated_tokens(3 + i + t)
-            r.begin_turn(turns[i][t], opts)
-        while e.has_pending_requests():
-            for ev in e.run(buf):
-                if ev.flags & og.EngineEventFlags.TOKEN:
-                    got[reqs.index(ev.request)].append(ev.token)
+    got = _engine_turns(e, reqs, turns, lambda i, t: 3 + i + t, e.create_event_buffer(2))  # a run's events over two
     for i in range(3):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=model.config.search.max_length)
-        gen = og.Generator(model, params)
-        want = []
-        for t in range(2):
-            gen.append_tokens(turns[i][t])
-            for _ in range(3 + i + t):
-                gen.generate_next_token()
-                want.append(int(gen.get_next_tokens()[0]))
-        assert got[i] == want
+        assert got[i] == _generator_turns(model, turns[i], [3 + i, 4 + i])
 
 
 def _generated(model, tokens, n, opts=None, engine=None) -> tuple[list[int], og.EngineEvent]:
@@ -398,31 +409,13 @@ def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch
     e = og.Engine(model)
     reqs = [e.create_request() for _ in range(3)]
     turns = [[_ids(1, 2 + i, 5), _ids(9, 3 + i, 4)] for i in range(3)]
-    got: list[list[int]] = [[] for _ in reqs]
     buf = e.create_event_buffer(8)
-    for t in range(2):
-        for i, r in enumerate(reqs):
-            opts = og.TurnOptions(r)
-            opts.set_max_generated_tokens(5 + 2 * i + t)
-            r.begin_turn(turns[i][t], opts)
-        while e.has_pending_requests():
-            for ev in e.run(buf):
-                if ev.flags & og.EngineEventFlags.TOKEN:
-                    got[reqs.index(ev.request)].append(ev.token)
+    got = _engine_turns(e, reqs, turns, lambda i, t: 5 + 2 * i + t, buf)
     # every decode step of two or more requests batched: turn caps 5 / 7 / 9, then 6 / 8 / 10
     assert steps == [3] * 4 + [2] * 2 + [3] * 5 + [2] * 2 and reqs[0]._batch is reqs[2]._batch is not None
     assert len(reqs[0]._batch.requests) == 4  # three requests: a power of two of rows
     for i in range(3):
-        params = og.GeneratorParams(ref)
-        params.set_search_options(max_length=ref.config.search.max_length)
-        gen = og.Generator(ref, params)
-        want = []
-        for t in range(2):
-            gen.append_tokens(turns[i][t])
-            for _ in range(5 + 2 * i + t):
-                gen.generate_next_token()
-                want.append(int(gen.get_next_tokens()[0]))
-        assert got[i] == want, i
+        assert got[i] == _generator_turns(ref, turns[i], [5 + 2 * i, 6 + 2 * i]), i
     # a closed request's row goes to the next request; the others' rows are untouched by its steps
     batch = reqs[1]._batch
     reqs[1].close()
@@ -440,13 +433,8 @@ def test_batched_decode_steps_match_one_generator_each(genai_models, monkeypatch
             if ev.flags & og.EngineEventFlags.TOKEN:
                 out[0 if ev.request is reqs[0] else 1].append(ev.token)
     assert late._batch is batch and late._row == 1 and out[1] == first
-    gen = og.Generator(ref, params)
-    gen.append_tokens(np.concatenate([turns[0][0], got[0][:5], turns[0][1], got[0][5:], [7]]).astype(np.int32))
-    want = []
-    for _ in range(6):
-        gen.generate_next_token()
-        want.append(int(gen.get_next_tokens()[0]))
-    assert out[0] == want
+    history = np.concatenate([turns[0][0], got[0][:5], turns[0][1], got[0][5:], [7]]).astype(np.int32)
+    assert out[0] == _generator_turns(ref, [history], [6])  # its third turn: its whole history as one prompt
     # a later Engine takes the batch back (its recordings with it); the requests of the one gone are closed
     del e
     assert reqs[0]._closed
