@@ -509,3 +509,21 @@ def test_batched_rows_end_sample_and_ban_as_alone(genai_models) -> None:
         r.begin_turn(_ids(1, 2, 3, 7), o)
         assert together[i] == events(e, [r])[0], i
     assert together[0][-1][2] == "EOS" and together[1][-1][2] != "EOS"
+
+
+def test_cpu_batches_short_sessions_only(genai_models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU requests are batched when their sessions are at most CPU_BATCH_MAX_LENGTH long (fixed buffers of
+    that length); longer sessions keep growing caches, one generator each."""
+    model = og.Model(genai_models[("qwen2", "fp32")])
+    assert not model._static_decode
+    for limit, batched in ((64, True), (128, False)):
+        monkeypatch.setattr(engine_module, "CPU_BATCH_MAX_LENGTH", 100)
+        e = og.Engine(model)
+        session = og.RequestOptions()
+        session.set_max_session_tokens(limit)
+        reqs = [e.create_request(options=session) for _ in range(3)]
+        for r in reqs:
+            r.begin_turn(_ids(1, 2, 3))
+        e.run(e.create_event_buffer(4))
+        assert (reqs[0]._batch is not None) == batched
+        assert (reqs[0]._gen._bufs is not None) == batched  # fixed buffers, or the CPU's growing cache

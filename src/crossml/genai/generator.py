@@ -201,7 +201,7 @@ class Generator:
             self._seq = torch.full((self._rows, s.max_length), self._pad, dtype=torch.long, device=dev)
         # decode with fixed shapes at fixed addresses (see crossml.genai.model): one recorded graph for every
         # decode step, reading the model's lent DecodeBuffers in place
-        self._static = model._static_decode and s.past_present_share_buffer
+        self._static = (model._static_decode or _buffers is not None) and s.past_present_share_buffer
         if _buffers is not None:
             if not self._static or (_buffers.rows, _buffers.max_length) != (self._rows, s.max_length):
                 raise GenAIError("Generator: lent decode buffers need the static decode path and rows x max_length "
