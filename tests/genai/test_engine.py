@@ -67,10 +67,16 @@ def _script(lib, folder: str) -> list:
 
 
 @pytest.mark.parametrize(("arch", "precision"), [("qwen2", "fp32"), ("llama", "int4"), ("gemma", "fp32")])
-def test_events_match_onnxruntime_genai(genai_models, og_ref, arch: str, precision: str) -> None:
+def test_events_match_onnxruntime_genai(genai_models, og_ref, arch: str, precision: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     folder = genai_models[(arch, precision)]
+    steps: list[int] = []
+    step = engine_module._Batch.step
+    monkeypatch.setattr(engine_module._Batch, "step", lambda self, waiting: (steps.append(len(waiting)),
+                                                                            step(self, waiting))[1])
     ours, ref = _script(og, folder), _script(og_ref, folder)
     assert ours == ref
+    assert steps and max(steps) == 3  # the three requests' decode steps ran batched (sessions of 256 on the CPU)
     assert ours[-1][4] == "MAX_SESSION_TOKENS" and ("cancel", True, False, False) in ours
 
 
