@@ -279,6 +279,13 @@ def test_buffer_capacity(genai_models) -> None:
     assert e.max_draft_tokens_per_proposal() == 0 and e.get_speculative_stats()["draft_tokens_accepted"] == 0
 
 
+def test_speculative_stats_have_onnxruntime_genais_keys(genai_models, og_ref) -> None:
+    ours = og.Engine(og.Model(genai_models[("qwen2", "fp32")])).get_speculative_stats()
+    ref = og_ref.Engine(og_ref.Model(genai_models[("qwen2", "fp32")])).get_speculative_stats()
+    assert ours == ref  # no speculative decoding ran in either: every counter at zero, of the same kinds
+    assert [type(v) for v in ours.values()] == [type(v) for v in ref.values()]
+
+
 def test_more_requests_than_one_run_steps(genai_models, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_module, "MAX_BATCH", 2)
     model = og.Model(genai_models[("qwen2", "fp32")])
