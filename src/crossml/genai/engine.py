@@ -401,12 +401,13 @@ class _Batch:
         generators do. Returns the ids of the requests whose tokens were chosen."""
         bufs, io = self.bufs, self.model.io
         rows = len(self.requests)
+        fed = {id(r) for r in waiting}
         ids, pos = [0] * rows, [0] * rows
         scratch_rows, scratch_cols = [], []
         for row, request in enumerate(self.requests):
             gen = request._gen if request is not None else None
             length = gen._len if gen is not None else 0
-            if request is not None and request in waiting:
+            if id(request) in fed:
                 ids[row], pos[row] = request._last, length - 1
             elif length < self.max_length:
                 scratch_rows.append(row)
@@ -433,7 +434,7 @@ class _Batch:
         logits = outs[0].reshape(rows, -1)
         fast: list[tuple[int, Request]] = []
         for row, request in enumerate(self.requests):
-            if request is not None and request in waiting:
+            if id(request) in fed:
                 if request._gen._plain():
                     fast.append((row, request))
                 else:
@@ -629,8 +630,8 @@ class Request:
                 self._gen = Generator(engine._model, params, _buffers=self._batch.views[self._row], _run_ahead=False)
             else:
                 self._gen = Generator(engine._model, params)
-            if engine._seed >= 0:
-                self._gen._set_policy(**_policy_args(params.search), seed=engine._seed)
+            if engine._seed >= 0:  # the model's search.random_seed starts every request's stream
+                self._gen._reseed(engine._seed)
         return self._gen
 
     def _launch(self, engine: Engine) -> None:
@@ -676,12 +677,6 @@ def _attempt(part: Any, engine: Engine) -> Exception | None:
     except Exception as exc:  # noqa: BLE001 - a request's failure is its turn's event
         return exc
     return None
-
-
-def _policy_args(s: Any) -> dict[str, Any]:
-    return dict(do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                repetition_penalty=s.repetition_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
-                min_length=s.min_length)
 
 
 #: onnxruntime-genai 0.18's speculative-decoding counters (``Engine.get_speculative_stats``), by kind
@@ -835,8 +830,7 @@ class Engine:
         last = next((e for e in reversed(self._retained) if e.request is request), None)
         fields = dict(finish_reason=reason, usage=usage, error_code=error,
                       matched_stop_string_index=matched if reason == FinishReason.STOP_STRING else None)
-        if merge and last is not None and last.request is request and last.turn_id == turn.id \
-                and last.flags == EngineEventFlags.TOKEN:
+        if merge and last is not None and last.turn_id == turn.id and last.flags == EngineEventFlags.TOKEN:
             last.flags |= flags
             for k, v in fields.items():
                 setattr(last, k, v)

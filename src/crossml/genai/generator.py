@@ -264,7 +264,8 @@ class Generator:
         self._pending: tuple[Fence, np.ndarray] | None = None  # the last step's tokens + done flags, on their way
         self._ahead_outputs: dict[str, Any] | None = None  # outputs of a step run ahead, shown once it is consumed
         # plain greedy steps on the run-ahead path: one Triton step (crossml.kernels.greedy) for the ~15 torch kernels
-        self._greedy = _greedy_kernels(dev, self._eos.numel()) if self._ahead and self._plain() else None
+        self._greedy: ModuleType | None = None
+        self._pick_greedy()
         self._step_out = torch.empty(2 * self._rows, dtype=torch.long, device=dev)  # [tokens, done flags]
         # ... which the greedy kernel also writes straight into host memory (two slots, used in turn), so the
         # host waits for an event instead of a copy launched behind the kernel
@@ -288,11 +289,21 @@ class Generator:
         s = self._s
         s.do_sample, s.temperature, s.top_k, s.top_p = do_sample, temperature, top_k, top_p
         s.repetition_penalty, s.no_repeat_ngram_size, s.min_length = repetition_penalty, no_repeat_ngram_size, min_length
-        if self._rng is None and (do_sample or seed is not None):
+        if self._rng is None and do_sample:
             self._rng = torch.Generator(device=self._dev)
             self._rng.seed()
         if seed is not None:
-            self._rng.manual_seed(seed)
+            self._reseed(seed)
+        self._pick_greedy()
+
+    def _reseed(self, seed: int) -> None:
+        """The random stream of sampled steps restarts at ``seed``."""
+        if self._rng is None:
+            self._rng = torch.Generator(device=self._dev)
+        self._rng.manual_seed(seed)
+
+    def _pick_greedy(self) -> None:
+        """Plain greedy steps on the run-ahead path take the greedy kernel (``_greedy_step``); others, none."""
         self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and self._plain() else None
 
     def _plain(self) -> bool:
@@ -303,7 +314,7 @@ class Generator:
     def _set_guide(self, guide: guidance.Guide | None) -> None:
         """Constrain the steps to come with ``guide`` (None: unconstrained); an Engine turn's grammar."""
         self._guide, self._guide_cols = guide, []
-        self._greedy = _greedy_kernels(self._dev, self._eos.numel()) if self._ahead and self._plain() else None
+        self._pick_greedy()
 
     def _decoded(self, logits: torch.Tensor) -> None:
         """The decode step of the last appended token ran outside this generator, on its buffers (an Engine's
@@ -329,10 +340,15 @@ class Generator:
         self._host = (np.array([token], dtype=np.int32), ended)
         if ended:
             self._done.fill_(True)
-            self._len -= 1
-            self._seq[:, self._len] = self._pad
-            self._mask[:, self._len] = 0
-            self._finished_step = True
+            self._unappend()
+
+    def _unappend(self) -> None:
+        """The step on which every row ended is not appended (onnxruntime-genai's layout): its column back to pad."""
+        self._len -= 1
+        self._seq[:, self._len] = self._pad
+        self._mask[:, self._len] = 0
+        self._finished_step = True
+        self._staged = None
 
     def _make_cache(self) -> KVCache:
         io = self._model.io
@@ -1000,11 +1016,7 @@ class Generator:
                 all_done = bool(both[self._rows:].all())
                 self._host = (both[: self._rows].astype(np.int32), all_done)
                 if all_done and not self._finished_step:
-                    self._len -= 1  # the step on which every row ended is not appended
-                    self._seq[:, self._len] = self._pad
-                    self._mask[:, self._len] = 0
-                    self._finished_step = True
-                    self._staged = None
+                    self._unappend()
                     if self._kv_len > self._len:  # that token's step ran ahead: drop it
                         self._drop_ahead()
                         self._logits = None

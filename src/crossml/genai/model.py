@@ -219,10 +219,14 @@ class DecodeBuffers:
         self.kv = zero_kv(rows, kv_shapes, io.kv_dtype, device)
         #: the carried layer states (``crossml.genai.kv_cache.LayerStates``: LFM2's, Qwen3.5's), one buffer per state
         self.states = zero_states(rows, io.state_shapes, io.state_dtypes, device)
+        self._io, self._device = io, device
+        self._unrecorded()
+
+    def _unrecorded(self) -> None:
+        """The set's bookkeeping as a new set has it: nothing recorded, no prompt buckets, no extra inputs."""
         #: replays the decode graph recorded on these buffers (set after the first recorded decode step)
         self.replay: Any = None
         self.warmed = False  # a decode step on these buffers has run the specialised plan eagerly
-        self._io, self._device = io, device
         self.prompts: OrderedDict[int, PromptBuffers] = OrderedDict()
         self.chunks: OrderedDict[int, PromptBuffers] = OrderedDict()  # continuation chunks (full-width mask)
         self.pieces: OrderedDict[int, PromptBuffers] = OrderedDict()  # carried-state models' pieces (state_pieces)
@@ -243,10 +247,8 @@ class DecodeBuffers:
         view.mask = self.mask[row:row + 1]
         view.kv = [t[row:row + 1] for t in self.kv]
         view.states = [t[row:row + 1] for t in self.states]
-        view.replay, view.warmed = None, False
         view._io, view._device = self._io, self._device
-        view.prompts, view.chunks, view.pieces = OrderedDict(), OrderedDict(), OrderedDict()
-        view.extras = {}
+        view._unrecorded()
         view.seq = self.seq[row:row + 1] if self.seq is not None else None
         return view
 
