@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
 from crossml.genai.errors import ConfigError, ModelFileNotFound
+from crossml.genai.speculative import SpeculativeOptions, parse_section
 
 log = logging.getLogger("crossml.genai")
 
@@ -212,6 +213,8 @@ _UNSUPPORTED = {
     "speech encoder)", "model.decoder.pipeline": "decoders split over several ONNX files",
     "model.decoder.run_options": "per-run config entries", "model.decoder.shared_initializers": "initializers "
     "shared between sessions", "model.decoder.state_groups": "recurrent / paged decoder state",
+    "model.draft": "speculative decoding with a draft model (n-gram decoding, \"speculative\": {\"ngram_size\": N}, "
+    "needs no second model)",
 }
 
 _JSON_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "an object",
@@ -319,6 +322,8 @@ class Config:
         self.search = SearchConfig(**values)
         if self.search.max_length <= 0:
             self.search.max_length = context
+        spec = raw.get("speculative")
+        self.speculative = SpeculativeOptions() if spec is None else parse_section(spec, self._file)
         self._check_providers()
 
     def _marks(self, m: dict[str, Any], mtype: str) -> dict[str, int]:

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from crossml.genai import guidance
+from crossml.genai import guidance, speculative
 from crossml.genai.errors import GenAIError, GeneratorStateError, SearchOptionError
 from crossml.genai.generator import Generator, GeneratorParams
 from crossml.genai.model import Model
@@ -679,25 +679,6 @@ def _attempt(part: Any, engine: Engine) -> Exception | None:
     return None
 
 
-#: onnxruntime-genai 0.18's speculative-decoding counters (``Engine.get_speculative_stats``), by kind
-_SPECULATIVE_COUNTS = (
-    "rounds completed_rounds interrupted_rounds active_rounds draft_tokens_proposed draft_tokens_evaluated "
-    "draft_tokens_accepted correction_tokens bonus_tokens tokens_queued tokens_emitted tokens_discarded "
-    "tokens_buffered draft_forward_passes target_forward_passes effective_k adaptive_k_increases adaptive_k_decreases "
-    "adaptive_k_observations adaptive_k_probes cooldown_entries cooldown_steps cooldown_remaining "
-    "standard_fallback_steps mtp_failures dflash2_failures dflash2_disables dflash2_admission_misses "
-    "full_accept_rounds partial_accept_rounds zero_accept_rounds target_verify_forward_passes "
-    "target_reanchor_forward_passes target_reconciliation_forward_passes ngram_lookup_hits ngram_lookup_misses "
-    "ngram_lookup_tokens_proposed ngram_chained_tokens_proposed ngram_grammar_candidate_rejections "
-    "ngram_history_syncs ngram_history_tokens_synced").split()
-_SPECULATIVE_TIMES = (
-    "total_draft_ms total_target_ms total_reconciliation_ms total_target_verify_ms total_target_reanchor_ms "
-    "total_ngram_history_sync_ms total_ngram_lookup_ms avg_draft_ms_per_token acceptance_rate "
-    "avg_draft_tokens_per_round mean_emitted_tokens_per_round expected_tokens_per_round avg_target_ms_per_round "
-    "target_baseline_ms_per_token target_overhead_ratio estimated_speedup observed_speedup "
-    "adaptive_k_throughput").split()
-
-
 class Engine:
     """og.Engine(model): runs the turns of any number of Requests, one step of each active one per ``run``."""
 
@@ -741,8 +722,7 @@ class Engine:
 
     def get_speculative_stats(self) -> dict[str, Any]:
         """Speculative-decoding counters: all zero (the Engine does no speculative decoding)."""
-        return {**{k: 0 for k in _SPECULATIVE_COUNTS}, "formula_supported": False,
-                **{k: 0.0 for k in _SPECULATIVE_TIMES}, "acceptance_length_histogram": [0] * 8}
+        return speculative.zero_stats()
 
     def create_request(self, *, options: RequestOptions | None = None) -> Request:
         request = Request(self, options)

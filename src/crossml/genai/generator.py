@@ -42,7 +42,7 @@ import crossml.genai.model as genai_model
 from crossml import dtypes
 from crossml.device.queue import Fence, Queue
 from crossml.device.tensor import DeviceTensor
-from crossml.genai import guidance, logs, search
+from crossml.genai import guidance, logs, search, speculative
 from crossml.genai.adapters import Adapters
 from crossml.genai.config import SEARCH_OPTIONS, SearchConfig, coerce_search_option
 from crossml.genai.errors import ConfigError, GenAIError, GeneratorStateError, NameNotFoundError, SearchOptionError
@@ -119,6 +119,7 @@ class GeneratorParams:
         self._model = model
         self.search = dataclasses.replace(model.config.search)
         self.guidance: tuple[str, str] | None = None  # (type, data): set_guidance
+        self.speculative = dataclasses.replace(model.config.speculative)  # n-gram decoding (crossml.genai.speculative)
 
     def set_search_options(self, **options: Any) -> None:
         values = {}
@@ -136,6 +137,17 @@ class GeneratorParams:
             v = getattr(self.search, key)
             out[key] = bool(v) if kind is bool else float(v)
         return out
+
+    def set_speculative_options(self, **options: Any) -> None:
+        """Speculative decoding options (onnxruntime-genai's): ``ngram_size`` (0: off, or 2-16: n-gram decoding,
+        matching the last ngram_size - 1 tokens), ``max_draft_tokens`` (1-16), ``ngram_chained_lookup``,
+        ``min_adaptive_k`` (0: a fixed width) and ``cooldown``; see ``crossml.genai.speculative``."""
+        values = {k: speculative.coerce(k, v, "set_speculative_options") for k, v in options.items()}
+        for key, value in values.items():
+            setattr(self.speculative, key, value)
+
+    def get_speculative_options(self) -> dict[str, Any]:
+        return speculative.options_dict(self.speculative)
 
     def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:  # noqa: A002 - og's name
         """Constrain the generated tokens to a grammar: ``type`` json_schema, regex or lark_grammar, ``data`` the
@@ -278,6 +290,15 @@ class Generator:
         self._model_inputs: dict[str, torch.Tensor] = {}
         self._extra: dict[str, torch.Tensor] = {}
         self._refresh_extras()
+        # n-gram decoding (crossml.genai.speculative): its rounds hand out one token per generate_next_token, so no
+        # step runs ahead; a verifying run computes the logits at every column (_verifying)
+        speculative.check(self, params.speculative)
+        self._spec: speculative.Speculator | None = None
+        self._verifying = False
+        if params.speculative.ngram_size:
+            self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
+            self._ahead = False
+            self._pick_greedy()
 
     def _set_policy(self, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
                     repetition_penalty: float, no_repeat_ngram_size: int, min_length: int,
@@ -396,6 +417,8 @@ class Generator:
                                       f"{self._model.config.model.context_length}) or shorten the prompt")
         if self._len and (s.batch_size > 1 or self._beam is not None):
             raise GeneratorStateError("append_tokens after the first prompt needs batch_size 1 and num_beams 1")
+        if self._spec is not None:
+            self._spec.discard()  # a speculative round's tokens not handed out yet
         self._settle()
         if logs.wants("append_next_tokens"):
             for col in range(n):
@@ -648,7 +671,7 @@ class Generator:
     def _selects(self, start: int, end: int) -> bool:
         """Whether a run of columns start..end computes the logits at each row's last real column only: runs of several
         columns, where the model selects rows (``Model.rows_input``)."""
-        return self._model.rows_input is not None and end - start > 1
+        return self._model.rows_input is not None and end - start > 1 and not self._verifying
 
     def _last_columns(self, start: int, end: int) -> torch.Tensor | int:
         """Each row's last real column of a run of columns start..end, counted from ``start``: a first prompt's rows
@@ -881,6 +904,15 @@ class Generator:
                 logs.field("do_sample", int(s.do_sample)), logs.field("top_k", s.top_k),
                 logs.field("top_p", f"{s.top_p:g}"), logs.field("temperature", f"{s.temperature:g}"),
                 logs.field("sequence length", self._len, colour=36)]))
+        if self._spec is not None:
+            self._spec.step()
+        else:
+            self._standard_step()
+        if logs.wants("append_next_tokens") or logs.wants("hit_eos") or logs.wants("hit_max_length"):
+            self._log_step()
+
+    def _standard_step(self) -> None:
+        """Choose from the logits of the tokens so far (running the decoder if they are not current) and append."""
         self._ready()
         if self._beam is not None:
             self._beam_step()
@@ -894,8 +926,6 @@ class Generator:
             self._guide_cols.append(col)
         else:
             self._append(search.finish(self._select(), self._done, self._pad, self._eos))
-        if logs.wants("append_next_tokens") or logs.wants("hit_eos") or logs.wants("hit_max_length"):
-            self._log_step()
 
     def _log_step(self) -> None:
         """The log of a step (onnxruntime-genai's events): its tokens, the rows that chose an end-of-sequence
@@ -1064,6 +1094,8 @@ class Generator:
         vocab = self._outputs[self._model.io.logits].shape[-1] if self._outputs else arr.shape[-1]
         if arr.size != self._rows * vocab:
             raise ValueError(f"set_logits: expected {self._rows} x {vocab} values, got shape {arr.shape}")
+        if self._spec is not None:
+            self._spec.discard()  # the tokens queued were chosen from the logits this replaces
         self._settle()
         self._ready()
         self._logits, self._live = torch.as_tensor(arr.reshape(self._rows, vocab), device=self._dev), False
@@ -1142,6 +1174,8 @@ class Generator:
 
     def rewind_to(self, new_length: int) -> None:
         """Drop tokens after ``new_length``; the next step continues from sequence[:new_length]."""
+        if self._spec is not None:
+            self._spec.discard()
         self._settle()
         if self._s.batch_size != 1 or self._beam is not None:
             raise GeneratorStateError("rewind_to needs batch_size 1 and num_beams 1")
@@ -1172,3 +1206,13 @@ class Generator:
         self._run = self._ahead_run = None
         if new_length == 0:
             self._prompt_last = None
+        if self._spec is not None:
+            if new_length == 0:
+                self._spec.reset()
+            else:
+                self._spec.forget(new_length)
+
+    def get_speculative_stats(self) -> dict[str, Any]:
+        """onnxruntime-genai's speculative-decoding counters, times and ratios (all zero without n-gram decoding;
+        ``crossml.genai.speculative``)."""
+        return self._spec.stats() if self._spec is not None else speculative.zero_stats()

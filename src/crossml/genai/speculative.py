@@ -1,0 +1,596 @@
+"""Speculative decoding of the classic Generator: n-gram proposals, verified by the model in one run.
+
+onnxruntime-genai 0.18's n-gram decoding (``GeneratorParams.set_speculative_options(ngram_size=N, ...)`` or the
+``"speculative"`` section of genai_config.json): the last ``N - 1`` committed tokens are looked up in the sequence
+so far (the most recent earlier occurrence), and the tokens that followed it are proposed as a draft of up to ``K``
+tokens. One decoder run takes the drafts (and the last committed token, whose step had not run yet) and gives the
+logits after each of them. The target model chooses each position's token exactly as a standard step would (the
+same logits processors, the same random draws, the same grammar); drafts are accepted while they equal those
+choices, and the first choice that differs (or the one after the last draft) is committed too. So the tokens are
+those of standard decoding, sampled ones included: a round draws once per token it commits, as standard steps do.
+
+A round's tokens are handed out one per ``generate_next_token``. After each the generator is in a standard state
+(its sequence, KV length and next logits those of a standard step), so ``get_logits``, ``get_sequence`` and the
+rest need nothing special; ``append_tokens``, ``rewind_to`` and ``set_logits`` drop the tokens not handed out yet,
+with the random stream and the grammar put back to where the handed-out tokens left them.
+
+Lookup misses run a standard step. ``min_adaptive_k`` adapts the draft width to measured throughput and
+``cooldown`` runs one standard step after three rounds at the minimum width accepted nothing, both as
+onnxruntime-genai's controllers do; ``get_speculative_stats`` gives its counters, by its names and kinds.
+
+Not provided: a draft model (``model.draft`` in genai_config.json), which raises; batches, beams, carried layer
+states and window-sized KV caches, which raise as onnxruntime-genai's checks do.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from crossml.genai.errors import ConfigError, GenAIError, SearchOptionError
+
+if TYPE_CHECKING:
+    from crossml.genai.generator import Generator
+
+#: the widest draft (onnxruntime-genai's kMaxK)
+MAX_K = 16
+
+
+@dataclass
+class SpeculativeOptions:
+    """The "speculative" section / ``set_speculative_options``: onnxruntime-genai 0.18's names and defaults."""
+
+    max_draft_tokens: int = 4
+    ngram_size: int = 0
+    ngram_chained_lookup: bool = False
+    min_adaptive_k: int = 0
+    cooldown: bool = False
+
+
+_KINDS: dict[str, type] = {"max_draft_tokens": int, "ngram_size": int, "ngram_chained_lookup": bool,
+                           "min_adaptive_k": int, "cooldown": bool}
+
+
+def coerce(key: str, value: Any, where: str, error: type[GenAIError] = SearchOptionError) -> Any:
+    """Check one speculative option (name, kind, range) and return its value; ``error`` names the fix."""
+    kind = _KINDS.get(key)
+    if kind is None:
+        raise error(f"{where}: unknown speculative option '{key}'. Accepted: {', '.join(_KINDS)}")
+    if kind is bool:
+        if not isinstance(value, (bool, np.bool_)):
+            raise error(f"{where}: speculative option '{key}' takes true or false, got {value!r}")
+        return bool(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise error(f"{where}: speculative option '{key}' takes a number, got {value!r}")
+    if float(value) != int(value):
+        raise error(f"{where}: speculative option '{key}' takes a whole number, got {value!r}")
+    v = int(value)
+    ok = {"max_draft_tokens": 1 <= v <= MAX_K, "ngram_size": v == 0 or 2 <= v <= MAX_K,
+          "min_adaptive_k": 0 <= v <= MAX_K}[key]
+    if not ok:
+        accepted = {"max_draft_tokens": f"1 to {MAX_K}", "ngram_size": f"0 (off) or 2 to {MAX_K}",
+                    "min_adaptive_k": f"0 (off) or 1 to {MAX_K}"}[key]
+        raise error(f"{where}: speculative option {key}={v} is out of range; accepted: {accepted}")
+    return v
+
+
+def parse_section(section: Any, file: str) -> SpeculativeOptions:
+    """genai_config.json's "speculative" object."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"'{file}': \"speculative\" must be an object, got {section!r}")
+    return SpeculativeOptions(**{k: coerce(k, v, f"'{file}' speculative", ConfigError) for k, v in section.items()})
+
+
+def options_dict(o: SpeculativeOptions) -> dict[str, Any]:
+    """``get_speculative_options()``: numbers as floats, as onnxruntime-genai returns them."""
+    return {k: (bool(v) if _KINDS[k] is bool else float(v)) for k, v in dataclasses.asdict(o).items()}
+
+
+#: onnxruntime-genai 0.18's speculative-decoding counters (``get_speculative_stats``), in its order
+COUNTS = (
+    "rounds completed_rounds interrupted_rounds active_rounds draft_tokens_proposed draft_tokens_evaluated "
+    "draft_tokens_accepted correction_tokens bonus_tokens tokens_queued tokens_emitted tokens_discarded "
+    "tokens_buffered draft_forward_passes target_forward_passes effective_k adaptive_k_increases adaptive_k_decreases "
+    "adaptive_k_observations adaptive_k_probes cooldown_entries cooldown_steps cooldown_remaining "
+    "standard_fallback_steps mtp_failures dflash2_failures dflash2_disables dflash2_admission_misses "
+    "full_accept_rounds partial_accept_rounds zero_accept_rounds target_verify_forward_passes "
+    "target_reanchor_forward_passes target_reconciliation_forward_passes ngram_lookup_hits ngram_lookup_misses "
+    "ngram_lookup_tokens_proposed ngram_chained_tokens_proposed ngram_grammar_candidate_rejections "
+    "ngram_history_syncs ngram_history_tokens_synced").split()
+#: ... and its times and ratios
+TIMES = (
+    "total_draft_ms total_target_ms total_reconciliation_ms total_target_verify_ms total_target_reanchor_ms "
+    "total_ngram_history_sync_ms total_ngram_lookup_ms avg_draft_ms_per_token acceptance_rate "
+    "avg_draft_tokens_per_round mean_emitted_tokens_per_round expected_tokens_per_round avg_target_ms_per_round "
+    "target_baseline_ms_per_token target_overhead_ratio estimated_speedup observed_speedup "
+    "adaptive_k_throughput").split()
+#: bins of acceptance_length_histogram (the last takes longer runs)
+HISTOGRAM_BINS = 8
+
+
+def zero_stats() -> dict[str, Any]:
+    """The stats of a generator (or Engine) that does no speculative decoding."""
+    return {**{k: 0 for k in COUNTS}, "formula_supported": False, **{k: 0.0 for k in TIMES},
+            "acceptance_length_histogram": [0] * HISTOGRAM_BINS}
+
+
+class NGramLookup:
+    """Exact lookup over committed tokens: each (N-1)-token key maps to its most recent start; a proposal copies what
+    followed the last key's latest earlier occurrence, or (chained) follows key after key through a local context."""
+
+    def __init__(self, ngram_size: int) -> None:
+        self.key = ngram_size - 1
+        self.history: list[int] = []
+        self._at: dict[tuple[int, ...], int] = {}
+
+    def append(self, tokens: list[int]) -> None:
+        h, k = self.history, self.key
+        for t in tokens:
+            h.append(t)
+            if len(h) > k:
+                start = len(h) - k - 1
+                self._at[tuple(h[start:start + k])] = start
+
+    def reset(self, tokens: list[int]) -> None:
+        self.history, self._at = [], {}
+        self.append(tokens)
+
+    def propose(self, count: int, chained: bool) -> list[int]:
+        h, k = self.history, self.key
+        if count <= 0 or len(h) < k:
+            return []
+        context = tuple(h[len(h) - k:])
+        start = self._at.get(context)
+        if start is None:
+            return []
+        if not chained:
+            follow = start + k
+            return h[follow:follow + count]
+        out: list[int] = []
+        while start is not None and len(out) < count:
+            token = h[start + k]
+            out.append(token)
+            context = context[1:] + (token,)
+            start = self._at.get(context)
+        return out
+
+
+class AdaptiveK:
+    """onnxruntime-genai's adaptive draft width: smoothed committed tokens per ms and acceptance per width; probes the
+    adjacent width when acceptance is low (down) or high (up), keeps a probe that holds throughput and acceptance."""
+
+    ALPHA, HIGH, LOW, KEEP, SEVERE = 0.25, 0.75, 0.50, 0.97, 0.80
+    MIN_SAMPLES, PROBE_SAMPLES, AFTER_KEPT, AFTER_REJECTED = 2, 2, 1, 6
+
+    def __init__(self, fixed_k: int, min_adaptive_k: int) -> None:
+        self.enabled = min_adaptive_k > 0
+        self.min_k = min_adaptive_k if self.enabled else fixed_k
+        self.max_k = MAX_K if self.enabled else fixed_k
+        self.k = self.min_k
+        self.increases = self.decreases = self.observations = self.probes = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = self.min_k
+        self._est: dict[int, list[float]] = {}  # width -> [tokens, ms, acceptance, samples]
+        self._origin = 0
+        self._probe_obs = self._stable_obs = self._wait = 0
+
+    def _rate(self, k: int) -> float:
+        e = self._est.get(k)
+        return e[0] / e[1] if e and e[1] > 0 else 0.0
+
+    def throughput(self) -> float:
+        if k_est := self._est.get(self.k):
+            return k_est[0] / k_est[1] if k_est[1] > 0 else 0.0
+        return self._rate(self._origin) if self._origin else 0.0
+
+    def record(self, k: int, evaluated: int, accepted: int, committed: int, filled: bool, ms: float) -> None:
+        if not self.enabled or k != self.k or evaluated <= 0 or committed == 0 or not filled or not ms > 0:
+            return
+        acc = accepted / evaluated
+        e = self._est.get(k)
+        if e is None:
+            e = self._est[k] = [float(committed), ms, acc, 1]
+        else:
+            e[0] += self.ALPHA * (committed - e[0])
+            e[1] += self.ALPHA * (ms - e[1])
+            e[2] += self.ALPHA * (acc - e[2])
+            e[3] += 1
+        self.observations += 1
+        if self._origin:
+            self._probe_obs += 1
+            origin, rate = self._rate(self._origin), self._rate(k)
+            if origin > 0 and rate < origin * self.SEVERE:
+                self._finish_probe(False)
+            elif self._probe_obs >= self.PROBE_SAMPLES:
+                self._finish_probe((origin <= 0 or rate >= origin * self.KEEP)
+                                   and (self.k < self._origin or e[2] >= self.HIGH))
+            return
+        self._stable_obs += 1
+        if self._wait > 0:
+            self._wait -= 1
+            return
+        if e[3] < self.MIN_SAMPLES:
+            return
+        if e[2] < self.LOW and self.k > self.min_k:
+            self._start_probe(self.k - 1)
+        elif e[2] >= self.HIGH and self.k < self.max_k and self._stable_obs >= self.MIN_SAMPLES:
+            self._start_probe(self.k + 1)
+
+    def _move(self, k: int) -> None:
+        if k > self.k:
+            self.increases += 1
+        elif k < self.k:
+            self.decreases += 1
+        self.k = k
+
+    def _start_probe(self, k: int) -> None:
+        self._origin, self._probe_obs, self._stable_obs = self.k, 0, 0
+        self.probes += 1
+        self._move(k)
+
+    def _finish_probe(self, keep: bool) -> None:
+        if not keep:
+            self._move(self._origin)
+        self._origin = self._probe_obs = self._stable_obs = 0
+        self._wait = self.AFTER_KEPT if keep else self.AFTER_REJECTED
+
+
+class Cooldown:
+    """onnxruntime-genai's cooldown: three completed rounds in a row at the minimum width that accepted nothing make
+    the next step a standard one."""
+
+    THRESHOLD = 3
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.zero_rounds = self.remaining = self.entries = self.steps = 0
+
+    def record(self, k: int, minimum_k: int, evaluated: int, accepted: int) -> None:
+        if not self.enabled or evaluated <= 0:
+            return
+        if accepted > 0 or k != minimum_k:
+            self.zero_rounds = 0
+            return
+        self.zero_rounds += 1
+        if self.zero_rounds == self.THRESHOLD:
+            self.remaining, self.zero_rounds = 1, 0
+            self.entries += 1
+
+    def reset(self) -> None:
+        self.zero_rounds = self.remaining = 0
+
+
+@dataclass
+class _Round:
+    """A verified round whose tokens are being handed out."""
+
+    start: int  # the sequence length before it
+    tokens: collections.deque[int]  # committed tokens not handed out yet
+    rows: torch.Tensor  # [k + 1, vocab] float32: the logits before each of its positions
+    accepted: int  # drafts accepted (the tokens after them: one correction or bonus)
+    evaluated: int
+    k: int  # drafts proposed
+    filled: bool  # the proposal filled the width asked for (adaptive K learns from those only)
+    ms: float  # its proposal + verification time
+    emitted: int = 0
+    undo: list[Any] = dataclasses.field(default_factory=list)  # per token: the random stream's state before its draw
+    guided: int = 0  # tokens committed to the grammar by the round
+    interrupted: bool = False  # a token was not appended (an end-of-sequence id)
+
+
+def check(gen: Generator, o: SpeculativeOptions) -> None:
+    """Refuse what n-gram decoding does not cover, naming the option or model field and the fix."""
+    s, model = gen._s, gen._model
+    if o.ngram_chained_lookup and o.ngram_size == 0:
+        raise SearchOptionError("speculative.ngram_chained_lookup requires speculative.ngram_size to enable n-gram "
+                                "decoding; set ngram_size (2 to 16) or leave ngram_chained_lookup false")
+    if o.ngram_size == 0:
+        return
+    if s.batch_size != 1:
+        raise SearchOptionError(f"N-gram decoding requires batch_size=1 (got {s.batch_size}); run the sequences "
+                                "one by one, or turn it off with set_speculative_options(ngram_size=0)")
+    if s.num_beams != 1:
+        raise SearchOptionError(f"N-gram decoding does not support beam search (num_beams={s.num_beams}); set "
+                                "num_beams=1 or ngram_size=0")
+    where = model.config._file
+    if gen._states.tensors:
+        raise GenAIError(f"{where}: n-gram decoding needs a KV cache that can be rewound; this model carries layer "
+                         f"states ({', '.join(model.io.state_names[:2])}, ...). Set speculative ngram_size to 0")
+    if model.window_layers:
+        raise GenAIError(f"{where}: n-gram decoding does not support window-sized KV caches (model.decoder."
+                         "sliding_window.layers); set speculative ngram_size to 0")
+    if not model._logits_per_position:
+        raise GenAIError(f"{where}: n-gram decoding needs one logits row per verified token; the decoder's "
+                         f"'{model.io.logits}' output keeps the last position only. Set speculative ngram_size to 0")
+
+
+class Speculator:
+    """The n-gram rounds of one Generator (``Generator.generate_next_token`` calls ``step``)."""
+
+    def __init__(self, gen: Generator, options: SpeculativeOptions) -> None:
+        self.gen = gen
+        self.options = options
+        self.lookup = NGramLookup(options.ngram_size)
+        self.chained = options.ngram_chained_lookup
+        #: the proposer: (K) -> draft tokens; replaceable (tests drive rounds with known drafts through it)
+        self.propose: Callable[[int], list[int]] = self._ngram
+        self.adaptive = AdaptiveK(options.max_draft_tokens, options.min_adaptive_k)
+        self.cool = Cooldown(options.cooldown)
+        self.round: _Round | None = None
+        self.synced = 0  # sequence columns the lookup holds
+        self.c = collections.Counter()  # counters named as in COUNTS
+        self.t = collections.Counter()  # times (ms)
+        self.k_rounds = collections.Counter()  # rounds per width (expected_tokens_per_round)
+        self.histogram = [0] * HISTOGRAM_BINS
+
+    # -- the lookup ------------------------------------------------------------------------------
+    def _sync(self) -> None:
+        g = self.gen
+        t0 = time.perf_counter()
+        if self.synced > g._len or len(self.lookup.history) != self.synced:
+            self.synced = 0
+        if self.synced == g._len:
+            return
+        new = g._seq[0, self.synced:g._len].tolist()
+        if self.synced == 0:
+            self.lookup.reset(new)
+        else:
+            self.lookup.append(new)
+        self.synced = g._len
+        self.c["ngram_history_syncs"] += 1
+        self.c["ngram_history_tokens_synced"] += len(new)
+        self.t["total_ngram_history_sync_ms"] += (time.perf_counter() - t0) * 1e3
+
+    def _ngram(self, k: int) -> list[int]:
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.lookup.propose(k, self.chained)
+        self.t["total_ngram_lookup_ms"] += (time.perf_counter() - t0) * 1e3
+        self.c["ngram_lookup_hits" if out else "ngram_lookup_misses"] += 1
+        self.c["ngram_lookup_tokens_proposed"] += len(out)
+        if self.chained and len(out) > 1:
+            self.c["ngram_chained_tokens_proposed"] += len(out) - 1
+        return out
+
+    def forget(self, length: int) -> None:
+        """The sequence was cut back to ``length`` columns (rewind_to): the lookup holds no later ones."""
+        if self.synced > length:
+            self.synced = 0
+
+    # -- a step ---------------------------------------------------------------------------------
+    def step(self) -> None:
+        """One ``generate_next_token``: the next token of the round being handed out, or a new round (or a
+        standard step on a lookup miss, or on cooldown)."""
+        g = self.gen
+        if self.round is not None:
+            self._emit()
+            return
+        if self.cool.remaining:
+            g._standard_step()
+            self.cool.remaining -= 1
+            self.cool.steps += 1
+            self.c["standard_fallback_steps"] += 1
+            self.c["target_forward_passes"] += 1
+            return
+        t0 = time.perf_counter()
+        budget = self.adaptive.k
+        k = min(budget, g._s.max_length - g._len)
+        drafts = [int(t) for t in self.propose(k)][:k]
+        propose_ms = (time.perf_counter() - t0) * 1e3
+        self.t["total_draft_ms"] += propose_ms
+        if not drafts:
+            g._standard_step()
+            self.c["standard_fallback_steps"] += 1
+            self.c["target_forward_passes"] += 1
+            return
+        self._verify(drafts, filled=k == budget and len(drafts) == k, propose_ms=propose_ms)
+        self._emit()
+
+    def _verify(self, drafts: list[int], filled: bool, propose_ms: float) -> None:
+        """Run the drafts (after the pending last token, if its step has not run) in one decoder run, choose each
+        position's token as a standard step would, and queue the committed ones."""
+        g = self.gen
+        L, k = g._len, len(drafts)
+        vocab = g._model.config.model.vocab_size
+        if g._logits is None and g._kv_len >= L:  # an ended step's logits are gone (see Generator._ready)
+            g._ready()
+        pos0 = g._logits  # the logits before the first draft, when its step already ran
+        t0 = time.perf_counter()
+        g._seq[0, L:L + k] = torch.tensor(drafts, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
+        g._mask[0, L:L + k] = 1
+        g._len = L + k
+        g._logits, g._host, g._staged = None, None, None
+        g._verifying = True
+        try:
+            g._forward()
+        finally:
+            g._verifying = False
+        out = g._outputs[g._names[0]]
+        width = k + 1 if pos0 is None else k
+        rows = out.reshape(-1, out.shape[-1])[-width:].float()
+        if pos0 is not None:
+            rows = torch.cat([pos0.reshape(1, -1).float(), rows])
+        if vocab > 0 and rows.shape[-1] != vocab:
+            raise GenAIError(f"speculative decoding: the decoder gives {rows.shape[-1]} logits per row, "
+                             f"model.vocab_size is {vocab}")
+        self.c["target_forward_passes"] += 1
+        self.c["target_verify_forward_passes"] += 1
+        # columns past the first draft are the round's to hand out one by one: not in the sequence until then
+        g._seq[0, L + 1:L + k] = g._pad
+        g._mask[0, L + 1:L + k] = 0
+        g._len = L + 1
+        chosen, undo, guided = self._choose(rows, drafts, L)
+        accepted = 0
+        while accepted < k and accepted < len(chosen) and chosen[accepted] == drafts[accepted]:
+            accepted += 1
+        tokens = collections.deque(drafts[:accepted] + chosen[accepted:accepted + 1])
+        evaluated = min(accepted + 1, k)
+        verify_ms = (time.perf_counter() - t0) * 1e3
+        self.t["total_target_verify_ms"] += verify_ms
+        self.t["total_target_ms"] += verify_ms
+        c = self.c
+        c["rounds"] += 1
+        c["draft_tokens_proposed"] += k
+        c["draft_tokens_evaluated"] += evaluated
+        c["draft_tokens_accepted"] += accepted
+        c["bonus_tokens" if accepted == k else "correction_tokens"] += 1
+        c["tokens_queued"] += len(tokens)
+        self.k_rounds[k] += 1
+        self.round = _Round(L, tokens, rows, accepted, evaluated, k, filled, propose_ms + verify_ms, undo=undo,
+                            guided=guided)
+
+    def _choose(self, rows: torch.Tensor, drafts: list[int], L: int) -> tuple[list[int], list[Any], int]:
+        """Each position's token from ``rows`` (position j after drafts[:j]), as a standard step chooses it; stops
+        after the first that differs from its draft. Plain greedy search: one argmax and one host copy. Otherwise
+        position by position through the generator's own selection (penalties, sampling, grammar), with the
+        random stream's state kept before each draw (``discard`` puts it back) and each token committed to the
+        grammar (at most up to an end-of-sequence id)."""
+        g = self.gen
+        s = g._s
+        k = len(drafts)
+        if g._plain():
+            if L < s.min_length:
+                rows = rows.clone()
+                rows[:max(0, min(k + 1, s.min_length - L)), g._eos] = float("-inf")
+            return rows.argmax(-1).tolist(), [], 0
+        chosen: list[int] = []
+        undo: list[Any] = []
+        guided = 0
+        saved = g._len, g._logits
+        eos = set(g._eos_list)
+        try:
+            for j in range(k + 1):
+                g._len = L + j
+                if j:
+                    g._seq[0, L + j - 1] = drafts[j - 1]  # the context a standard step would see
+                g._logits = rows[j:j + 1]
+                if g._rng is not None:
+                    undo.append(g._rng.get_state())
+                token = int(g._select()[0])
+                chosen.append(token)
+                if g._guide is not None:
+                    if token in eos:
+                        break
+                    g._guide.commit(np.array([token]), np.array([0]))
+                    g._guide_cols.append(L + j)
+                    guided += 1
+                if j < k and token != drafts[j]:
+                    break
+        finally:
+            g._seq[0, L + 1:L + k] = g._pad
+            g._len, g._logits = saved
+        return chosen, undo, guided
+
+    def _emit(self) -> None:
+        """Hand out the round's next token: the generator ends in the state a standard step leaves."""
+        g, r = self.gen, self.round
+        i = r.emitted
+        col = r.start + i
+        token = r.tokens.popleft()
+        r.emitted += 1
+        g._seq[0, col] = token  # columns after the first were cleared after the verifying run
+        g._mask[0, col] = 1
+        g._len = col + 1
+        g._next = torch.tensor([token], dtype=torch.long, device=g._dev)
+        g._staged = None
+        g._finished_step = False
+        ended = token in g._eos_list
+        g._host = (np.array([token], dtype=np.int32), ended)
+        if i < r.accepted and not ended:  # a draft: its step ran in the round, its logits are the next row
+            g._kv_len = col + 1
+            g._logits = r.rows[i + 1:i + 2]
+        else:  # the round's last token, or an end-of-sequence id: its step runs later (folded into the next round)
+            g._kv_len = col
+            g._logits = None
+        if ended:  # not appended to the sequence: onnxruntime-genai counts it discarded, its round interrupted
+            g._done.fill_(True)
+            g._unappend()
+            self.c["tokens_discarded"] += 1
+            r.interrupted = True
+        else:
+            self.c["tokens_emitted"] += 1
+        if ended or g._len >= g._s.max_length or not r.tokens:
+            self._finish()
+
+    def _finish(self) -> None:
+        """The round is over: tokens it did not hand out are dropped (an interrupted round), the KV cache is cut to
+        the committed columns, and the controllers learn from it."""
+        g, r = self.gen, self.round
+        self.round = None
+        dropped = len(r.tokens)
+        if dropped or r.interrupted:
+            self.c["tokens_discarded"] += dropped
+            self.c["interrupted_rounds"] += 1
+            if r.undo and len(r.undo) > r.emitted:
+                g._rng.set_state(r.undo[r.emitted])
+            if r.guided > r.emitted:
+                keep = len(g._guide_cols) - (r.guided - r.emitted)
+                g._guide.rewind(keep)
+                g._guide_cols = g._guide_cols[:keep]
+        g._cache.rewind(g._kv_len)
+        if dropped or r.interrupted:
+            return
+        self.c["completed_rounds"] += 1
+        if r.evaluated > 0:
+            key = ("zero_accept_rounds" if r.accepted == 0 else
+                   "full_accept_rounds" if r.accepted == r.evaluated else "partial_accept_rounds")
+            self.c[key] += 1
+        self.histogram[min(r.accepted, HISTOGRAM_BINS - 1)] += 1
+        self.cool.record(r.k, self.adaptive.min_k, r.evaluated, r.accepted)
+        if g._len < g._s.max_length and self.propose == self._ngram:
+            self._sync()  # the round's tokens into the lookup now, as onnxruntime-genai's finalization does
+        self.adaptive.record(r.k, r.evaluated, r.accepted, r.emitted, r.filled, r.ms)
+
+    def discard(self) -> None:
+        """Drop the tokens not handed out yet (before append_tokens, rewind_to, set_logits)."""
+        if self.round is not None:
+            self._finish()
+
+    def reset(self) -> None:
+        """rewind_to(0): a new sequence."""
+        self.discard()
+        self.adaptive.reset()
+        self.cool.reset()
+        self.synced = 0
+
+    # -- stats ------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        out = zero_stats()
+        c, t = self.c, self.t
+        out.update({k: int(v) for k, v in c.items()})
+        out.update({k: float(v) for k, v in t.items()})
+        r = self.round
+        out["active_rounds"] = int(r is not None)
+        out["tokens_buffered"] = len(r.tokens) if r is not None else 0
+        out["effective_k"] = self.adaptive.k
+        out["adaptive_k_increases"] = self.adaptive.increases
+        out["adaptive_k_decreases"] = self.adaptive.decreases
+        out["adaptive_k_observations"] = self.adaptive.observations
+        out["adaptive_k_probes"] = self.adaptive.probes
+        out["adaptive_k_throughput"] = self.adaptive.throughput()
+        out["cooldown_entries"], out["cooldown_steps"] = self.cool.entries, self.cool.steps
+        out["cooldown_remaining"] = self.cool.remaining
+        out["acceptance_length_histogram"] = list(self.histogram)
+        rounds = c["rounds"]
+        evaluated = c["draft_tokens_evaluated"]
+        a = c["draft_tokens_accepted"] / evaluated if evaluated else 0.0
+        out["acceptance_rate"] = a
+        if rounds:
+            out["formula_supported"] = self.gen._guide is None
+            out["avg_draft_ms_per_token"] = (t["total_draft_ms"] / c["draft_tokens_proposed"]
+                                             if c["draft_tokens_proposed"] else 0.0)
+            out["avg_draft_tokens_per_round"] = c["draft_tokens_proposed"] / rounds
+            out["mean_emitted_tokens_per_round"] = c["tokens_emitted"] / rounds
+            out["expected_tokens_per_round"] = sum(n * sum(a ** i for i in range(k + 1))
+                                                   for k, n in self.k_rounds.items()) / rounds
+            out["avg_target_ms_per_round"] = t["total_target_ms"] / rounds
+        return out
