@@ -663,3 +663,46 @@ def test_guided_turns_on_the_gpu(models: Path) -> None:
     assert reqs[0]._batch is not None
     assert tok.decode(np.array(tokens[1], dtype=np.int32)) in allowed and reasons[1] == og.FinishReason.EOS
     assert reasons[0] == reasons[2] == og.FinishReason.MAX_GENERATED_TOKENS and len(tokens[0]) == 8
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
+    """N-gram decoding on the GPU (crossml.genai.speculative): rounds of drafts that a proposer knowing the standard
+    continuation makes (every third round's third draft wrong) commit the tokens of standard decoding, up to a fork
+    at a near-tie (the verifying runs sum in another order than decode steps); their verifying runs replay recorded
+    chunk graphs; the n-gram proposer itself gives standard decoding's tokens."""
+    from tests.genai.test_speculative import _Oracle
+
+    model = og.Model(str(models / f"qwen2_{precision}_cuda"))
+    prompt = np.array([5, 6, 7, 8, 5, 6, 7, 8], dtype=np.int32)
+
+    def run(spec: dict | None, truth: list[int] | None = None) -> tuple[list[int], list[np.ndarray], dict]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=120)
+        if spec:
+            params.set_speculative_options(**spec)
+        gen = og.Generator(model, params)
+        if truth is not None:
+            gen._spec.propose = _Oracle(gen, truth, len(prompt))
+        gen.append_tokens(prompt)
+        out, logits = [], []
+        while not gen.is_done():
+            logits.append(gen.get_logits().reshape(-1))
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+        return out, logits, gen.get_speculative_stats()
+
+    truth, logits, _ = run(None)
+    got, _, stats = run(dict(ngram_size=2, max_draft_tokens=6), truth)
+    assert stats["full_accept_rounds"] > 0 and stats["partial_accept_rounds"] > 0
+    k = next((j for j, (a, b) in enumerate(zip(got, truth)) if a != b), None)
+    if k is not None:
+        assert logits[k].max() - logits[k][got[k]] <= 0.05, f"the rounds fork at token {k} without a near-tie"
+    else:
+        assert got == truth
+    bufs = model._buffers[(1, 120)][0]
+    assert any(c.replay is not None for c in bufs.chunks.values())  # the verifying runs replay recorded chunks
+    ngram, _, stats = run(dict(ngram_size=2, max_draft_tokens=4))
+    assert stats["ngram_lookup_hits"] + stats["ngram_lookup_misses"] > 0
+    k = next((j for j, (a, b) in enumerate(zip(ngram, truth)) if a != b), None)
+    assert k is None or logits[k].max() - logits[k][ngram[k]] <= 0.05

@@ -290,15 +290,12 @@ class Generator:
         self._model_inputs: dict[str, torch.Tensor] = {}
         self._extra: dict[str, torch.Tensor] = {}
         self._refresh_extras()
-        # n-gram decoding (crossml.genai.speculative): its rounds hand out one token per generate_next_token, so no
-        # step runs ahead; a verifying run computes the logits at every column (_verifying)
+        # n-gram decoding (crossml.genai.speculative); a verifying run computes the logits at every column
         speculative.check(self, params.speculative)
         self._spec: speculative.Speculator | None = None
         self._verifying = False
         if params.speculative.ngram_size:
             self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
-            self._ahead = False
-            self._pick_greedy()
 
     def _set_policy(self, *, do_sample: bool, temperature: float, top_k: int, top_p: float,
                     repetition_penalty: float, no_repeat_ngram_size: int, min_length: int,

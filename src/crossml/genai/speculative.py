@@ -327,6 +327,8 @@ class Speculator:
         self.cool = Cooldown(options.cooldown)
         self.round: _Round | None = None
         self.synced = 0  # sequence columns the lookup holds
+        self.known: list[int] = []  # tokens appended after those, as the host knows them (_sync)
+        self.standard = False  # ... followed by the token of a standard step
         self.c = collections.Counter()  # counters named as in COUNTS
         self.t = collections.Counter()  # times (ms)
         self.k_rounds = collections.Counter()  # rounds per width (expected_tokens_per_round)
@@ -337,10 +339,16 @@ class Speculator:
         g = self.gen
         t0 = time.perf_counter()
         if self.synced > g._len or len(self.lookup.history) != self.synced:
-            self.synced = 0
+            self.synced, self.known, self.standard = 0, [], False
         if self.synced == g._len:
             return
-        new = g._seq[0, self.synced:g._len].tolist()
+        # the new tokens, from the host where it holds them: a round's handed-out tokens and the token of the
+        # standard step since (the copy get_next_tokens waits for anyway); else read from the device
+        if self.synced + len(self.known) + self.standard == g._len:
+            new = self.known + ([int(g._settle()[0][0])] if self.standard else [])
+        else:
+            new = g._seq[0, self.synced:g._len].tolist()
+        self.known, self.standard = [], False
         if self.synced == 0:
             self.lookup.reset(new)
         else:
@@ -365,6 +373,17 @@ class Speculator:
         """The sequence was cut back to ``length`` columns (rewind_to): the lookup holds no later ones."""
         if self.synced > length:
             self.synced = 0
+        self.known, self.standard = [], False
+
+    def _standard(self) -> None:
+        """A standard step (a lookup miss, or cooldown)."""
+        g = self.gen
+        if self.standard:  # two in a row (cooldown): the host holds the first's token
+            self.known.append(int(g._settle()[0][0]))
+        g._standard_step()
+        self.standard = True
+        self.c["standard_fallback_steps"] += 1
+        self.c["target_forward_passes"] += 1
 
     # -- a step ---------------------------------------------------------------------------------
     def step(self) -> None:
@@ -375,11 +394,9 @@ class Speculator:
             self._emit()
             return
         if self.cool.remaining:
-            g._standard_step()
+            self._standard()
             self.cool.remaining -= 1
             self.cool.steps += 1
-            self.c["standard_fallback_steps"] += 1
-            self.c["target_forward_passes"] += 1
             return
         t0 = time.perf_counter()
         budget = self.adaptive.k
@@ -388,10 +405,10 @@ class Speculator:
         propose_ms = (time.perf_counter() - t0) * 1e3
         self.t["total_draft_ms"] += propose_ms
         if not drafts:
-            g._standard_step()
-            self.c["standard_fallback_steps"] += 1
-            self.c["target_forward_passes"] += 1
+            self._standard()
             return
+        if self.standard:  # a proposer that did not sync (tests' own): the lookup reads the device next time
+            self.synced, self.known, self.standard = 0, [], False
         self._verify(drafts, filled=k == budget and len(drafts) == k, propose_ms=propose_ms)
         self._emit()
 
@@ -403,7 +420,10 @@ class Speculator:
         vocab = g._model.config.model.vocab_size
         if g._logits is None and g._kv_len >= L:  # an ended step's logits are gone (see Generator._ready)
             g._ready()
-        pos0 = g._logits  # the logits before the first draft, when its step already ran
+        # the logits before the first draft, when its step already ran (it may have run ahead: a copy, the buffer
+        # may be a recorded graph's)
+        pos0 = None if g._logits is None else g._logits.float().clone()
+        g._live = False
         t0 = time.perf_counter()
         g._seq[0, L:L + k] = torch.tensor(drafts, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
         g._mask[0, L:L + k] = 1
@@ -518,8 +538,12 @@ class Speculator:
             r.interrupted = True
         else:
             self.c["tokens_emitted"] += 1
+            self.known.append(token)
         if ended or g._len >= g._s.max_length or not r.tokens:
             self._finish()
+            if not ended and g._ahead and g._len < g._s.max_length and g._logits is None:
+                g._stage(g._kv_len)
+                g._forward(ahead=True)  # the last token's step runs ahead, as after a standard step
 
     def _finish(self) -> None:
         """The round is over: tokens it did not hand out are dropped (an interrupted round), the KV cache is cut to
