@@ -676,7 +676,7 @@ def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
     model = og.Model(str(models / f"qwen2_{precision}_cuda"))
     prompt = np.array([5, 6, 7, 8, 5, 6, 7, 8], dtype=np.int32)
 
-    def run(spec: dict | None, truth: list[int] | None = None) -> tuple[list[int], list[np.ndarray], dict]:
+    def run(spec: dict | None, truth: list[int] | None = None) -> tuple[list[int], list[np.ndarray], og.Generator]:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=120)
         if spec:
@@ -690,19 +690,20 @@ def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
             logits.append(gen.get_logits().reshape(-1))
             gen.generate_next_token()
             out.append(int(gen.get_next_tokens()[0]))
-        return out, logits, gen.get_speculative_stats()
+        return out, logits, gen
 
     truth, logits, _ = run(None)
-    got, _, stats = run(dict(ngram_size=2, max_draft_tokens=6), truth)
+    got, _, gen = run(dict(ngram_size=2, max_draft_tokens=6), truth)
+    stats = gen.get_speculative_stats()
     assert stats["full_accept_rounds"] > 0 and stats["partial_accept_rounds"] > 0
     k = next((j for j, (a, b) in enumerate(zip(got, truth)) if a != b), None)
     if k is not None:
         assert logits[k].max() - logits[k][got[k]] <= 0.05, f"the rounds fork at token {k} without a near-tie"
     else:
         assert got == truth
-    bufs = model._buffers[(1, 120)][0]
-    assert any(c.replay is not None for c in bufs.chunks.values())  # the verifying runs replay recorded chunks
-    ngram, _, stats = run(dict(ngram_size=2, max_draft_tokens=4))
+    assert any(c.replay is not None for c in gen._bufs.chunks.values())  # verifying runs replay recorded chunks
+    ngram, _, gen = run(dict(ngram_size=2, max_draft_tokens=4))
+    stats = gen.get_speculative_stats()
     assert stats["ngram_lookup_hits"] + stats["ngram_lookup_misses"] > 0
     k = next((j for j, (a, b) in enumerate(zip(ngram, truth)) if a != b), None)
     assert k is None or logits[k].max() - logits[k][ngram[k]] <= 0.05

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -317,7 +318,7 @@ class Speculator:
     """The n-gram rounds of one Generator (``Generator.generate_next_token`` calls ``step``)."""
 
     def __init__(self, gen: Generator, options: SpeculativeOptions) -> None:
-        self.gen = gen
+        self.gen = weakref.proxy(gen)  # no cycle: the generator's lent buffers go back to the model when it dies
         self.options = options
         self.lookup = NGramLookup(options.ngram_size)
         self.chained = options.ngram_chained_lookup
