@@ -436,6 +436,7 @@ class Speculator:
         finally:
             g._verifying = False
         out = g._outputs[g._names[0]]
+        out = getattr(out, "logits", out)  # one column on the decode path shows its logits as the float32 copy
         width = k + 1 if pos0 is None else k
         rows = out.reshape(-1, out.shape[-1])[-width:].float()
         if pos0 is not None:
