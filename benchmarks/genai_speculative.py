@@ -8,8 +8,10 @@ unmeasured run. Runtimes:
 - ``standard``: a crossml Generator without speculation (steps run ahead on the GPU);
 - ``ngram``: crossml with ``ngram_size=3, max_draft_tokens=4``. A random-weight model rarely repeats itself, so
   lookups mostly miss or are rejected: this row is the cost of speculation where it does not help;
-- ``oracle-K``: crossml's rounds of K drafts with a proposer that knows the standard continuation (every draft is
-  accepted): what a proposer that is always right gives, the bound for text that repeats (code edits, summaries);
+- ``oracle-K``: crossml's rounds of K drafts with a proposer that knows the continuation (every draft is accepted):
+  what a proposer that is always right gives, the bound for text that repeats (code edits, summaries). The
+  continuation is the one the rounds commit (found by untimed runs: it can differ from standard decoding's after a
+  near-tie of two logits, see ``same``);
 - ``half-K``: the same with every draft from the middle of each proposal on wrong (about half accepted);
 - ``ortgenai-ngram`` / ``ortgenai``: onnxruntime-genai's CUDA build with and without the same n-gram options (no
   CUDA graph: its n-gram decoding runs verification widths a graph cannot), where it imports.
@@ -47,7 +49,11 @@ class Oracle:
     """Drafts the known continuation; with ``wrong_from``, every draft from that index of a proposal on is wrong."""
 
     def __init__(self, gen, truth: list[int], base: int, wrong_from: int | None = None) -> None:
-        self.gen, self.truth, self.base, self.wrong_from = gen, truth, base, wrong_from
+        import weakref
+
+        # weakly: a generator kept alive by a cycle would keep its lent decode buffers (and their recordings) from
+        # the next generator
+        self.gen, self.truth, self.base, self.wrong_from = weakref.proxy(gen), truth, base, wrong_from
 
     def __call__(self, k: int) -> list[int]:
         done = self.gen._len - self.base
@@ -113,6 +119,16 @@ def main(argv: list[str] | None = None) -> None:
                     cases.append((f"{runtime}-{k}", dict(ngram_size=2, max_draft_tokens=k), truth,
                                   None if runtime == "oracle" else k // 2))
         for label, spec, oracle, wrong in cases:
+            if oracle is not None:
+                # the continuation the rounds themselves commit: a verifying run sums in another order than a
+                # decode step, so at a near-tie of two logits its choice can differ from standard decoding's;
+                # drafts of the standard continuation would then all be wrong from there on. Untimed runs until
+                # the rounds commit exactly the drafted continuation.
+                for _ in range(6):
+                    _, tokens, _ = decode(og, model, prompt, args.new, spec, oracle, wrong)
+                    if tokens == oracle:
+                        break
+                    oracle = tokens
             decode(og, model, prompt, args.new, spec, oracle, wrong)
             runs = [decode(og, model, prompt, args.new, spec, oracle, wrong) for _ in range(args.repeats)]
             s = statistics.median(r[0] for r in runs)
