@@ -492,6 +492,12 @@ class Generator:
             # a chunk's pad columns are fed as tokens (the mask is the whole max-length one): not where a window-sized
             # cache would evict real positions for them, nor past the buffers
             w = chunk_bucket(end - start)
+            if self._verifying:
+                # a speculative round's drafts (2-17 columns): a bucket of their own power of two, and near
+                # max_length their exact width, rather than a turn's 32 columns or an eager run
+                w = max(2, 1 << (end - start - 1).bit_length())
+                if start + w > self._s.max_length:
+                    w = end - start
             if start + w <= self._s.max_length:
                 chunk = bufs.chunk(w)
         if start == 0 and self._model._compile_ahead:
