@@ -144,6 +144,7 @@ class ModelConfig:
     eot_token_id: int | None = None  # tool call closes
     bor_token_id: int | None = None  # reasoning opens
     eor_token_id: int | None = None  # reasoning closes
+    draft: DecoderConfig | None = None  # the draft decoder of speculative decoding (model.draft)
 
 
 _DECODER_FIELDS = {f.name for f in fields(DecoderConfig)}
@@ -168,7 +169,7 @@ MARK_DEFAULTS: dict[str, dict[str, int]] = {
 _TOKEN_IDS = ("bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "image_token_id",
               "video_token_id", "vision_start_token_id", "audio_token_id", *MARK_IDS)
 MODEL_KEYS: dict[str, Any] = {
-    "type": str, "context_length": int, "vocab_size": int, "eos_token_id": (int, list), "decoder": dict,
+    "type": str, "context_length": int, "vocab_size": int, "eos_token_id": (int, list), "decoder": dict, "draft": dict,
     **dict.fromkeys(_TOKEN_IDS, int),
 }
 DECODER_KEYS: dict[str, Any] = {
@@ -213,8 +214,6 @@ _UNSUPPORTED = {
     "speech encoder)", "model.decoder.pipeline": "decoders split over several ONNX files",
     "model.decoder.run_options": "per-run config entries", "model.decoder.shared_initializers": "initializers "
     "shared between sessions", "model.decoder.state_groups": "recurrent / paged decoder state",
-    "model.draft": "speculative decoding with a draft model (n-gram decoding, \"speculative\": {\"ngram_size\": N}, "
-    "needs no second model)",
 }
 
 _JSON_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "an object",
@@ -293,14 +292,19 @@ class Config:
         if "sliding_window" in dec:
             check_keys(dec["sliding_window"], SLIDING_WINDOW_KEYS, "model.decoder.sliding_window", file)
         self._check_session_options(dec.get("session_options", {}))
-        decoder = DecoderConfig(**{k: v for k, v in dec.items() if k in _DECODER_FIELDS})
-        for k in ("head_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads"):
-            v = getattr(decoder, k)
-            if v <= 0:
-                raise ConfigError(f"'{file}': model.decoder.{k} must be a positive integer, got {v!r}")
-            setattr(decoder, k, int(v))
-        self._check_window(decoder, file)
-        self._check_layer_types(decoder, file)
+        decoder = self._decoder(dec, "model.decoder")
+        draft = m.get("draft")
+        if mtype == "speculative" and not isinstance(draft, dict):
+            raise ConfigError(f"'{file}': model.draft.filename is not set: a model of type \"speculative\" runs a draft "
+                              "decoder beside its target (model.decoder); add model.draft with the draft model's decoder "
+                              "block")
+        if draft is not None:
+            check_keys(draft, DECODER_KEYS, "model.draft", file)
+            check_keys(draft.get("inputs", {}), DECODER_INPUTS, "model.draft.inputs", file)
+            check_keys(draft.get("outputs", {}), DECODER_OUTPUTS, "model.draft.outputs", file)
+            if not isinstance(draft.get("filename"), str):
+                raise ConfigError(f"'{file}': model.draft.filename is not set: give the draft decoder's ONNX file")
+            draft = self._decoder(draft, "model.draft")
         eos = m.get("eos_token_id", [])
         eos_list = eos if isinstance(eos, list) else [eos]
         if not all(_is(e, int) for e in eos_list):
@@ -312,7 +316,7 @@ class Config:
         self.model = ModelConfig(
             type=mtype, context_length=context, vocab_size=int(m.get("vocab_size", 0)),
             bos_token_id=int(m.get("bos_token_id", -1)), eos_token_id=eos_ids,
-            pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)), decoder=decoder,
+            pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)), decoder=decoder, draft=draft,
             **self._marks(m, mtype),
         )
         search = raw.get("search", {})
@@ -325,6 +329,18 @@ class Config:
         spec = raw.get("speculative")
         self.speculative = SpeculativeOptions() if spec is None else parse_section(spec, self._file)
         self._check_providers()
+
+    def _decoder(self, dec: dict[str, Any], where: str) -> DecoderConfig:
+        """A checked decoder block (model.decoder, model.draft)."""
+        decoder = DecoderConfig(**{k: v for k, v in dec.items() if k in _DECODER_FIELDS})
+        for k in ("head_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads"):
+            v = getattr(decoder, k)
+            if v <= 0:
+                raise ConfigError(f"'{self._file}': {where}.{k} must be a positive integer, got {v!r}")
+            setattr(decoder, k, int(v))
+        self._check_window(decoder, self._file)
+        self._check_layer_types(decoder, self._file)
+        return decoder
 
     def _marks(self, m: dict[str, Any], mtype: str) -> dict[str, int]:
         marks = dict(MARK_DEFAULTS.get(mtype, {}))

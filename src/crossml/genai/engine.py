@@ -627,9 +627,10 @@ class Request:
             params.set_search_options(max_length=self._limit, min_length=0, batch_size=1, num_beams=1,
                                       do_sample=False)
             if self._batch is not None:  # its row of shared buffers; the batched steps replace running ahead
-                self._gen = Generator(engine._model, params, _buffers=self._batch.views[self._row], _run_ahead=False)
+                self._gen = Generator(engine._model, params, _buffers=self._batch.views[self._row], _run_ahead=False,
+                                      _speculate=False)
             else:
-                self._gen = Generator(engine._model, params)
+                self._gen = Generator(engine._model, params, _speculate=False)
             if engine._seed >= 0:  # the model's search.random_seed starts every request's stream
                 self._gen._reseed(engine._seed)
         return self._gen

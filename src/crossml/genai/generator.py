@@ -192,9 +192,10 @@ class Generator:
     """og.Generator(model, params)."""
 
     def __init__(self, model: Model, params: GeneratorParams, *, _buffers: Any = None,
-                 _run_ahead: bool = True) -> None:
+                 _run_ahead: bool = True, _speculate: bool = True) -> None:
         """(``_buffers``: the fixed decode buffers to use instead of a set lent by the model, ``_run_ahead=False``:
-        no step runs ahead; both for an Engine's batched requests, ``crossml.genai.engine``.)"""
+        no step runs ahead; both for an Engine's batched requests, ``crossml.genai.engine``; ``_speculate=False``:
+        standard steps even where the model has a draft decoder, an Engine's requests and a draft's own generator.)"""
         s = dataclasses.replace(params.search)
         _check(s, model.config.model.context_length)
         self._model, self._s = model, s
@@ -291,10 +292,11 @@ class Generator:
         self._extra: dict[str, torch.Tensor] = {}
         self._refresh_extras()
         # n-gram decoding (crossml.genai.speculative); a verifying run computes the logits at every column
-        speculative.check(self, params.speculative)
+        if _speculate:
+            speculative.check(self, params.speculative)
         self._spec: speculative.Speculator | None = None
         self._verifying = False
-        if params.speculative.ngram_size:
+        if _speculate and (params.speculative.ngram_size or model.draft is not None):
             self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
 
     def _set_policy(self, *, do_sample: bool, temperature: float, top_k: int, top_p: float,

@@ -53,6 +53,8 @@ own width, its chat turns run eagerly).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gc
 import logging
 import os
@@ -324,7 +326,7 @@ class Model:
         _freeze_imports()
         self.config = config if isinstance(config, Config) else Config(config)
         mc = self.config.model
-        if mc.type not in DECODER_ONLY_TYPES:
+        if mc.type not in DECODER_ONLY_TYPES and mc.type != "speculative":
             why = f" ({UNSUPPORTED_TYPES[mc.type]})" if mc.type in UNSUPPORTED_TYPES else ""
             raise UnsupportedModelError(
                 f"model type '{mc.type}' (model.type in {self.config._file}) is not supported by crossml.genai{why}; "
@@ -387,6 +389,12 @@ class Model:
         self._eager.add_run_config_entry(GRAPH_ID, "-1")
         self._defer = RunOptions()
         self._defer.add_run_config_entry(DEFER_CAPTURE, "1")
+        #: the draft decoder of speculative decoding (model.draft: crossml.genai.speculative), on the same providers
+        self.draft: Model | None = None
+        if mc.draft is not None:
+            config = copy.copy(self.config)
+            config.model = dataclasses.replace(mc, decoder=mc.draft, draft=None)
+            self.draft = Model(config)
 
     @property
     def type(self) -> str:

@@ -1,9 +1,10 @@
-"""Speculative decoding of the classic Generator: n-gram proposals, verified by the model in one run.
+"""Speculative decoding of the classic Generator: n-gram or draft-model proposals, verified in one run.
 
-onnxruntime-genai 0.18's n-gram decoding (``GeneratorParams.set_speculative_options(ngram_size=N, ...)`` or the
-``"speculative"`` section of genai_config.json): the last ``N - 1`` committed tokens are looked up in the sequence
-so far (the most recent earlier occurrence), and the tokens that followed it are proposed as a draft of up to ``K``
-tokens. One decoder run takes the drafts (and the last committed token, whose step had not run yet) and gives the
+onnxruntime-genai 0.18's two proposers. N-gram decoding (``GeneratorParams.set_speculative_options(ngram_size=N,
+...)`` or the ``"speculative"`` section of genai_config.json): the last ``N - 1`` committed tokens are looked up in
+the sequence so far (the most recent earlier occurrence), and the tokens that followed it are proposed as a draft of
+up to ``K`` tokens. A draft model (a folder of model.type "speculative" whose model.draft names a second decoder
+with the target's vocabulary): its own greedy generator holds the committed tokens and decodes ``K`` past them. One decoder run takes the drafts (and the last committed token, whose step had not run yet) and gives the
 logits after each of them. The target model chooses each position's token exactly as a standard step would (the
 same logits processors, the same random draws, the same grammar); drafts are accepted while they equal those
 choices, and the first choice that differs (or the one after the last draft) is committed too. So the tokens are
@@ -18,14 +19,20 @@ Lookup misses run a standard step. ``min_adaptive_k`` adapts the draft width to 
 ``cooldown`` runs one standard step after three rounds at the minimum width accepted nothing, both as
 onnxruntime-genai's controllers do; ``get_speculative_stats`` gives its counters, by its names and kinds.
 
-Not provided: a draft model (``model.draft`` in genai_config.json), which raises; batches, beams, carried layer
-states and window-sized KV caches, which raise as onnxruntime-genai's checks do.
+Refused as onnxruntime-genai refuses them: batches, beams, carried layer states, window-sized KV caches, n-gram
+decoding beside a draft model. Where onnxruntime-genai verifies a sampled round against a draft model's
+probabilities (its tokens then differ from standard sampling's), crossml compares the draft with the target's own
+sampled choice, so sampled tokens stay those of standard decoding. An Engine's requests decode without speculation.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
+import json
+import os
+import shutil
 import time
 import weakref
 from collections.abc import Callable
@@ -294,15 +301,28 @@ def check(gen: Generator, o: SpeculativeOptions) -> None:
     if o.ngram_chained_lookup and o.ngram_size == 0:
         raise SearchOptionError("speculative.ngram_chained_lookup requires speculative.ngram_size to enable n-gram "
                                 "decoding; set ngram_size (2 to 16) or leave ngram_chained_lookup false")
-    if o.ngram_size == 0:
-        return
-    if s.batch_size != 1:
-        raise SearchOptionError(f"N-gram decoding requires batch_size=1 (got {s.batch_size}); run the sequences "
-                                "one by one, or turn it off with set_speculative_options(ngram_size=0)")
-    if s.num_beams != 1:
-        raise SearchOptionError(f"N-gram decoding does not support beam search (num_beams={s.num_beams}); set "
-                                "num_beams=1 or ngram_size=0")
     where = model.config._file
+    if o.ngram_size and model.draft is not None:
+        raise SearchOptionError(f"N-gram decoding cannot be combined with the draft model {where} configures "
+                                "(model.draft); set ngram_size to 0, or use a model folder without a draft")
+    if o.ngram_size == 0 and model.draft is None:
+        return
+    what = "N-gram decoding" if o.ngram_size else "Speculative decoding with a draft model"
+    off = "set_speculative_options(ngram_size=0)" if o.ngram_size else "the target model's own folder"
+    if s.batch_size != 1:
+        raise SearchOptionError(f"{what} requires batch_size=1 (got {s.batch_size}); run the sequences one by one, "
+                                f"or use {off}")
+    if s.num_beams != 1:
+        raise SearchOptionError(f"{what} does not support beam search (num_beams={s.num_beams}); set num_beams=1 "
+                                f"or use {off}")
+    if model.draft is not None:
+        draft = model.draft
+        if draft.config.model.vocab_size != model.config.model.vocab_size or draft.io.state_names:
+            raise GenAIError(f"{where}: the draft decoder (model.draft) must be a plain decoder with the target's "
+                             f"vocabulary ({model.config.model.vocab_size}), without carried layer states")
+        if s.no_repeat_ngram_size:
+            raise SearchOptionError("Speculative decoding with a draft model does not support no_repeat_ngram_size "
+                                    f"(got {s.no_repeat_ngram_size}); set it to 0")
     if gen._states.tensors:
         raise GenAIError(f"{where}: n-gram decoding needs a KV cache that can be rewound; this model carries layer "
                          f"states ({', '.join(model.io.state_names[:2])}, ...). Set speculative ngram_size to 0")
@@ -320,10 +340,12 @@ class Speculator:
     def __init__(self, gen: Generator, options: SpeculativeOptions) -> None:
         self.gen = weakref.proxy(gen)  # no cycle: the generator's lent buffers go back to the model when it dies
         self.options = options
-        self.lookup = NGramLookup(options.ngram_size)
+        self.ngram = options.ngram_size > 0
+        self.lookup = NGramLookup(max(options.ngram_size, 2))
         self.chained = options.ngram_chained_lookup
+        self.history: list[int] = []  # the committed tokens, on the host (_sync)
         #: the proposer: (K) -> draft tokens; replaceable (tests drive rounds with known drafts through it)
-        self.propose: Callable[[int], list[int]] = self._ngram
+        self.propose: Callable[[int], list[int]] = self._ngram if self.ngram else _Draft(self)
         self.adaptive = AdaptiveK(options.max_draft_tokens, options.min_adaptive_k)
         self.cool = Cooldown(options.cooldown)
         self.round: _Round | None = None
@@ -339,7 +361,7 @@ class Speculator:
     def _sync(self) -> None:
         g = self.gen
         t0 = time.perf_counter()
-        if self.synced > g._len or len(self.lookup.history) != self.synced:
+        if self.synced > g._len or len(self.history) != self.synced:
             self.synced, self.known, self.standard = 0, [], False
         if self.synced == g._len:
             return
@@ -351,13 +373,18 @@ class Speculator:
             new = g._seq[0, self.synced:g._len].tolist()
         self.known, self.standard = [], False
         if self.synced == 0:
-            self.lookup.reset(new)
+            self.history = list(new)
+            if self.ngram:
+                self.lookup.reset(new)
         else:
-            self.lookup.append(new)
+            self.history += new
+            if self.ngram:
+                self.lookup.append(new)
         self.synced = g._len
-        self.c["ngram_history_syncs"] += 1
-        self.c["ngram_history_tokens_synced"] += len(new)
-        self.t["total_ngram_history_sync_ms"] += (time.perf_counter() - t0) * 1e3
+        if self.ngram:
+            self.c["ngram_history_syncs"] += 1
+            self.c["ngram_history_tokens_synced"] += len(new)
+            self.t["total_ngram_history_sync_ms"] += (time.perf_counter() - t0) * 1e3
 
     def _ngram(self, k: int) -> list[int]:
         self._sync()
@@ -572,7 +599,7 @@ class Speculator:
             self.c[key] += 1
         self.histogram[min(r.accepted, HISTOGRAM_BINS - 1)] += 1
         self.cool.record(r.k, self.adaptive.min_k, r.evaluated, r.accepted)
-        if g._len < g._s.max_length and self.propose == self._ngram:
+        if g._len < g._s.max_length and self.propose == self._ngram:  # noqa: PLR1714 - a bound method
             self._sync()  # the round's tokens into the lookup now, as onnxruntime-genai's finalization does
         self.adaptive.record(r.k, r.evaluated, r.accepted, r.emitted, r.filled, r.ms)
 
@@ -620,3 +647,71 @@ class Speculator:
                                                    for k, n in self.k_rounds.items()) / rounds
             out["avg_target_ms_per_round"] = t["total_target_ms"] / rounds
         return out
+
+
+class _Draft:
+    """Drafts from the draft model (model.draft): a greedy generator of its own that holds the committed tokens
+    (appended as they come, cut back where they differ), decodes K tokens past them and is rewound to them."""
+
+    def __init__(self, spec: Speculator) -> None:
+        from crossml.genai.generator import Generator, GeneratorParams
+
+        self.spec = weakref.proxy(spec)
+        g = spec.gen
+        params = GeneratorParams(g._model.draft)
+        params.set_search_options(max_length=g._s.max_length, do_sample=False, min_length=0, repetition_penalty=1.0,
+                                  past_present_share_buffer=g._s.past_present_share_buffer)
+        self.gen = Generator(g._model.draft, params, _speculate=False)
+        self.tokens: list[int] = []  # what the draft generator's sequence holds
+
+    def __call__(self, k: int) -> list[int]:
+        spec, d = self.spec, self.gen
+        spec._sync()
+        committed = spec.history
+        n = len(self.tokens)
+        if committed[:n] != self.tokens:
+            n = next(i for i, (a, b) in enumerate(zip(self.tokens, committed)) if a != b)
+        if n < d._len:
+            d.rewind_to(n)
+            self.tokens = self.tokens[:n]
+        if len(committed) > n:
+            d.append_tokens(np.array(committed[n:], dtype=np.int64))
+            self.tokens = list(committed)
+            spec.c["draft_forward_passes"] += 1
+        out: list[int] = []
+        while len(out) < k:
+            if d.is_done():  # an end-of-sequence id drafted (not appended): drafting goes on past it
+                d.append_tokens(np.array(out[-1:], dtype=np.int64))
+            d.generate_next_token()
+            out.append(int(d.get_next_tokens()[0]))
+            spec.c["draft_forward_passes"] += 1
+        d.rewind_to(len(self.tokens))
+        return out
+
+
+def make_folder(dest: str | os.PathLike[str], target: str | os.PathLike[str], draft: str | os.PathLike[str],
+                speculative: dict[str, Any] | None = None) -> str:
+    """Write a speculative model folder at ``dest``: model.type "speculative", ``target``'s decoder, tokenizer and
+    search section, ``draft``'s decoder as model.draft, and ``speculative`` (options) if given. Both folders are
+    linked in as ``dest/target`` and ``dest/draft`` (onnxruntime-genai takes no path outside the folder), so the
+    result runs on crossml.genai and on onnxruntime-genai alike. Returns ``dest``."""
+    dest = os.fspath(dest)
+    os.makedirs(dest, exist_ok=True)
+    raw = {}
+    for name, folder in (("target", target), ("draft", draft)):
+        os.symlink(os.path.abspath(folder), os.path.join(dest, name))
+        with open(os.path.join(folder, "genai_config.json")) as f:
+            raw[name] = json.load(f)
+    model = dict(raw["target"]["model"], type="speculative")
+    for key, name in (("decoder", "target"), ("draft", "draft")):
+        block = copy.deepcopy(raw[name]["model"]["decoder"])
+        model[key] = dict(block, filename=f"{name}/{block['filename']}")
+    out: dict[str, Any] = {"model": model, "search": raw["target"].get("search", {})}
+    if speculative:
+        out["speculative"] = speculative
+    with open(os.path.join(dest, "genai_config.json"), "w") as f:
+        json.dump(out, f, indent=2)
+    for name in os.listdir(target):
+        if name.startswith("tokenizer") or (name.endswith(".json") and name != "genai_config.json"):
+            shutil.copy(os.path.join(target, name), dest)
+    return dest
