@@ -13,6 +13,8 @@ unmeasured run. Runtimes:
   continuation is the one the rounds commit (found by untimed runs: it can differ from standard decoding's after a
   near-tie of two logits, see ``same``);
 - ``half-K``: the same with every draft from the middle of each proposal on wrong (about half accepted);
+- ``draft-K``: a draft model (``crossml.genai.speculative.make_folder``): the fp16 target with the int4 build of the
+  same weights as its draft, K drafts a round (run on the fp16 rows where the int4 folder is built too);
 - ``ortgenai-ngram`` / ``ortgenai``: onnxruntime-genai's CUDA build with and without the same n-gram options (no
   CUDA graph: its n-gram decoding runs verification widths a graph cannot), where it imports.
 
@@ -20,7 +22,7 @@ Every crossml row's tokens are compared with ``standard``'s (``same`` in the tab
 difference, out of --new; a difference needs a near-tie of two logits, the verifying runs sum in another order).
 
     python benchmarks/genai_speculative.py [--models qwen2.5-0.5b] [--precisions fp16,int4] [--ks 4,8]
-        [--runtimes standard,ngram,oracle,half,ortgenai-ngram,ortgenai] [--folder F]
+        [--runtimes standard,ngram,oracle,half,draft,ortgenai-ngram,ortgenai] [--folder F]
 
 Writes OUT/genai_speculative.{json,md}.
 """
@@ -89,7 +91,7 @@ def decode(og, model, prompt: np.ndarray, new: int, spec: dict | None = None, tr
 
 def main(argv: list[str] | None = None) -> None:
     ap = genai_parser(__doc__, models="qwen2.5-0.5b")
-    ap.add_argument("--runtimes", default="standard,ngram,oracle,half,ortgenai-ngram,ortgenai")
+    ap.add_argument("--runtimes", default="standard,ngram,oracle,half,draft,ortgenai-ngram,ortgenai")
     ap.add_argument("--ks", default="4,8")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
@@ -118,6 +120,25 @@ def main(argv: list[str] | None = None) -> None:
                 for k in ks:
                     cases.append((f"{runtime}-{k}", dict(ngram_size=2, max_draft_tokens=k), truth,
                                   None if runtime == "oracle" else k // 2))
+        if "draft" in runtimes and prec == "fp16" and (name, "int4") in folders:
+            import tempfile
+
+            from crossml.genai import speculative
+
+            paired = speculative.make_folder(os.path.join(tempfile.mkdtemp(), "draft"), folder, folders[(name, "int4")])
+            with_draft = og.Model(paired)
+            for k in ks:
+                spec = dict(max_draft_tokens=k)
+                decode(og, with_draft, prompt, args.new, spec)
+                runs = [decode(og, with_draft, prompt, args.new, spec) for _ in range(args.repeats)]
+                s = statistics.median(r[0] for r in runs)
+                tokens, stats = runs[-1][1], runs[-1][2]
+                same = next((i for i, (a, b) in enumerate(zip(tokens, truth)) if a != b), len(truth))
+                rows.append({"model": name, "precision": prec, "runtime": f"draft-{k}", "seconds": round(s, 5),
+                             "tokens_per_s": round(args.new / s, 1), "same": same, "rounds": stats["rounds"],
+                             "accepted": stats["draft_tokens_accepted"], "fallback": stats["standard_fallback_steps"]})
+                print(rows[-1], flush=True)
+            del with_draft
         for label, spec, oracle, wrong in cases:
             if oracle is not None:
                 # the continuation the rounds themselves commit: a verifying run sums in another order than a

@@ -707,3 +707,32 @@ def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
     assert stats["ngram_lookup_hits"] + stats["ngram_lookup_misses"] > 0
     k = next((j for j, (a, b) in enumerate(zip(ngram, truth)) if a != b), None)
     assert k is None or logits[k].max() - logits[k][ngram[k]] <= 0.05
+
+
+def test_draft_model_on_the_gpu(models: Path, tmp_path) -> None:
+    """Speculative decoding with a draft model on the GPU: the fp16 target with the int4 build of the same weights as
+    its draft commits the target's own tokens (up to a near-tie fork) and accepts most drafts."""
+    from crossml.genai import speculative
+
+    target = str(models / "qwen2_fp16_cuda")
+    folder = speculative.make_folder(tmp_path / "spec", target, str(models / "qwen2_int4_cuda"))
+    prompt = np.array([5, 6, 7, 8], dtype=np.int32)
+
+    def run(path: str) -> tuple[list[int], list[np.ndarray], dict]:
+        model = og.Model(path)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=100)
+        gen = og.Generator(model, params)
+        gen.append_tokens(prompt)
+        out, logits = [], []
+        while not gen.is_done():
+            logits.append(gen.get_logits().reshape(-1))
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+        return out, logits, gen.get_speculative_stats()
+
+    truth, logits, _ = run(target)
+    got, _, stats = run(folder)
+    assert stats["rounds"] > 0 and stats["draft_tokens_accepted"] > stats["rounds"] // 2
+    k = next((j for j, (a, b) in enumerate(zip(got, truth)) if a != b), None)
+    assert k is None or logits[k].max() - logits[k][got[k]] <= 0.05, f"forks at token {k} without a near-tie"
