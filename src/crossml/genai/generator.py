@@ -296,6 +296,7 @@ class Generator:
             speculative.check(self, params.speculative)
         self._spec: speculative.Speculator | None = None
         self._verifying = False
+        self._short_chunks = False  # a draft model's generator (speculative._Draft): chunks of a few columns
         if _speculate and (params.speculative.ngram_size or model.draft is not None):
             self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
 
@@ -494,9 +495,10 @@ class Generator:
             # a chunk's pad columns are fed as tokens (the mask is the whole max-length one): not where a window-sized
             # cache would evict real positions for them, nor past the buffers
             w = chunk_bucket(end - start)
-            if self._verifying:
-                # a speculative round's drafts (2-17 columns): a bucket of their own power of two, and near
-                # max_length their exact width, rather than a turn's 32 columns or an eager run
+            if self._verifying or self._short_chunks:
+                # a speculative round's drafts (2-17 columns), a draft generator's catch-up with the committed
+                # tokens: a bucket of their own power of two, and near max_length their exact width, rather than a
+                # turn's 32 columns or an eager run
                 w = max(2, 1 << (end - start - 1).bit_length())
                 if start + w > self._s.max_length:
                     w = end - start

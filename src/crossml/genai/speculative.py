@@ -662,6 +662,7 @@ class _Draft:
         params.set_search_options(max_length=g._s.max_length, do_sample=False, min_length=0, repetition_penalty=1.0,
                                   past_present_share_buffer=g._s.past_present_share_buffer)
         self.gen = Generator(g._model.draft, params, _speculate=False)
+        self.gen._short_chunks = True  # its catch-ups are one or two tokens a round
         self.tokens: list[int] = []  # what the draft generator's sequence holds
 
     def __call__(self, k: int) -> list[int]:
