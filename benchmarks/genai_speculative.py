@@ -24,7 +24,9 @@ difference, out of --new; a difference needs a near-tie of two logits, the verif
     python benchmarks/genai_speculative.py [--models qwen2.5-0.5b] [--precisions fp16,int4] [--ks 4,8]
         [--runtimes standard,ngram,oracle,half,draft,ortgenai-ngram,ortgenai] [--folder F]
 
-Writes OUT/genai_speculative.{json,md}.
+Writes OUT/genai_speculative.{json,md} (``--name``). On the CPU: ``--folder`` with cpu_genai.py's int4 folder, e.g.
+``--folder benchmarks/.genai_work/qwen2.5-0.5b_int4_cpu --new 64 --prompt 32 --repeats 2 --runtimes
+standard,ngram,oracle,half --name genai_speculative_cpu``.
 """
 
 from __future__ import annotations
@@ -96,10 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--folder", default="", help="one builder folder instead of --models (a smoke run)")
+    ap.add_argument("--folder", default="", help="one builder folder instead of --models (a CPU run)")
+    ap.add_argument("--name", default="genai_speculative", help="the results' file name")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
-    folders = {("folder", "-"): args.folder} if args.folder else genai_models(args)
+    folders = ({(os.path.basename(os.path.normpath(args.folder)), "-"): args.folder} if args.folder
+               else genai_models(args))
     runtimes = args.runtimes.split(",")
     prompt = ((np.arange(args.prompt) * 7) % 1000 + 3).astype(np.int32)
     ngram = dict(ngram_size=3, max_draft_tokens=4)
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             del peer
     base = {(r["model"], r["precision"]): r["tokens_per_s"] for r in rows if r["runtime"] == "standard"}
     lines = ["# Speculative decoding (n-gram) against standard decoding", "",
-             f"GPU: {machine()['gpu']}. Batch 1, a {args.prompt}-token prompt, then {args.new} greedy tokens timed "
+             (f"GPU: {machine()['gpu']}" if machine()["gpu"] else f"CPU: {os.cpu_count()} cores") + ". Batch 1, a {args.prompt}-token prompt, then {args.new} greedy tokens timed "
              f"(median of {args.repeats}); random-weight builder models. `oracle-K`: rounds of K drafts that are all "
              "right (a proposer that knows the continuation); `half-K`: drafts wrong from the middle of each "
              "proposal on; `ngram`: ngram_size 3, 4 drafts; `same`: tokens equal to `standard`'s up to the first "
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {r['model']} | {r['precision']} | {r['runtime']} | {r['tokens_per_s']:,.1f} | "
                      f"{ratio:.2f}x | {same} | {r['rounds']} | {r['accepted']} | {r['fallback']} |")
     lines += ["", "Produced by benchmarks/genai_speculative.py."]
-    write("genai_speculative", {"machine": machine(), "args": vars(args), "rows": rows}, "\n".join(lines) + "\n",
+    write(args.name, {"machine": machine(), "args": vars(args), "rows": rows}, "\n".join(lines) + "\n",
           out=args.out)
 
 

@@ -26,7 +26,9 @@ REPEATING = [5, 6, 7, 5, 6, 7, 5, 6, 9, 5, 6, 7]
 
 
 def _run(lib, folder: str, prompt: list[int], spec: dict | None, max_length: int = 120, overlay: str | None = None,
-         **search) -> tuple[list[int], dict, object]:
+         propose=None, **search) -> tuple[list[int], dict, object]:
+    """Generate to the end with ``lib`` (crossml.genai or onnxruntime_genai); ``overlay``: JSON over the folder's
+    config; ``propose(gen, prompt_length)``: the proposer crossml's rounds use instead of their own."""
     if overlay:
         config = lib.Config(folder)
         config.overlay(overlay)
@@ -38,6 +40,8 @@ def _run(lib, folder: str, prompt: list[int], spec: dict | None, max_length: int
     if spec:
         params.set_speculative_options(**spec)
     gen = lib.Generator(model, params)
+    if propose is not None:
+        gen._spec.propose = propose(gen, len(prompt))
     gen.append_tokens(np.array(prompt, dtype=np.int32))
     out = []
     while not gen.is_done():
@@ -152,24 +156,10 @@ class _Oracle:
 
 
 def _oracle_run(folder: str, prompt: list[int], truth: list[int], spec: dict, wrong: int = 3, at: int = 2,
-                overlay: str | None = None, **search) -> tuple[list[int], dict]:
-    if overlay:
-        config = og.Config(folder)
-        config.overlay(overlay)
-        model = og.Model(config)
-    else:
-        model = og.Model(folder)
-    params = og.GeneratorParams(model)
-    params.set_search_options(**search)
-    params.set_speculative_options(**spec)
-    gen = og.Generator(model, params)
-    gen._spec.propose = _Oracle(gen, truth, len(prompt), wrong, at)
-    gen.append_tokens(np.array(prompt, dtype=np.int32))
-    out = []
-    while not gen.is_done():
-        gen.generate_next_token()
-        out.append(int(gen.get_next_tokens()[0]))
-    return out, gen.get_speculative_stats()
+                overlay: str | None = None, max_length: int = 120, **search) -> tuple[list[int], dict]:
+    out, stats, _ = _run(og, folder, prompt, spec, max_length, overlay,
+                         propose=lambda gen, n: _Oracle(gen, truth, n, wrong, at), **search)
+    return out, stats
 
 
 SEARCHES = [dict(), dict(do_sample=True, random_seed=7, top_k=20, top_p=0.9, temperature=0.8),
