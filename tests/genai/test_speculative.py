@@ -380,3 +380,69 @@ def test_draft_model_errors(genai_models, tmp_path) -> None:
     (tmp_path / "nodraft" / "genai_config.json").write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match="model.draft.filename is not set"):
         og.Config(str(tmp_path / "nodraft"))
+
+
+def _static(folder: str):
+    """A model on the GPU's decode path (fixed-address buffers, standard steps run ahead), forced on the CPU."""
+    model = og.Model(folder)
+    model._static_decode = model._run_ahead = True
+    return model
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_rounds_on_the_static_run_ahead_path(genai_models, k: int) -> None:
+    """The GPU's path forced on the CPU: a round that follows a step that ran ahead takes that step's logits as its
+    first (a one-draft round runs one column on the decode path), and the final token's step runs ahead again."""
+    folder = genai_models[("qwen2", "fp32")]
+    prompt = [5, 6, 7, 8]
+    truth, _, _ = _run(og, folder, prompt, None, max_length=90)
+    model = _static(folder)
+    for spec, propose in ((dict(ngram_size=2, max_draft_tokens=k), lambda gen, n: _Oracle(gen, truth, n)),
+                          (dict(ngram_size=2, max_draft_tokens=k), None)):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=90)
+        params.set_speculative_options(**spec)
+        gen = og.Generator(model, params)
+        assert gen._ahead and gen._bufs is not None
+        if propose is not None:
+            gen._spec.propose = propose(gen, len(prompt))
+        gen.append_tokens(np.array(prompt, dtype=np.int32))
+        out = []
+        while not gen.is_done():
+            gen.generate_next_token()
+            out.append(int(gen.get_next_tokens()[0]))
+        assert out == truth
+        assert gen.get_speculative_stats()["rounds"] > 0 or propose is None
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["default", "static"])
+def test_an_adapter_set_in_the_middle_of_a_round(genai_models, tmp_path_factory, static: bool) -> None:
+    """An adapter set after a token applies from the next step: the round's tokens not handed out yet were chosen
+    without it and are dropped, and the last token's step runs again with it, as standard decoding does."""
+    from tests.genai.test_adapters import _loaded, _rewrite, add_lora, write_adapters
+
+    folder = _rewrite(genai_models[("qwen2", "fp32")], tmp_path_factory.mktemp("lora") / "qwen2_lora", add_lora)
+    files = write_adapters(folder, tmp_path_factory.mktemp("adapters"))
+    prompt = np.array([5, 6, 7, 8], dtype=np.int32)
+
+    def generate(spec: bool, truth: list[int] | None = None) -> list[int]:
+        model, adapters = _loaded(og, folder, files, _static(folder) if static else None)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=60)
+        if spec:
+            params.set_speculative_options(ngram_size=2, max_draft_tokens=6)
+        gen = og.Generator(model, params)
+        if spec:
+            gen._spec.propose = _Oracle(gen, truth, len(prompt), wrong=1000)
+        gen.append_tokens(prompt)
+        for _ in range(3):
+            gen.generate_next_token()
+        gen.set_active_adapter(adapters, "lora")  # in the middle of a round: 4 of its 7 tokens not handed out
+        while not gen.is_done():
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist()
+
+    plain = _run(og, folder, list(prompt), None, max_length=60)[0]
+    want = generate(False)
+    assert want[len(prompt):] != plain  # the adapter changes what follows
+    assert generate(True, plain) == want

@@ -867,6 +867,8 @@ class Generator:
         if self._ahead_outputs is not None:
             self._drop_ahead()
             self._logits, self._live = None, False
+        if getattr(self, "_spec", None) is not None:
+            self._spec.extras_changed()
 
     def _stage(self, col: int) -> None:
         """Write the decode inputs for the token in column ``col`` (its id, its position) into the fixed buffers;

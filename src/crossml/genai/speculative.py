@@ -608,6 +608,19 @@ class Speculator:
         if self.round is not None:
             self._finish()
 
+    def extras_changed(self) -> None:
+        """An adapter or model input changed (it applies from the next step): the tokens not handed out yet are
+        dropped, and the last handed-out token's step, which the round ran with the old values, runs again (as a
+        step that ran ahead does)."""
+        g, r = self.gen, self.round
+        if r is None:
+            return
+        self._finish()
+        if g._logits is not None and g._kv_len == g._len:
+            g._kv_len = g._len - 1
+            g._logits, g._staged = None, None
+            g._cache.rewind(g._kv_len)
+
     def reset(self) -> None:
         """rewind_to(0): a new sequence."""
         self.discard()
