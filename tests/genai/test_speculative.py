@@ -446,3 +446,48 @@ def test_an_adapter_set_in_the_middle_of_a_round(genai_models, tmp_path_factory,
     want = generate(False)
     assert want[len(prompt):] != plain  # the adapter changes what follows
     assert generate(True, plain) == want
+
+
+@pytest.mark.parametrize("regex", ["(yes|no|maybe)( (yes|no|maybe))*[.]", "[a-z ]+[.]"], ids=["words", "letters"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_guided_rounds_match_onnxruntime_genai(genai_models, og_ref, arch: str, regex: str) -> None:
+    """N-gram decoding under a grammar, as onnxruntime-genai's guided rounds: proposals cut at the first token the
+    grammar refuses (or after an end-of-sequence id), no bonus token, and a greedy round keeps the target's
+    differing choice at its first position only; the same tokens and counters."""
+    pytest.importorskip("llguidance", reason="guidance needs llguidance (pip install crossml[guidance])")
+    folder = genai_models[(arch, "fp32")]
+    runs = []
+    for lib in (og, og_ref):
+        model = lib.Model(folder)
+        params = lib.GeneratorParams(model)
+        params.set_search_options(max_length=80)
+        params.set_guidance("regex", regex)
+        params.set_speculative_options(ngram_size=2, max_draft_tokens=4)
+        gen = lib.Generator(model, params)
+        gen.append_tokens(lib.Tokenizer(model).encode("Hello"))
+        while not gen.is_done():
+            gen.generate_next_token()
+        stats = gen.get_speculative_stats()
+        runs.append((gen.get_sequence(0).tolist(), {k: stats[k] for k in (*PARITY, "ngram_grammar_candidate_rejections")}))
+    assert runs[0] == runs[1]
+
+
+def test_guided_sampled_rounds_commit_standard_tokens(genai_models) -> None:
+    pytest.importorskip("llguidance", reason="guidance needs llguidance (pip install crossml[guidance])")
+    folder = genai_models[("qwen2", "fp32")]
+    model = og.Model(folder)
+    prompt = og.Tokenizer(model).encode("Hello")
+
+    def sampled(spec: dict | None) -> list[int]:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=80, do_sample=True, random_seed=5, top_k=8)
+        params.set_guidance("regex", "(yes|no|maybe)( (yes|no|maybe))*[.]")
+        if spec:
+            params.set_speculative_options(**spec)
+        gen = og.Generator(model, params)
+        gen.append_tokens(prompt)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return gen.get_sequence(0).tolist()
+
+    assert sampled(dict(ngram_size=2, max_draft_tokens=4)) == sampled(None)

@@ -105,6 +105,14 @@ class Guide:
                                  "(set_logits?) cannot be committed")
             self._history[row].append(t)
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` row 0's grammar would take in turn, an end-of-sequence id counted where the
+        grammar allows it (onnxruntime-genai's check of n-gram proposals)."""
+        m = self._matchers[0]
+        if m.is_stopped():
+            return int(bool(tokens) and tokens[0] == self._eos)
+        return int(m.validate_tokens(list(tokens)))
+
     def rewind(self, keep: int) -> None:
         """Every row back to its first ``keep`` committed tokens."""
         for row in range(len(self._matchers)):

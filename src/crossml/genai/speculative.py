@@ -389,9 +389,19 @@ class Speculator:
     def _ngram(self, k: int) -> list[int]:
         self._sync()
         t0 = time.perf_counter()
-        out = self.lookup.propose(k, self.chained)
+        candidates = self.lookup.propose(k, self.chained)
+        out = candidates
+        guide = self.gen._guide
+        if guide is not None and candidates:  # as onnxruntime-genai: up to the first the grammar refuses, or an end
+            n = guide.valid_prefix(candidates)
+            eos = next((i for i, t in enumerate(candidates[:n]) if t in self.gen._eos_list), None)
+            if eos is not None:
+                n = eos + 1
+            elif n < len(candidates):
+                self.c["ngram_grammar_candidate_rejections"] += 1
+            out = candidates[:n]
         self.t["total_ngram_lookup_ms"] += (time.perf_counter() - t0) * 1e3
-        self.c["ngram_lookup_hits" if out else "ngram_lookup_misses"] += 1
+        self.c["ngram_lookup_hits" if candidates else "ngram_lookup_misses"] += 1
         self.c["ngram_lookup_tokens_proposed"] += len(out)
         if self.chained and len(out) > 1:
             self.c["ngram_chained_tokens_proposed"] += len(out) - 1
@@ -481,8 +491,15 @@ class Speculator:
         accepted = 0
         while accepted < k and accepted < len(chosen) and chosen[accepted] == drafts[accepted]:
             accepted += 1
-        tokens = collections.deque(drafts[:accepted] + chosen[accepted:accepted + 1])
-        evaluated = min(accepted + 1, k)
+        if g._guide is None:
+            tokens = collections.deque(drafts[:accepted] + chosen[accepted:accepted + 1])
+            evaluated = min(accepted + 1, k)
+            last = "bonus_tokens" if accepted == k else "correction_tokens"
+        else:  # a guided round as onnxruntime-genai's: no bonus token; a correction only where _choose kept one
+            tokens = collections.deque(chosen)
+            evaluated = accepted + (accepted < k and not (chosen and chosen[-1] in g._eos_list
+                                                          and len(chosen) == accepted))
+            last = "correction_tokens" if len(chosen) > accepted else None
         verify_ms = (time.perf_counter() - t0) * 1e3
         self.t["total_target_verify_ms"] += verify_ms
         self.t["total_target_ms"] += verify_ms
@@ -491,7 +508,8 @@ class Speculator:
         c["draft_tokens_proposed"] += k
         c["draft_tokens_evaluated"] += evaluated
         c["draft_tokens_accepted"] += accepted
-        c["bonus_tokens" if accepted == k else "correction_tokens"] += 1
+        if last:
+            c[last] += 1
         c["tokens_queued"] += len(tokens)
         self.k_rounds[k] += 1
         self.round = _Round(L, tokens, rows, accepted, evaluated, k, filled, propose_ms + verify_ms, undo=undo,
@@ -516,8 +534,11 @@ class Speculator:
         guided = 0
         saved = g._len, g._logits
         eos = set(g._eos_list)
+        guide = g._guide
         try:
-            for j in range(k + 1):
+            # a guided round (onnxruntime-genai's) has no bonus position, and a greedy one keeps the target's
+            # choice that differs from a draft at its first position only
+            for j in range(k if guide is not None else k + 1):
                 g._len = L + j
                 if j:
                     g._seq[0, L + j - 1] = drafts[j - 1]  # the context a standard step would see
@@ -525,14 +546,19 @@ class Speculator:
                 if g._rng is not None:
                     undo.append(g._rng.get_state())
                 token = int(g._select()[0])
-                chosen.append(token)
-                if g._guide is not None:
+                match = j < k and token == drafts[j]
+                if guide is not None:
+                    if not match and j and not g._s.do_sample:
+                        break
+                    chosen.append(token)
                     if token in eos:
                         break
-                    g._guide.commit(np.array([token]), np.array([0]))
+                    guide.commit(np.array([token]), np.array([0]))
                     g._guide_cols.append(L + j)
                     guided += 1
-                if j < k and token != drafts[j]:
+                else:
+                    chosen.append(token)
+                if not match:
                     break
         finally:
             g._seq[0, L + 1:L + k] = g._pad
