@@ -36,6 +36,7 @@ decode step the engine runs one batched step for them (``Engine.run``).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -517,6 +518,7 @@ class Request:
         self._batch: _Batch | None = None  # the shared decode buffers its generator decodes on, if any
         self._row = 0
         self._last = 0  # the last token it generated (what a batched step feeds)
+        self._drafts: list[int] = []  # set_draft_tokens' proposal for the next step
 
     # -- state --------------------------------------------------------------------------------
     def _check_open(self) -> Engine:
@@ -604,10 +606,50 @@ class Request:
         del self._turns[at:]
 
     def set_draft_tokens(self, tokens: Any) -> None:
-        """Speculative drafts: not provided (``Engine.max_draft_tokens_per_proposal()`` is 0)."""
-        self._check_open()
-        raise GenAIError("set_draft_tokens: crossml.genai's Engine does no speculative decoding "
-                         "(max_draft_tokens_per_proposal() is 0)")
+        """Propose the continuation ``tokens`` (int32 ids, at most ``Engine.max_draft_tokens_per_proposal()``) for
+        this request's next step: one decoder run verifies them, and the drafts that equal the model's greedy
+        choices are committed, then the model's own next token; the run hands out one TOKEN event for each. For a
+        turn in progress whose first token event is out (its prompt has run), with greedy choice and no
+        penalties or grammar. The proposal belongs to the current turn: a turn limit or stop string inside it
+        ends the turn there, and cancelling the turn drops it."""
+        engine = self._check_open()
+        turn = self._turn
+        if turn is None or turn.generated == 0:
+            raise GeneratorStateError("set_draft_tokens: the request has no turn whose prompt has run; propose drafts "
+                                      "after run has handed out the turn's first token event")
+        arr = np.asarray(tokens)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"set_draft_tokens takes a 1-D array of integer token ids, got {arr.dtype} {arr.shape}")
+        cap = engine.max_draft_tokens_per_proposal()
+        if cap == 0:
+            raise GenAIError(f"set_draft_tokens: this model cannot verify drafts (max_draft_tokens_per_proposal() is 0: "
+                             f"{_no_drafts(engine._model)})")
+        if arr.size > cap:
+            raise ValueError(f"set_draft_tokens: {arr.size} drafts; at most max_draft_tokens_per_proposal() = {cap}")
+        vocab = engine._model.config.model.vocab_size
+        if arr.size and vocab > 0 and ((arr < 0) | (arr >= vocab)).any():
+            bad = int(arr[(arr < 0) | (arr >= vocab)][0])
+            raise ValueError(f"set_draft_tokens: token id {bad} is outside the vocabulary [0, {vocab})")
+        p = turn.policy
+        if p.do_sample or p.repetition_penalty != 1.0 or p.no_repeat_ngram_size or p.guide is not None:
+            raise GenAIError("set_draft_tokens: drafts are verified greedily; this turn samples or has a repetition "
+                             "penalty, no_repeat_ngram_size or a grammar (TurnOptions), which a proposal does not take")
+        self._drafts = [int(t) for t in arr]
+
+    def _speculate(self, engine: Engine) -> bool:
+        """The step verifies this request's drafts: a one-round speculator on its generator (kept until the round's
+        tokens are handed out), the drafts cut to what the turn and session can still take."""
+        drafts, self._drafts = self._drafts, []
+        gen, turn = self._gen, self._turn
+        room = min(turn.policy.max_generated - turn.generated if turn.policy.max_generated else len(drafts),
+                   self._limit - gen.token_count()) - 1
+        drafts = drafts[:max(room, 0)]
+        if not drafts:
+            return False
+        spec = speculative.Speculator(gen, speculative.SpeculativeOptions(max_draft_tokens=speculative.MAX_K), given=True)
+        spec.given = drafts
+        gen._spec = spec
+        return True
 
     def close(self) -> None:
         """Remove the request from scheduling, drop its events not handed out yet and release its KV cache."""
@@ -648,6 +690,8 @@ class Request:
             gen._set_guide(p.guide)  # a turn's grammar or none: never the previous turn's
             gen.append_tokens(turn.tokens)
             turn.fed = True
+        if self._drafts:
+            self._speculate(engine)
         gen.generate_next_token()
 
     def _collect(self, engine: Engine) -> None:
@@ -656,6 +700,7 @@ class Request:
         tokens, ended = gen._settle()
         if ended:  # the row chose an end-of-sequence id, which is not appended
             engine._finish(self, turn, FinishReason.EOS)
+            self._end_round(engine)
             return
         token = int(tokens[0])
         self._last = token
@@ -670,6 +715,22 @@ class Request:
         engine._retained.append(EngineEvent(EngineEventFlags.TOKEN, self, turn.id, token=token))
         if reason != FinishReason.NONE:
             engine._finish(self, turn, reason, matched=matched, merge=True)
+        elif gen._spec is not None and gen._spec.round is not None:  # a verified round: its next token
+            gen.generate_next_token()
+            self._collect(engine)
+            return
+        self._end_round(engine)
+
+    def _end_round(self, engine: Engine) -> None:
+        """After a step: a round's tokens the turn did not take are dropped, and its speculator's counters go to
+        the engine's stats."""
+        gen = self._gen
+        spec = gen._spec if gen is not None else None
+        if spec is None:
+            return
+        spec.discard()
+        engine._spec_counts.update(spec.c)
+        gen._spec = None
 
 
 def _attempt(part: Any, engine: Engine) -> Exception | None:
@@ -678,6 +739,17 @@ def _attempt(part: Any, engine: Engine) -> Exception | None:
     except Exception as exc:  # noqa: BLE001 - a request's failure is its turn's event
         return exc
     return None
+
+
+def _no_drafts(model: Model) -> str:
+    """Why the model cannot verify drafts ('' where it can)."""
+    if model.io.state_names:
+        return "the decoder carries layer states, which cannot be cut back"
+    if model.window_layers:
+        return "the decoder keeps window-sized KV caches"
+    if not model._logits_per_position:
+        return "the decoder gives the last position's logits only"
+    return ""
 
 
 class Engine:
@@ -703,6 +775,7 @@ class Engine:
         self._seed = s.random_seed
         self._queue: list[Request] = []  # requests with an active turn, in admission order
         self._retained: list[EngineEvent] = []  # events not handed out yet, in order
+        self._spec_counts: collections.Counter[str] = collections.Counter()  # verified drafts' rounds
         self._tok: Any = None
         self._batches: list[_Batch] = []
         self._requests: weakref.WeakSet = weakref.WeakSet()
@@ -719,11 +792,17 @@ class Engine:
         return EngineCapabilities(configured_max_batch_size=MAX_BATCH)
 
     def max_draft_tokens_per_proposal(self) -> int:
-        return 0
+        """How many drafts ``Request.set_draft_tokens`` takes: 16 where the decoder gives every position's logits
+        and its caches can be cut back; 0 otherwise (carried layer states, window-sized caches)."""
+        return 0 if _no_drafts(self._model) else speculative.MAX_K
 
     def get_speculative_stats(self) -> dict[str, Any]:
-        """Speculative-decoding counters: all zero (the Engine does no speculative decoding)."""
-        return speculative.zero_stats()
+        """onnxruntime-genai's speculative counters over the rounds that verified requests' drafts."""
+        out = speculative.zero_stats()
+        out.update({k: int(v) for k, v in self._spec_counts.items() if k in out})
+        evaluated = out["draft_tokens_evaluated"]
+        out["acceptance_rate"] = out["draft_tokens_accepted"] / evaluated if evaluated else 0.0
+        return out
 
     def create_request(self, *, options: RequestOptions | None = None) -> Request:
         request = Request(self, options)
@@ -753,7 +832,7 @@ class Engine:
                 self._place([r for r in active if r._gen is None and r._batch is None and r._failed is None])
                 for batch in self._batches:
                     waiting = [r for r in active if r._batch is batch and r._turn.fed and r._gen is not None
-                               and r._gen._logits is None and r._gen._kv_len == r._gen._len - 1]
+                               and r._gen._logits is None and r._gen._kv_len == r._gen._len - 1 and not r._drafts]
                     if len(waiting) > 1:
                         try:
                             chosen |= batch.step(waiting)
@@ -818,6 +897,7 @@ class Engine:
         else:
             self._retained.append(EngineEvent(flags, request, turn.id, **fields))
         request._turn = None
+        request._drafts = []  # a proposal belongs to its turn
         if request in self._queue:
             self._queue.remove(request)
 

@@ -337,7 +337,8 @@ def check(gen: Generator, o: SpeculativeOptions) -> None:
 class Speculator:
     """The n-gram rounds of one Generator (``Generator.generate_next_token`` calls ``step``)."""
 
-    def __init__(self, gen: Generator, options: SpeculativeOptions) -> None:
+    def __init__(self, gen: Generator, options: SpeculativeOptions, given: bool = False) -> None:
+        """``given``: the drafts are a caller's (``given``, set per round), not the n-gram lookup's or a draft model's."""
         self.gen = weakref.proxy(gen)  # no cycle: the generator's lent buffers go back to the model when it dies
         self.options = options
         self.ngram = options.ngram_size > 0
@@ -345,7 +346,9 @@ class Speculator:
         self.chained = options.ngram_chained_lookup
         self.history: list[int] = []  # the committed tokens, on the host (_sync)
         #: the proposer: (K) -> draft tokens; replaceable (tests drive rounds with known drafts through it)
-        self.propose: Callable[[int], list[int]] = self._ngram if self.ngram else _Draft(self)
+        self.propose: Callable[[int], list[int]] = (self._given if given or not (self.ngram or gen._model.draft)
+                                                     else self._ngram if self.ngram else _Draft(self))
+        self.given: list[int] = []  # drafts a caller supplied (an Engine request's set_draft_tokens): one round
         self.adaptive = AdaptiveK(options.max_draft_tokens, options.min_adaptive_k)
         self.cool = Cooldown(options.cooldown)
         self.round: _Round | None = None
@@ -405,6 +408,10 @@ class Speculator:
         self.c["ngram_lookup_tokens_proposed"] += len(out)
         if self.chained and len(out) > 1:
             self.c["ngram_chained_tokens_proposed"] += len(out) - 1
+        return out
+
+    def _given(self, k: int) -> list[int]:
+        out, self.given = self.given[:k], []
         return out
 
     def forget(self, length: int) -> None:
