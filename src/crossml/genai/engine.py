@@ -26,8 +26,9 @@ lowest index), the precedence STOP_STRING > MAX_GENERATED_TOKENS > MAX_SESSION_T
 token event not yet handed out, turn ids from 1 per request. Differences: requests run on dynamic batching (a turn
 joins the next run, a continuation turn works with any number of requests), so stop strings and per-turn seeds are
 accepted (onnxruntime-genai's CPU engine, on static batching, refuses them); a token id outside the vocabulary is
-refused by ``begin_turn`` (there it fails the step and the engine); speculative drafts are not provided and raise;
-guidance runs on llguidance (``crossml.genai.guidance``).
+refused by ``begin_turn`` (there it fails the step and the engine); caller-supplied drafts (``set_draft_tokens``)
+are verified on the request's own generator (``crossml.genai.speculative``), which steps alone that run; guidance
+runs on llguidance (``crossml.genai.guidance``).
 
 On the static decode path (GPUs) requests that get their generators in the same run, three or more, share one set
 of decode buffers (``_Batch``): each generator works on its own row, and whenever two or more of them wait for a
