@@ -29,7 +29,9 @@ def _run(lib, folder: str, prompt: list[int], spec: dict | None, max_length: int
          propose=None, **search) -> tuple[list[int], dict, object]:
     """Generate to the end with ``lib`` (crossml.genai or onnxruntime_genai); ``overlay``: JSON over the folder's
     config; ``propose(gen, prompt_length)``: the proposer crossml's rounds use instead of their own."""
-    if overlay:
+    if not isinstance(folder, str):  # a model already made
+        model = folder
+    elif overlay:
         config = lib.Config(folder)
         config.overlay(overlay)
         model = lib.Model(config)
@@ -397,22 +399,12 @@ def test_rounds_on_the_static_run_ahead_path(genai_models, k: int) -> None:
     prompt = [5, 6, 7, 8]
     truth, _, _ = _run(og, folder, prompt, None, max_length=90)
     model = _static(folder)
-    for spec, propose in ((dict(ngram_size=2, max_draft_tokens=k), lambda gen, n: _Oracle(gen, truth, n)),
-                          (dict(ngram_size=2, max_draft_tokens=k), None)):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=90)
-        params.set_speculative_options(**spec)
-        gen = og.Generator(model, params)
+    for propose in (lambda gen, n: _Oracle(gen, truth, n), None):
+        out, stats, gen = _run(og, model, prompt, dict(ngram_size=2, max_draft_tokens=k), max_length=90,
+                               propose=propose)
         assert gen._ahead and gen._bufs is not None
-        if propose is not None:
-            gen._spec.propose = propose(gen, len(prompt))
-        gen.append_tokens(np.array(prompt, dtype=np.int32))
-        out = []
-        while not gen.is_done():
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
         assert out == truth
-        assert gen.get_speculative_stats()["rounds"] > 0 or propose is None
+        assert stats["rounds"] > 0 or propose is None
 
 
 @pytest.mark.parametrize("static", [False, True], ids=["default", "static"])
