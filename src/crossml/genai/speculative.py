@@ -324,18 +324,19 @@ def check(gen: Generator, o: SpeculativeOptions) -> None:
             raise SearchOptionError("Speculative decoding with a draft model does not support no_repeat_ngram_size "
                                     f"(got {s.no_repeat_ngram_size}); set it to 0")
     if gen._states.tensors:
-        raise GenAIError(f"{where}: n-gram decoding needs a KV cache that can be rewound; this model carries layer "
-                         f"states ({', '.join(model.io.state_names[:2])}, ...). Set speculative ngram_size to 0")
+        raise GenAIError(f"{where}: {what} needs a KV cache that can be rewound; this model carries layer states "
+                         f"({', '.join(model.io.state_names[:2])}, ...). Use {off}")
     if model.window_layers:
-        raise GenAIError(f"{where}: n-gram decoding does not support window-sized KV caches (model.decoder."
-                         "sliding_window.layers); set speculative ngram_size to 0")
+        raise GenAIError(f"{where}: {what} does not support window-sized KV caches (model.decoder.sliding_window."
+                         f"layers); use {off}")
     if not model._logits_per_position:
-        raise GenAIError(f"{where}: n-gram decoding needs one logits row per verified token; the decoder's "
-                         f"'{model.io.logits}' output keeps the last position only. Set speculative ngram_size to 0")
+        raise GenAIError(f"{where}: {what} needs one logits row per verified token; the decoder's "
+                         f"'{model.io.logits}' output keeps the last position only. Use {off}")
 
 
 class Speculator:
-    """The n-gram rounds of one Generator (``Generator.generate_next_token`` calls ``step``)."""
+    """The speculative rounds of one Generator, drafted by the n-gram lookup, a draft model or a caller (an Engine
+    request's ``set_draft_tokens``); ``Generator.generate_next_token`` calls ``step``."""
 
     def __init__(self, gen: Generator, options: SpeculativeOptions, given: bool = False) -> None:
         """``given``: the drafts are a caller's (``given``, set per round), not the n-gram lookup's or a draft model's."""
