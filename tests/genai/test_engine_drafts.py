@@ -133,3 +133,17 @@ def test_draft_errors(genai_models, more_models) -> None:
     req.set_draft_tokens(np.array([5, 6], dtype=np.int32))
     assert req.cancel_turn(1) and req._drafts == []  # a proposal belongs to its turn
     assert og.Engine(og.Model(more_models["lfm2"])).max_draft_tokens_per_proposal() == 0
+
+
+def test_a_turn_without_a_limit_verifies_every_draft(genai_models) -> None:
+    model = og.Model(genai_models[("qwen2", "fp32")])
+    truth = _alone(model, [(PROMPTS[0], 12)], 32)[0]
+    engine = og.Engine(model)
+    session = og.RequestOptions()
+    session.set_max_session_tokens(32)
+    req = engine.create_request(options=session)
+    req.begin_turn(np.array(PROMPTS[0], dtype=np.int32))  # no max_generated_tokens: the session limits the turn
+    buf = engine.create_event_buffer(64)
+    assert len(engine.run(buf)) == 1
+    req.set_draft_tokens(np.array(truth[1:6], dtype=np.int32))
+    assert [ev.token for ev in engine.run(buf)] == truth[1:7]  # five drafts and the bonus token in one run

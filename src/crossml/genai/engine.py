@@ -642,8 +642,8 @@ class Request:
         tokens are handed out), the drafts cut to what the turn and session can still take."""
         drafts, self._drafts = self._drafts, []
         gen, turn = self._gen, self._turn
-        room = min(turn.policy.max_generated - turn.generated if turn.policy.max_generated else len(drafts),
-                   self._limit - gen.token_count()) - 1
+        room = min(turn.policy.max_generated - turn.generated if turn.policy.max_generated else len(drafts) + 1,
+                   self._limit - gen.token_count()) - 1  # the round commits one token past its drafts
         drafts = drafts[:max(room, 0)]
         if not drafts:
             return False
