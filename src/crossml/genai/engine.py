@@ -624,7 +624,7 @@ class Request:
         cap = engine.max_draft_tokens_per_proposal()
         if cap == 0:
             raise GenAIError(f"set_draft_tokens: this model cannot verify drafts (max_draft_tokens_per_proposal() is 0: "
-                             f"{_no_drafts(engine._model)})")
+                             f"{speculative.cannot_verify(engine._model)})")
         if arr.size > cap:
             raise ValueError(f"set_draft_tokens: {arr.size} drafts; at most max_draft_tokens_per_proposal() = {cap}")
         vocab = engine._model.config.model.vocab_size
@@ -637,7 +637,7 @@ class Request:
                              "penalty, no_repeat_ngram_size or a grammar (TurnOptions), which a proposal does not take")
         self._drafts = [int(t) for t in arr]
 
-    def _speculate(self, engine: Engine) -> bool:
+    def _speculate(self) -> None:
         """The step verifies this request's drafts: a one-round speculator on its generator (kept until the round's
         tokens are handed out), the drafts cut to what the turn and session can still take."""
         drafts, self._drafts = self._drafts, []
@@ -645,12 +645,11 @@ class Request:
         room = min(turn.policy.max_generated - turn.generated if turn.policy.max_generated else len(drafts) + 1,
                    self._limit - gen.token_count()) - 1  # the round commits one token past its drafts
         drafts = drafts[:max(room, 0)]
-        if not drafts:
-            return False
-        spec = speculative.Speculator(gen, speculative.SpeculativeOptions(max_draft_tokens=speculative.MAX_K), given=True)
-        spec.given = drafts
-        gen._spec = spec
-        return True
+        if drafts:
+            spec = speculative.Speculator(gen, speculative.SpeculativeOptions(max_draft_tokens=speculative.MAX_K),
+                                          given=True)
+            spec.given = drafts
+            gen._spec = spec
 
     def close(self) -> None:
         """Remove the request from scheduling, drop its events not handed out yet and release its KV cache."""
@@ -692,7 +691,7 @@ class Request:
             gen.append_tokens(turn.tokens)
             turn.fed = True
         if self._drafts:
-            self._speculate(engine)
+            self._speculate()
         gen.generate_next_token()
 
     def _collect(self, engine: Engine) -> None:
@@ -742,17 +741,6 @@ def _attempt(part: Any, engine: Engine) -> Exception | None:
     return None
 
 
-def _no_drafts(model: Model) -> str:
-    """Why the model cannot verify drafts ('' where it can)."""
-    if model.io.state_names:
-        return "the decoder carries layer states, which cannot be cut back"
-    if model.window_layers:
-        return "the decoder keeps window-sized KV caches"
-    if not model._logits_per_position:
-        return "the decoder gives the last position's logits only"
-    return ""
-
-
 class Engine:
     """og.Engine(model): runs the turns of any number of Requests, one step of each active one per ``run``."""
 
@@ -795,7 +783,7 @@ class Engine:
     def max_draft_tokens_per_proposal(self) -> int:
         """How many drafts ``Request.set_draft_tokens`` takes: 16 where the decoder gives every position's logits
         and its caches can be cut back; 0 otherwise (carried layer states, window-sized caches)."""
-        return 0 if _no_drafts(self._model) else speculative.MAX_K
+        return 0 if speculative.cannot_verify(self._model) else speculative.MAX_K
 
     def get_speculative_stats(self) -> dict[str, Any]:
         """onnxruntime-genai's speculative counters over the rounds that verified requests' drafts."""

@@ -290,12 +290,11 @@ class Generator:
         self._adapters: list[tuple[str, Any]] = []
         self._model_inputs: dict[str, torch.Tensor] = {}
         self._extra: dict[str, torch.Tensor] = {}
+        self._spec: speculative.Speculator | None = None  # speculative rounds (crossml.genai.speculative)
         self._refresh_extras()
-        # n-gram decoding (crossml.genai.speculative); a verifying run computes the logits at every column
         if _speculate:
             speculative.check(self, params.speculative)
-        self._spec: speculative.Speculator | None = None
-        self._verifying = False
+        self._verifying = False  # a verifying run computes the logits at every column
         self._short_chunks = False  # a draft model's generator (speculative._Draft): chunks of a few columns
         if _speculate and (params.speculative.ngram_size or model.draft is not None):
             self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
@@ -867,7 +866,7 @@ class Generator:
         if self._ahead_outputs is not None:
             self._drop_ahead()
             self._logits, self._live = None, False
-        if getattr(self, "_spec", None) is not None:
+        if self._spec is not None:
             self._spec.extras_changed()
 
     def _stage(self, col: int) -> None:

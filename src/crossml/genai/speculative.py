@@ -196,9 +196,8 @@ class AdaptiveK:
         return e[0] / e[1] if e and e[1] > 0 else 0.0
 
     def throughput(self) -> float:
-        if k_est := self._est.get(self.k):
-            return k_est[0] / k_est[1] if k_est[1] > 0 else 0.0
-        return self._rate(self._origin) if self._origin else 0.0
+        """The smoothed committed tokens per ms of the current width (or of the width a probe left)."""
+        return self._rate(self.k if self.k in self._est else self._origin)
 
     def record(self, k: int, evaluated: int, accepted: int, committed: int, filled: bool, ms: float) -> None:
         if not self.enabled or k != self.k or evaluated <= 0 or committed == 0 or not filled or not ms > 0:
@@ -323,15 +322,22 @@ def check(gen: Generator, o: SpeculativeOptions) -> None:
         if s.no_repeat_ngram_size:
             raise SearchOptionError("Speculative decoding with a draft model does not support no_repeat_ngram_size "
                                     f"(got {s.no_repeat_ngram_size}); set it to 0")
-    if gen._states.tensors:
-        raise GenAIError(f"{where}: {what} needs a KV cache that can be rewound; this model carries layer states "
-                         f"({', '.join(model.io.state_names[:2])}, ...). Use {off}")
+    why = cannot_verify(model)
+    if why:
+        raise GenAIError(f"{where}: {what} cannot run on this model: {why}. Use {off}")
+
+
+def cannot_verify(model: Any) -> str:
+    """Why ``model``'s decoder cannot verify drafts ('' where it can): a verifying run needs one logits row per
+    token, and a KV cache that can be cut back to the committed tokens."""
+    if model.io.state_names:
+        return (f"its decoder carries layer states ({', '.join(model.io.state_names[:2])}, ...), which cannot be "
+                "cut back")
     if model.window_layers:
-        raise GenAIError(f"{where}: {what} does not support window-sized KV caches (model.decoder.sliding_window."
-                         f"layers); use {off}")
+        return "its decoder keeps window-sized KV caches (model.decoder.sliding_window.layers)"
     if not model._logits_per_position:
-        raise GenAIError(f"{where}: {what} needs one logits row per verified token; the decoder's "
-                         f"'{model.io.logits}' output keeps the last position only. Use {off}")
+        return f"its decoder's '{model.io.logits}' output keeps the last position's logits only"
+    return ""
 
 
 class Speculator:
@@ -495,19 +501,12 @@ class Speculator:
         g._seq[0, L + 1:L + k] = g._pad
         g._mask[0, L + 1:L + k] = 0
         g._len = L + 1
-        chosen, undo, guided = self._choose(rows, drafts, L)
-        accepted = 0
-        while accepted < k and accepted < len(chosen) and chosen[accepted] == drafts[accepted]:
-            accepted += 1
-        if g._guide is None:
-            tokens = collections.deque(drafts[:accepted] + chosen[accepted:accepted + 1])
-            evaluated = min(accepted + 1, k)
-            last = "bonus_tokens" if accepted == k else "correction_tokens"
-        else:  # a guided round as onnxruntime-genai's: no bonus token; a correction only where _choose kept one
-            tokens = collections.deque(chosen)
-            evaluated = accepted + (accepted < k and not (chosen and chosen[-1] in g._eos_list
-                                                          and len(chosen) == accepted))
-            last = "correction_tokens" if len(chosen) > accepted else None
+        tokens, judged, undo, guided = self._choose(rows, drafts, L)
+        accepted = next((i for i, (t, d) in enumerate(zip(tokens, drafts)) if t != d), min(len(tokens), k))
+        # the token after the accepted drafts: the model's bonus after all of them, else its correction (a guided
+        # round has no bonus, and may end on its accepted drafts)
+        last = None if len(tokens) == accepted else "bonus_tokens" if accepted == k else "correction_tokens"
+        evaluated = min(judged, k)
         verify_ms = (time.perf_counter() - t0) * 1e3
         self.t["total_target_verify_ms"] += verify_ms
         self.t["total_target_ms"] += verify_ms
@@ -520,15 +519,18 @@ class Speculator:
             c[last] += 1
         c["tokens_queued"] += len(tokens)
         self.k_rounds[k] += 1
-        self.round = _Round(L, tokens, rows, accepted, evaluated, k, filled, propose_ms + verify_ms, undo=undo,
-                            guided=guided)
+        self.round = _Round(L, collections.deque(tokens), rows, accepted, evaluated, k, filled,
+                            propose_ms + verify_ms, undo=undo, guided=guided)
 
-    def _choose(self, rows: torch.Tensor, drafts: list[int], L: int) -> tuple[list[int], list[Any], int]:
-        """Each position's token from ``rows`` (position j after drafts[:j]), as a standard step chooses it; stops
-        after the first that differs from its draft. Plain greedy search: one argmax and one host copy. Otherwise
-        position by position through the generator's own selection (penalties, sampling, grammar), with the
-        random stream's state kept before each draw (``discard`` puts it back) and each token committed to the
-        grammar (at most up to an end-of-sequence id)."""
+    def _choose(self, rows: torch.Tensor, drafts: list[int], L: int) -> tuple[list[int], int, list[Any], int]:
+        """The round's tokens from ``rows`` (position j after drafts[:j]), each chosen as a standard step chooses it:
+        the drafts up to the first the model's choice differs from, then its choice there (or its bonus token after
+        all of them). Returns (those tokens, positions judged, the random stream's state before each draw, tokens
+        committed to the grammar). Plain greedy search: one argmax and one host copy. Otherwise position by
+        position through the generator's own selection (penalties, sampling, grammar), the random stream's state
+        kept before each draw (``discard`` puts it back) and each token committed to the grammar (up to an
+        end-of-sequence id). A guided round is onnxruntime-genai's: no bonus position, and a greedy one keeps the
+        model's differing choice at its first position only."""
         g = self.gen
         s = g._s
         k = len(drafts)
@@ -536,16 +538,16 @@ class Speculator:
             if L < s.min_length:
                 rows = rows.clone()
                 rows[:max(0, min(k + 1, s.min_length - L)), g._eos] = float("-inf")
-            return rows.argmax(-1).tolist(), [], 0
-        chosen: list[int] = []
+            best = rows.argmax(-1).tolist()
+            n = next((j for j in range(k) if best[j] != drafts[j]), k)
+            return drafts[:n] + best[n:n + 1], n + 1, [], 0
+        tokens: list[int] = []
         undo: list[Any] = []
-        guided = 0
+        judged = guided = 0
         saved = g._len, g._logits
         eos = set(g._eos_list)
         guide = g._guide
         try:
-            # a guided round (onnxruntime-genai's) has no bonus position, and a greedy one keeps the target's
-            # choice that differs from a draft at its first position only
             for j in range(k if guide is not None else k + 1):
                 g._len = L + j
                 if j:
@@ -554,24 +556,25 @@ class Speculator:
                 if g._rng is not None:
                     undo.append(g._rng.get_state())
                 token = int(g._select()[0])
+                judged += 1
                 match = j < k and token == drafts[j]
                 if guide is not None:
-                    if not match and j and not g._s.do_sample:
+                    if not match and j and not s.do_sample:
                         break
-                    chosen.append(token)
+                    tokens.append(token)
                     if token in eos:
                         break
                     guide.commit(np.array([token]), np.array([0]))
                     g._guide_cols.append(L + j)
                     guided += 1
                 else:
-                    chosen.append(token)
+                    tokens.append(token)
                 if not match:
                     break
         finally:
             g._seq[0, L + 1:L + k] = g._pad
             g._len, g._logits = saved
-        return chosen, undo, guided
+        return tokens, judged, undo, guided
 
     def _emit(self) -> None:
         """Hand out the round's next token: the generator ends in the state a standard step leaves."""
@@ -613,6 +616,7 @@ class Speculator:
         the committed columns, and the controllers learn from it."""
         g, r = self.gen, self.round
         self.round = None
+        g._cache.rewind(g._kv_len)
         dropped = len(r.tokens)
         if dropped or r.interrupted:
             self.c["tokens_discarded"] += dropped
@@ -623,8 +627,6 @@ class Speculator:
                 keep = len(g._guide_cols) - (r.guided - r.emitted)
                 g._guide.rewind(keep)
                 g._guide_cols = g._guide_cols[:keep]
-        g._cache.rewind(g._kv_len)
-        if dropped or r.interrupted:
             return
         self.c["completed_rounds"] += 1
         if r.evaluated > 0:
