@@ -117,6 +117,19 @@ def test_external_data_must_stay_in_model_folder(tmp_path):
         ort.InferenceSession(str(good / "evil.onnx"), providers=CPU)
     with pytest.raises(InvalidGraph, match="load the model from its path"):
         ort.InferenceSession(onnx.load(good / "m.onnx", load_external_data=False), providers=CPU)
+    # links are resolved as onnxruntime resolves them: a linked model reads the data beside the file it names
+    # (a model folder linking another's files, a Hugging Face cache snapshot), a data link out of the folder is refused
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "m.onnx").symlink_to(good / "m.onnx")
+    s = ort.InferenceSession(str(linked / "m.onnx"), providers=CPU)
+    np.testing.assert_allclose(s.run(None, {"x": np.ones((1, 64), np.float32)})[0], np.full((1, 64), 64.0))
+    escape = tmp_path / "escape"
+    escape.mkdir()
+    (escape / "m.onnx").write_bytes((good / "m.onnx").read_bytes())
+    (escape / "w.bin").symlink_to(good / "w.bin")
+    with pytest.raises(InvalidGraph, match="outside the model's folder"):
+        ort.InferenceSession(str(escape / "m.onnx"), providers=CPU)
 
 
 def test_bad_providers():

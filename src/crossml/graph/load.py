@@ -46,7 +46,9 @@ def load_model(source: Any, replace: Mapping[str, np.ndarray] | None = None,
         with open(path, "rb") as f:
             data = f.read()
         model = _parse(data, path)
-        root = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        # the folder of the model file itself, links resolved (as onnxruntime resolves them): a linked model's
+        # external data is read beside the file the link names
+        root = os.path.dirname(os.path.realpath(path))
         files = _given(model, path, root, replace, memory_files) or external.Files(root, path)
         for t in _tensors_with_external_data(model):
             if not _given_here(t):
