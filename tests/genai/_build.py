@@ -110,6 +110,14 @@ VLM_CLASSES["qwen35"] = ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", _QW
 VLM_CLASSES["qwen35moe"] = ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
                             dict(_QWEN35_TEXT, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                                  num_experts=4, num_experts_per_tok=2), _QWEN35_VISION)
+#: Qwen3.5 with a multi-token-prediction head (text_config.mtp_num_hidden_layers = 1, ``mtp.*`` weights): the builder
+#: writes mtp.onnx and the decoder's hidden_states output (crossml.genai.mtp). Its layers' output projections are
+#: scaled down (MTP_RESIDUAL), so each token's logits are mostly its embedding's through the lm_head, and the head
+#: passes the embedding of the token it is given through: its drafts agree with the model often, not always
+QWEN35_MTP = "qwen35mtp"
+MTP_RESIDUAL = 0.01
+VLM_CLASSES[QWEN35_MTP] = ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration",
+                           dict(_QWEN35_TEXT, layer_types=["full_attention", "linear_attention"]), _QWEN35_VISION)
 MORE_CLASSES.update(VLM_CLASSES)
 #: Gemma 4's text decoder (model type gemma4_text; the builder exports it from a multimodal checkpoint whose text weights
 #: sit under ``model.language_model.``): window-sized local layers of head size 16 and global layers of head size 32 with
@@ -143,7 +151,7 @@ CONV_STATE_ARCHS = ("lfm2", "lfm2moe", "qwen35", "qwen35moe")
 #: architectures whose tokenizer_config.json the builder (under transformers 5) writes with tokenizer class
 #: "Qwen3_5Tokenizer", which onnxruntime-genai 0.18 refuses ("Unsupported tokenizer class"): the test folders name
 #: "Qwen2Tokenizer" (the same tokenizer.json), and keep the builder's file as BUILDER_TOKENIZER_CONFIG
-QWEN35_TOKENIZER = ("qwen35", "qwen35moe")
+QWEN35_TOKENIZER = ("qwen35", "qwen35moe", "qwen35mtp")
 BUILDER_TOKENIZER_CONFIG = "tokenizer_config.builder.json"
 #: architectures whose batches of prompts of different lengths onnxruntime-genai 0.18 gets wrong (a shorter prompt's
 #: row drifts from the prompt's own run): checked against the prompts run alone instead
@@ -209,9 +217,16 @@ def make_hf_model(arch: str, out: str) -> None:
                 p.normal_(0.0, 0.2)
             else:
                 p.add_(torch.randn_like(p) * 0.1)
+    if arch == QWEN35_MTP:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                    p.mul_(MTP_RESIDUAL)
     model.save_pretrained(out)
     if arch == "gptoss":
         add_mxfp4_experts(out, config)
+    if arch == QWEN35_MTP:
+        add_mtp_head(out, config.text_config)
 
 
 def make_text_tower(arch: str, out: str, text: dict) -> None:
@@ -240,6 +255,53 @@ def make_text_tower(arch: str, out: str, text: dict) -> None:
     outer.architectures = [architecture]
     outer.save_pretrained(out)
     model.save_pretrained(out + "_causal")
+
+
+def add_mtp_head(out: str, text) -> None:
+    """The ``mtp.*`` weights of a Qwen3.5 checkpoint (transformers drops them on load; the builder reads them from the
+    safetensors) and ``text_config.mtp_num_hidden_layers = 1``: one full-attention decoder layer (its output
+    projections scaled by MTP_RESIDUAL), ``fc`` [hidden, 2 * hidden] passing the normed embedding half through, zero
+    offset norms before it (scale 1) and the model's final norm after it."""
+    import copy
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer
+
+    layer_config = copy.deepcopy(text)
+    layer_config.layer_types, layer_config.num_hidden_layers = ["full_attention"], 1
+    gen = torch.Generator().manual_seed(3)
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    for name, v in Qwen3_5DecoderLayer(layer_config, layer_idx=0).state_dict().items():
+        t = torch.randn(v.shape, generator=gen) * (0.2 if v.dim() > 1 else 0.1)
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            t *= MTP_RESIDUAL
+        tensors[f"mtp.layers.0.{name}"] = t.contiguous()
+    H = text.hidden_size
+    tensors["mtp.fc.weight"] = torch.cat([torch.eye(H), torch.randn(H, H, generator=gen) * 0.02], dim=1)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        tensors[f"mtp.{name}.weight"] = torch.zeros(H)
+    tensors["mtp.norm.weight"] = tensors["model.language_model.norm.weight"].clone()  # the model's final norm
+    save_file(tensors, path, metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json")) as f:
+        config = json.load(f)
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+def drop_shared_initializers(folder: str) -> None:
+    """Remove the builder's shared_initializers lists from model.decoder and model.mtp: onnxruntime-genai 0.18's CPU
+    build cannot load a folder that has them ("GetMemoryInfo for CPU should not be used"). The ONNX files still
+    reference the shared tensors where the builder put them (mtp.onnx reads the embedding from model.onnx.data)."""
+    path = os.path.join(folder, "genai_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for section in ("decoder", "mtp"):
+        config["model"].get(section, {}).pop("shared_initializers", None)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=4)
 
 
 def add_mxfp4_experts(out: str, config) -> None:
@@ -306,6 +368,8 @@ def main(out_dir: str, specs: list[str]) -> None:
         args = (None, hf, dst, precision, ep, os.path.join(out_dir, "cache"))
         options = [*EXTRA_OPTIONS.get((arch, precision, ep), []), *variant_options]
         create_model(*args, **parse_extra_options(*args, options or None))
+        if arch == QWEN35_MTP:
+            drop_shared_initializers(dst)
         if arch in QWEN35_TOKENIZER:
             path = os.path.join(dst, "tokenizer_config.json")
             with open(path) as f:

@@ -145,6 +145,8 @@ class ModelConfig:
     bor_token_id: int | None = None  # reasoning opens
     eor_token_id: int | None = None  # reasoning closes
     draft: DecoderConfig | None = None  # the draft decoder of speculative decoding (model.draft)
+    #: the multi-token-prediction head the builder exports beside the decoder (model.mtp: mtp.onnx), as written
+    mtp: dict[str, Any] | None = None
 
 
 _DECODER_FIELDS = {f.name for f in fields(DecoderConfig)}
@@ -170,13 +172,19 @@ _TOKEN_IDS = ("bos_token_id", "pad_token_id", "sep_token_id", "decoder_start_tok
               "video_token_id", "vision_start_token_id", "audio_token_id", *MARK_IDS)
 MODEL_KEYS: dict[str, Any] = {
     "type": str, "context_length": int, "vocab_size": int, "eos_token_id": (int, list), "decoder": dict, "draft": dict,
-    **dict.fromkeys(_TOKEN_IDS, int),
+    "mtp": dict, **dict.fromkeys(_TOKEN_IDS, int),
 }
 DECODER_KEYS: dict[str, Any] = {
     "filename": str, "hidden_size": int, "num_attention_heads": int, "num_hidden_layers": int,
     "num_key_value_heads": int, "head_size": int, "conv_cache_size": int, "session_options": dict,
-    "inputs": dict, "outputs": dict, "sliding_window": dict, "layer_types": list,
+    "inputs": dict, "outputs": dict, "sliding_window": dict, "layer_types": list, "shared_initializers": list,
 }
+#: model.mtp: the builder's multi-token-prediction head (run by og.MtpGenerator from a folder of its own,
+#: crossml.genai.mtp.head_folder); its keys as onnxruntime-genai 0.18 reads them
+MTP_KEYS: dict[str, Any] = {
+    **DECODER_KEYS, "enabled": bool, "main_hidden_states": str, "main_inputs_embeds": str, "shared_kv_layers": list,
+}
+
 #: model.decoder.inputs / outputs: the graph names onnxruntime-genai knows (crossml feeds input_ids,
 #: attention_mask, position_ids and the past KV; a decoder with other inputs is refused when it loads)
 DECODER_INPUTS = (
@@ -191,6 +199,8 @@ DECODER_OUTPUTS = (
     "present_names", "output_cross_qk_names", "rnn_states", "hidden_states", "present_conv_names",
     "present_recurrent_names",
 )
+#: model.mtp.inputs: a head's inputs, and the target's present KV a Gemma 4 assistant head reads
+MTP_INPUTS = {**dict.fromkeys(DECODER_INPUTS, str), "shared_key_names": list, "shared_value_names": list}
 SLIDING_WINDOW_KEYS: dict[str, Any] = {
     "window_size": int, "pad_value": int, "alignment": str, "slide_key_value_cache": bool, "slide_inputs": bool,
     "layers": list, "cache_slack": int,
@@ -212,8 +222,8 @@ _UNSUPPORTED = {
     "model.encoder": "encoder-decoder models", "model.embedding": "multimodal pipelines (a separate embedding "
     "model)", "model.vision": "multimodal models (a vision encoder)", "model.speech": "multimodal models (a "
     "speech encoder)", "model.decoder.pipeline": "decoders split over several ONNX files",
-    "model.decoder.run_options": "per-run config entries", "model.decoder.shared_initializers": "initializers "
-    "shared between sessions", "model.decoder.state_groups": "recurrent / paged decoder state",
+    "model.decoder.run_options": "per-run config entries", "model.decoder.state_groups": "recurrent / paged decoder "
+    "state",
 }
 
 _JSON_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false", dict: "an object",
@@ -305,6 +315,15 @@ class Config:
             if not isinstance(draft.get("filename"), str):
                 raise ConfigError(f"'{file}': model.draft.filename is not set: give the draft decoder's ONNX file")
             draft = self._decoder(draft, "model.draft")
+        mtp = m.get("mtp")
+        if mtp is not None:
+            check_keys(mtp, MTP_KEYS, "model.mtp", file)
+            for key in ("inputs", "outputs"):
+                names = mtp.get(key, {})
+                check_keys(names, MTP_INPUTS if key == "inputs" else DECODER_OUTPUTS, f"model.mtp.{key}", file)
+            if not isinstance(mtp.get("filename"), str):
+                raise ConfigError(f"'{file}': model.mtp.filename is not set: give the MTP head's ONNX file (the "
+                                  "builder's mtp.onnx)")
         eos = m.get("eos_token_id", [])
         eos_list = eos if isinstance(eos, list) else [eos]
         if not all(_is(e, int) for e in eos_list):
@@ -317,7 +336,7 @@ class Config:
             type=mtype, context_length=context, vocab_size=int(m.get("vocab_size", 0)),
             bos_token_id=int(m.get("bos_token_id", -1)), eos_token_id=eos_ids,
             pad_token_id=int(m.get("pad_token_id", eos_ids[0] if eos_ids else 0)), decoder=decoder, draft=draft,
-            **self._marks(m, mtype),
+            mtp=mtp, **self._marks(m, mtype),
         )
         search = raw.get("search", {})
         if not isinstance(search, dict):

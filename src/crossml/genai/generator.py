@@ -246,7 +246,12 @@ class Generator:
         self._states = LayerStates(io.state_names, io.state_present_names, self._rows, io.state_shapes, io.state_dtypes,
                                    dev, self._bufs.states if self._bufs is not None else None)
         # the decoder outputs every run asks for
-        self._names = [io.logits, *self._cache.present_names, *self._states.present_names]
+        self._names = [io.logits, *self._cache.present_names, *self._states.present_names, *io.other_outputs]
+        #: where each run's hidden states go (an MTP generator's: crossml.genai.mtp), called with the run's end column
+        #: and the model's hidden-states output ([rows, columns, hidden], the run's last columns)
+        self._on_hidden: Any = None
+        #: snapshot_state(): (KV length, the carried states then, the logits then)
+        self._snapshot: tuple[int, list[torch.Tensor], torch.Tensor] | None = None
         # ... and a run of several columns, which computes the logits at each row's last real one only (where the
         # model selects rows), asks for the lm_head's per-position inputs too (get_output's full logits: _Tail)
         self._prompt_names = self._names + model.rows_hidden
@@ -394,9 +399,11 @@ class Generator:
         s = self._s
         missing = sorted(self._model.io.required - self._extra.keys())
         if missing:
+            how = ("generator.set_hidden_states(value) for hidden states, " if self._model.io.hidden_input in missing
+                   else "")
             raise GenAIError(f"Missing Input: {', '.join(missing)}: the decoder '{self._model.config.model.decoder.filename}' "
                              f"takes {'these inputs' if len(missing) > 1 else 'this input'} beside the ones "
-                             "crossml.genai feeds; give each with generator.set_model_input(name, value) (or an "
+                             f"crossml.genai feeds; give each with {how}generator.set_model_input(name, value) (or an "
                              "active adapter) before append_tokens")
         if arr.shape[0] != s.batch_size:
             raise ValueError(f"append_tokens: got {arr.shape[0]} sequences but search option batch_size is "
@@ -470,6 +477,11 @@ class Generator:
         start, end = self._kv_len, self._len
         bufs = self._bufs
         names = self._names
+        hidden_in = self._model.io.hidden_input
+        if hidden_in in self._extra and self._extra[hidden_in].shape[1] != end - start:
+            raise GenAIError(f"'{hidden_in}' holds {self._extra[hidden_in].shape[1]} rows of hidden states, and this "
+                             f"run feeds {end - start} tokens; set_hidden_states with one row per token before "
+                             "append_tokens")
         for shown in (self._outputs.get(names[0]), (self._ahead_outputs or {}).get(names[0])):
             if isinstance(shown, _Shown):
                 shown.keep()  # a live logits buffer this run may overwrite
@@ -477,7 +489,9 @@ class Generator:
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
-        padded = bufs is not None and model._prompt_graphs and model._logits_per_position
+        # (an input of hidden states, one row per column fed, takes no pad columns)
+        padded = (bufs is not None and model._prompt_graphs and model._logits_per_position
+                  and model.io.hidden_input is None)
         states = bool(self._states.tensors)
         pieces = None  # a carried-state model's prompt cut into exact widths: [(width, buffers or None: eager)]
         if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers and self._rows == 1
@@ -544,6 +558,12 @@ class Generator:
         if width != end - start and logits.dim() == 3 and not hidden:
             logits = logits[:, :end - start]  # the bucket's pad columns are not the user's
         outputs: dict[str, Any] = dict(zip(names, [logits, *outs[1:]]))
+        other = len(names) - len(model.io.other_outputs)
+        for name, t in zip(model.io.other_outputs, outs[other:]):
+            if width != end - start and t.dim() >= 2 and t.shape[1] == width:
+                outputs[name] = t[:, :end - start]  # likewise
+        if self._on_hidden is not None and model.io.hidden_output is not None:
+            self._on_hidden(end, outputs[model.io.hidden_output])
         if hidden:  # logits [rows, 1, vocab] at each row's last real column; get_output computes the others if asked
             outputs[names[0]] = _Tail(model, [h[:, :end - start] for h in hidden],
                                       (self._rows, end - start, logits.shape[-1]))
@@ -845,6 +865,36 @@ class Generator:
                              f"({dtypes.tensor_type_string(io.extra[name])})")
         self._model_inputs[name] = t.to(self._dev, copy=True)
         self._refresh_extras()
+
+    def set_hidden_states(self, hidden_states: Any) -> None:
+        """Feed ``hidden_states`` ([batch, columns, hidden], the decoder input's element type) to the decoder input
+        model.decoder.inputs.hidden_states names (an MTP head's: the main model's hidden states, one row per token
+        the next append_tokens feeds) on the runs to come. Does nothing for a decoder without that input, as in
+        onnxruntime-genai."""
+        name = self._model.io.hidden_input
+        if name is None:
+            return
+        value = hidden_states.as_numpy() if isinstance(hidden_states, Tensor) else hidden_states
+        if not isinstance(value, torch.Tensor):
+            value = np.asarray(value)
+        if value.ndim != 3 or value.shape[0] != self._rows:
+            raise ValueError(f"set_hidden_states: '{name}' takes [batch, columns, hidden] ({self._rows} rows), got "
+                             f"shape {tuple(value.shape)}")
+        self.set_model_input(name, value)
+
+    def snapshot_state(self) -> None:
+        """Keep the carried layer states (Qwen3.5's Gated DeltaNet, LFM2's convolutions) of the tokens run so far, so
+        that ``rewind_to`` this length puts them back instead of running the sequence again (speculative decoding
+        over such a model). Does nothing for a decoder without carried states, as in onnxruntime-genai."""
+        if not self._states.tensors:
+            return
+        if self._spec is not None:
+            self._spec.discard()
+        self._settle()
+        if not self._len:
+            return
+        self._ready()  # the pending token's step runs now (it would run next anyway): states and logits of every column
+        self._snapshot = (self._kv_len, [t.clone() for t in self._states.tensors], self._logits.float().clone())
 
     def set_inputs(self, named_tensors: Any) -> None:
         raise GenAIError(f"Please use generator.append_tokens for {self._model.type}. set_inputs is not supported for "
@@ -1172,9 +1222,16 @@ class Generator:
 
     def _run_again_from(self, column: int) -> None:
         """The next run starts at ``column`` (its KV rows are written again); with carried layer states, which hold no
-        positions to cut back to, from the first column on a zero state."""
+        positions to cut back to, from the first column on a zero state, or from the snapshot_state taken there."""
         self._kv_len = column
-        if self._states.tensors:
+        snap = self._snapshot
+        if snap is not None and snap[0] == column + 1:
+            self._states.put(snap[1])
+            self._kv_len = column + 1
+            self._logits = snap[2].clone()
+        elif self._states.tensors:
+            if snap is not None and snap[0] > column:
+                self._snapshot = None  # its states hold tokens the sequence no longer has
             self._kv_len = 0
             self._states.reset()
             self._prompt_last = None
@@ -1204,11 +1261,11 @@ class Generator:
         self._mask[:, new_length:] = 0
         self._len = new_length
         self._staged = None
-        self._run_again_from(max(new_length - 1, 0))
         self._done.zero_()
         self._next = None
         self._host = None
         self._logits = None
+        self._run_again_from(max(new_length - 1, 0))
         self._outputs = {}
         self._ahead_outputs = None
         self._run = self._ahead_run = None
@@ -1219,6 +1276,17 @@ class Generator:
                 self._spec.reset()
             else:
                 self._spec.forget(new_length)
+
+    def _cut(self, new_length: int) -> None:
+        """Drop the columns from ``new_length`` on, keeping the KV rows of the ones before (no run again: the next
+        append_tokens runs its own tokens only). A decoder without carried states; an MTP head's generator."""
+        self._seq[:, new_length:] = self._pad
+        self._mask[:, new_length:] = 0
+        self._len = new_length
+        self._kv_len = min(self._kv_len, new_length)
+        self._cache.rewind(self._kv_len)
+        self._logits, self._next, self._host, self._staged = None, None, None, None
+        self._outputs = {}
 
     def get_speculative_stats(self) -> dict[str, Any]:
         """onnxruntime-genai's speculative-decoding counters, times and ratios (all zero without n-gram decoding;

@@ -174,6 +174,13 @@ class LayerStates:
         else:  # the copies become the states (the next save makes new ones)
             self.tensors, self._saved = self._saved, None
 
+    def put(self, values: list[torch.Tensor]) -> None:
+        """Set the states to copies of ``values`` (a snapshot)."""
+        if self._lent:
+            _grouped_copy(self.tensors, values)
+        else:
+            self.tensors = [v.clone() for v in values]
+
     def reset(self) -> None:
         if self._lent:
             for t in self.tensors:

@@ -126,6 +126,13 @@ class DecoderIO:
     #: Generator.set_model_input, or by a preset (PRESET_INPUTS); ``required`` ones have no default value
     extra: dict[str, int]
     required: set[str]
+    #: the decoder's other graph outputs, which every run fetches (get_output shows them): the hidden states a
+    #: multi-token-prediction head reads (model.decoder.outputs.hidden_states), any output the builder adds
+    other_outputs: list[str] = dataclasses.field(default_factory=list)
+    #: the decoder input that takes hidden states (an MTP head's, model.decoder.inputs.hidden_states; fed through
+    #: Generator.set_hidden_states), and the output that gives them (a main model's); None where it has none
+    hidden_input: str | None = None
+    hidden_output: str | None = None
 
 
 #: inputs onnxruntime-genai feeds itself when a decoder has them and nothing else does: name -> value
@@ -560,6 +567,10 @@ class Model:
                 raise UnsupportedModelError(
                     f"'{where}': the recurrent state '{name}' has shape {inputs[name].shape}; expected [batch, "
                     "heads, value head size, key head size] with fixed sizes")
+        hidden_in = dec.input_name("hidden_states", "hidden_states")
+        hidden_out = dec.output_name("hidden_states", "hidden_states")
+        # (the builder's hidden_states output is also the lm_head's input, which a selecting run asks for: rows_hidden)
+        other = list(dict.fromkeys(a.name for a in self.session.get_outputs() if a.name not in {logits, *present_all}))
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          kv_layers=kv_layers, kv_dims=kv_dims, state_names=state_past, state_present_names=state_present,
@@ -567,7 +578,9 @@ class Model:
                          state_dtypes=[dtype(name, torch.float32) for name in state_past], logits=logits,
                          kv_dtype=dtype(past[0] if past else None, torch.float32), mask_dtype=dtype(mask, torch.int64),
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),
-                         extra=extra, required={n for n in extra if n in inputs})
+                         extra=extra, required={n for n in extra if n in inputs}, other_outputs=other,
+                         hidden_input=hidden_in if hidden_in in inputs else None,
+                         hidden_output=hidden_out if hidden_out in outputs else None)
 
     def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
                   output_names: list[str]) -> list[torch.Tensor]:

@@ -477,6 +477,9 @@ class Speculator:
         pos0 = None if g._logits is None else g._logits.float().clone()
         g._live = False
         t0 = time.perf_counter()
+        # carried layer states (an MTP generator's Qwen3.5) take every draft in: copied first, put back if one is refused
+        first = g._kv_len
+        saved = [t.clone() for t in g._states.tensors]
         g._seq[0, L:L + k] = torch.tensor(drafts, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
         g._mask[0, L:L + k] = 1
         g._len = L + k
@@ -487,7 +490,9 @@ class Speculator:
         finally:
             g._verifying = False
         out = g._outputs[g._names[0]]
-        out = getattr(out, "logits", out)  # one column on the decode path shows its logits as the float32 copy
+        # one column on the decode path shows its logits as the float32 copy; a carried-state model's run in pieces
+        # selecting rows computes every column's from the lm_head's inputs
+        out = out.value() if hasattr(out, "value") else getattr(out, "logits", out)
         width = k + 1 if pos0 is None else k
         rows = out.reshape(-1, out.shape[-1])[-width:].float()
         if pos0 is not None:
@@ -503,6 +508,8 @@ class Speculator:
         g._len = L + 1
         tokens, judged, undo, guided = self._choose(rows, drafts, L)
         accepted = next((i for i, (t, d) in enumerate(zip(tokens, drafts)) if t != d), min(len(tokens), k))
+        if saved and accepted < k:
+            self._replay(saved, first, drafts[:accepted])
         # the token after the accepted drafts: the model's bonus after all of them, else its correction (a guided
         # round has no bonus, and may end on its accepted drafts)
         last = None if len(tokens) == accepted else "bonus_tokens" if accepted == k else "correction_tokens"
@@ -521,6 +528,28 @@ class Speculator:
         self.k_rounds[k] += 1
         self.round = _Round(L, collections.deque(tokens), rows, accepted, evaluated, k, filled,
                             propose_ms + verify_ms, undo=undo, guided=guided)
+
+    def _replay(self, saved: list[torch.Tensor], first: int, accepted: list[int]) -> None:
+        """A draft was refused after a verifying run over columns ``first``.. of a model with carried layer states:
+        put back the states of before it and run the committed columns it took in again (the pending token, if it was
+        among them, and the ``accepted`` drafts), onnxruntime-genai's snapshot and replay. Their hidden states are
+        given again too (an MTP head reads them)."""
+        g = self.gen
+        L = g._len - 1  # the column of the first draft (the verifying run left the sequence there)
+        g._states.put(saved)
+        g._cache.rewind(first)
+        g._kv_len = first
+        stop = L + len(accepted)
+        if stop > first:
+            g._seq[0, L:stop] = torch.tensor(accepted, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
+            g._mask[0, L:stop] = 1
+            g._len, g._logits = stop, None
+            g._forward()
+            self.c["target_forward_passes"] += 1
+            self.c["target_reconciliation_forward_passes"] += 1
+            g._mask[0, L + 1:stop] = 0
+            g._seq[0, L + 1:stop] = g._pad
+        g._len, g._logits = L + 1, None
 
     def _choose(self, rows: torch.Tensor, drafts: list[int], L: int) -> tuple[list[int], int, list[Any], int]:
         """The round's tokens from ``rows`` (position j after drafts[:j]), each chosen as a standard step chooses it:
