@@ -33,7 +33,8 @@ SPECS = [f"{a}:{p}" for a in ARCHS for p in ("fp32", "int4", "fp16:cuda", "int4:
     "lfm2:fp32", "lfm2:fp16:cuda", "qwen25vl:fp32", "qwen25vl:fp16:cuda", "qwen3vl:fp32", "qwen3vl:fp16:cuda",
     "qwen35:fp32", "qwen35:fp16:cuda", "qwen35:int4:cuda", "qwen35moe:fp16:cuda", "qwen35moe:int4:cuda",
     "qwen35gdn:fp16:cuda", "qwen35gdn:int4:cuda", "gemma4:fp32", "gemma4:fp16:cuda", "gemma4:int4:cuda",
-    "gemma4kv:fp32", "gemma4kv:fp16:cuda", "gemma4moe:fp32", "gemma4moe:fp16:cuda", "gemma4moe:int4:cuda"]
+    "gemma4kv:fp32", "gemma4kv:fp16:cuda", "gemma4moe:fp32", "gemma4moe:fp16:cuda", "gemma4moe:int4:cuda",
+    "qwen35mtp:fp32", "qwen35mtp:fp16:cuda", "qwen35mtp:int4:cuda"]
 PROMPT = "Hello world! How are you"
 BATCH = ["The quick brown fox jumps over", "def f(x):"]
 NEW = 12
@@ -736,3 +737,39 @@ def test_draft_model_on_the_gpu(models: Path, tmp_path) -> None:
     assert stats["rounds"] > 0 and stats["draft_tokens_accepted"] > stats["rounds"] // 2
     k = next((j for j, (a, b) in enumerate(zip(got, truth)) if a != b), None)
     assert k is None or logits[k].max() - logits[k][got[k]] <= 0.05, f"forks at token {k} without a near-tie"
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int4"])
+def test_mtp_generator_on_the_gpu(models: Path, precision: str) -> None:
+    """og.MtpGenerator on the GPU (crossml.genai.mtp): the Qwen3.5 build with an MTP head, one and four drafts a round,
+    commits the tokens of standard greedy decoding up to a fork at a near-tie (verifying runs sum in another order
+    than decode steps), with drafts accepted and refused (the Gated DeltaNet states put back and replayed)."""
+    from crossml.genai import mtp
+
+    folder = str(models / f"qwen35mtp_{precision}_cuda")
+    model, head = og.Model(folder), og.Model(mtp.head_folder(folder, models.parent / f"mtp_head_{precision}"
+                                                             if not os.access(folder, os.W_OK) else None))
+    prompt = np.array([0, 5, 9, 33, 47, 12, 80, 81, 7], dtype=np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=72, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    truth, logits = [], []
+    while not gen.is_done():
+        logits.append(gen.get_logits().reshape(-1))
+        gen.generate_next_token()
+        truth.append(int(gen.get_next_tokens()[0]))
+    for k in (1, 4):
+        params.set_speculative_options(max_draft_tokens=k)
+        spec = og.MtpGenerator(model, head, params)
+        spec.append_tokens(prompt)
+        while not spec.is_done():
+            spec.generate_next_token()
+        got = spec.get_sequence().tolist()[len(prompt):]
+        stats = spec.get_stats()
+        assert 0 < stats["accepts"] < stats["trials"], stats
+        j = next((i for i, (a, b) in enumerate(zip(got, truth)) if a != b), None)
+        if j is not None:
+            assert logits[j].max() - logits[j][got[j]] <= 0.05, f"MTP (k={k}) forks at token {j} without a near-tie"
+        else:
+            assert got == truth

@@ -43,6 +43,7 @@ from crossml.genai.errors import (
 from crossml.genai.generator import Generator, GeneratorParams
 from crossml.genai.logs import set_log_callback, set_log_options
 from crossml.genai.model import Model
+from crossml.genai.mtp import MtpGenerator
 from crossml.genai.tokenizer import Tensor, Tokenizer, TokenizerStream
 
 __version__ = "0.18.0"
