@@ -156,7 +156,7 @@ BUILDER_TOKENIZER_CONFIG = "tokenizer_config.builder.json"
 #: architectures whose batches of prompts of different lengths onnxruntime-genai 0.18 gets wrong (a shorter prompt's
 #: row drifts from the prompt's own run): checked against the prompts run alone instead
 #: (tests/genai/test_architectures.py::test_ragged_batch_rows_equal_their_prompts_alone)
-OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl")
+OWN_RAGGED_BATCH = (*CONV_STATE_ARCHS, "qwen25vl", "qwen3vl", QWEN35_MTP)
 #: builder options per (arch, precision, ep): CUDA int4 MoE models get raw QMoE experts ([E, N, K/2]); by default
 #: the builder writes onnxruntime CUDA's CUTLASS-prepacked layout, which only that provider reads (and which refuses
 #: the tiny models' 32-row experts)

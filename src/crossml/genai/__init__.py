@@ -121,6 +121,7 @@ __all__ = [
     "is_qnn_available", "is_webgpu_available", "register_execution_provider_library",
     "unregister_execution_provider_library",
     "Config", "ConfigError", "GenAIError", "Generator", "GeneratorParams", "GeneratorStateError", "Model",
+    "MtpGenerator",
     "ModelFileNotFound", "NameNotFoundError", "SearchOptionError", "Tensor", "Tokenizer", "TokenizerStream",
     "UnsupportedModelError",
     "Engine", "EngineCapabilities", "EngineErrorCode", "EngineEvent", "EngineEventBuffer", "EngineEventFlags",
