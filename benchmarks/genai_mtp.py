@@ -42,7 +42,6 @@ def build(work: str, residual: float) -> str:
     import torch
     import transformers
     from safetensors.torch import load_file, save_file
-
     from tests.genai._build import add_mtp_head
 
     tag = f"{NAME}-mtp-r{residual:g}"
