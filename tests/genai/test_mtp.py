@@ -167,10 +167,12 @@ def test_end_of_sequence_inside_a_round(folder) -> None:
 
 
 def test_gpu_decode_path_forced_on_the_cpu(folder) -> None:
-    """The GPU's static decode buffers and steps run ahead, forced on the CPU: the same tokens."""
+    """The GPU's static decode buffers and steps run ahead, forced on the CPU: the same tokens (the head's hidden
+    states copied into its fixed buffers)."""
     model, head = og.Model(folder), og.Model(os.path.join(folder, mtp.HEAD_FOLDER))
     want = _standard(model, do_sample=False)
     model._static_decode = model._run_ahead = True
+    head._static_decode = head._run_ahead = True  # the head's one-token runs on its fixed buffers
     for k in (1, 4):
         assert _mtp(model, head, k=k, do_sample=False)[0] == want
 

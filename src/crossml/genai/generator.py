@@ -250,6 +250,10 @@ class Generator:
         #: where each run's hidden states go (an MTP generator's: crossml.genai.mtp), called with the run's end column
         #: and the model's hidden-states output ([rows, columns, hidden], the run's last columns)
         self._on_hidden: Any = None
+        #: set_hidden_states' value ([rows, columns, hidden], the input's type), fed to the runs to come (copied into the
+        #: fixed buffers on the static path, zero past its columns); and the first column of the run being made
+        self._hidden: torch.Tensor | None = None
+        self._run_start = 0
         #: snapshot_state(): (KV length, the carried states then, the logits then)
         self._snapshot: tuple[int, list[torch.Tensor], torch.Tensor] | None = None
         # ... and a run of several columns, which computes the logits at each row's last real one only (where the
@@ -399,12 +403,14 @@ class Generator:
         s = self._s
         missing = sorted(self._model.io.required - self._extra.keys())
         if missing:
-            how = ("generator.set_hidden_states(value) for hidden states, " if self._model.io.hidden_input in missing
-                   else "")
             raise GenAIError(f"Missing Input: {', '.join(missing)}: the decoder '{self._model.config.model.decoder.filename}' "
                              f"takes {'these inputs' if len(missing) > 1 else 'this input'} beside the ones "
-                             f"crossml.genai feeds; give each with {how}generator.set_model_input(name, value) (or an "
+                             "crossml.genai feeds; give each with generator.set_model_input(name, value) (or an "
                              "active adapter) before append_tokens")
+        if self._model.io.hidden_input is not None and self._hidden is None:
+            raise GenAIError(f"Missing Input: {self._model.io.hidden_input}: the decoder "
+                             f"'{self._model.config.model.decoder.filename}' takes hidden states, one row per token; "
+                             "give them with generator.set_hidden_states(value) before append_tokens")
         if arr.shape[0] != s.batch_size:
             raise ValueError(f"append_tokens: got {arr.shape[0]} sequences but search option batch_size is "
                              f"{s.batch_size}; set_search_options(batch_size={arr.shape[0]})")
@@ -478,10 +484,10 @@ class Generator:
         bufs = self._bufs
         names = self._names
         hidden_in = self._model.io.hidden_input
-        if hidden_in in self._extra and self._extra[hidden_in].shape[1] != end - start:
-            raise GenAIError(f"'{hidden_in}' holds {self._extra[hidden_in].shape[1]} rows of hidden states, and this "
-                             f"run feeds {end - start} tokens; set_hidden_states with one row per token before "
-                             "append_tokens")
+        if hidden_in is not None and self._hidden.shape[1] != end - start:
+            raise GenAIError(f"'{hidden_in}' holds {self._hidden.shape[1]} rows of hidden states, and this run feeds "
+                             f"{end - start} tokens; set_hidden_states with one row per token before append_tokens")
+        self._run_start = start
         for shown in (self._outputs.get(names[0]), (self._ahead_outputs or {}).get(names[0])):
             if isinstance(shown, _Shown):
                 shown.keep()  # a live logits buffer this run may overwrite
@@ -489,9 +495,7 @@ class Generator:
         width = end - start  # columns fed (a recorded prompt or chunk is padded to its bucket)
         slot = None  # a first prompt's bucket buffers (None where prompts are not recorded)
         chunk = None  # a continuation chunk's bucket buffers (likewise)
-        # (an input of hidden states, one row per column fed, takes no pad columns)
-        padded = (bufs is not None and model._prompt_graphs and model._logits_per_position
-                  and model.io.hidden_input is None)
+        padded = bufs is not None and model._prompt_graphs and model._logits_per_position
         states = bool(self._states.tensors)
         pieces = None  # a carried-state model's prompt cut into exact widths: [(width, buffers or None: eager)]
         if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers and self._rows == 1
@@ -527,10 +531,11 @@ class Generator:
             self._decode_kernels_ready()
             if self._staged != start:
                 self._stage(start)
+            self._put_hidden(bufs.hidden, start, end)
             if bufs.replay is not None:  # the recorded step: nothing to convert or check
                 outs = bufs.replay()
             else:
-                outs = self._model.run_bound(bufs, self._feed(bufs.ids, self._mask, bufs.pos), names)
+                outs = self._model.run_bound(bufs, self._feed(bufs.ids, self._mask, bufs.pos, bufs.hidden), names)
         elif slot is not None:
             # first prompt: right-padded to a bucket width at fixed addresses (the set's mask columns are zero
             # past `end`, and the sequence holds pad ids there); one recording per bucket
@@ -539,7 +544,8 @@ class Generator:
             mask = self._mask[:, :width]
             if slot.pos is not None:
                 slot.pos.copy_(_positions(mask))
-            feed = self._feed(slot.ids, mask, slot.pos)
+            self._put_hidden(slot.hidden, 0, end)
+            feed = self._feed(slot.ids, mask, slot.pos, slot.hidden)
             run_names = names
             if self._selects(start, end):
                 slot.rows.copy_(self._last_columns(start, end))
@@ -688,7 +694,7 @@ class Generator:
         """Columns start..end run eagerly (not recorded) on the mask's first ``end`` columns."""
         mask = self._mask[:, :end]
         pos = _positions(mask)[:, start:end] if self._model.io.position_ids is not None else None
-        feed = self._feed(self._seq[:, start:end], mask, pos)
+        feed = self._feed(self._seq[:, start:end], mask, pos, self._hidden_cols(start, end))
         if self._selects(start, end) if select is None else select:
             feed[self._model.rows_input] = self._rows_tensor(start, end)
             return self._model.run(feed, self._prompt_names, eager=True)
@@ -725,7 +731,8 @@ class Generator:
         chunk.ids.copy_(self._seq[:, start:stop])
         if chunk.pos is not None:
             chunk.pos.copy_(_positions(self._mask)[:, start:stop])
-        feed = self._feed(chunk.ids, self._mask, chunk.pos)
+        self._put_hidden(chunk.hidden, start, end)
+        feed = self._feed(chunk.ids, self._mask, chunk.pos, chunk.hidden)
         names = self._names
         if self._selects(start, end) if select is None else select:
             chunk.rows.copy_(self._last_columns(start, end))
@@ -801,9 +808,27 @@ class Generator:
                 break
             self._launch_greedy(x, c, into, host)
 
-    def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    def _hidden_cols(self, start: int, end: int) -> torch.Tensor | None:
+        """set_hidden_states' rows for columns start..end of the run being made (None: the decoder takes none)."""
+        if self._model.io.hidden_input is None:
+            return None
+        return self._hidden[:, start - self._run_start:end - self._run_start]
+
+    def _put_hidden(self, buf: torch.Tensor | None, start: int, end: int) -> None:
+        """Copy the hidden states of columns start..end into a fixed buffer, zero past them (its pad columns)."""
+        if buf is None:
+            return
+        n = end - start
+        buf[:, :n].copy_(self._hidden_cols(start, end))
+        buf[:, n:].zero_()
+
+    def _feed(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor | None,
+              hidden: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         io = self._model.io
         feed = {io.input_ids: ids.to(io.input_ids_dtype)}
+        if io.hidden_input is not None:  # (zeros for a run made only to compile its kernels)
+            feed[io.hidden_input] = (hidden if hidden is not None else
+                                     torch.zeros((*ids.shape, io.hidden_size), dtype=io.hidden_dtype, device=ids.device))
         if io.attention_mask is not None:
             feed[io.attention_mask] = mask
         if io.position_ids is not None:
@@ -850,6 +875,7 @@ class Generator:
             managed = [n for n in (io.input_ids, io.attention_mask, io.position_ids) if n is not None]
             fed = managed + io.past_names + io.state_names
             hint = (f"'{name}' is fed by the generator (append_tokens)" if name in fed
+                    else f"'{name}' takes hidden states: give them with set_hidden_states" if name == io.hidden_input
                     else f"'{name}' is not an input of '{self._model.config.model.decoder.filename}'")
             raise NameNotFoundError(f"set_model_input: {hint}; inputs it takes from the caller: "
                                     f"{', '.join(io.extra) or 'none'}")
@@ -871,16 +897,22 @@ class Generator:
         model.decoder.inputs.hidden_states names (an MTP head's: the main model's hidden states, one row per token
         the next append_tokens feeds) on the runs to come. Does nothing for a decoder without that input, as in
         onnxruntime-genai."""
-        name = self._model.io.hidden_input
+        io = self._model.io
+        name = io.hidden_input
         if name is None:
             return
         value = hidden_states.as_numpy() if isinstance(hidden_states, Tensor) else hidden_states
         if not isinstance(value, torch.Tensor):
             value = np.asarray(value)
-        if value.ndim != 3 or value.shape[0] != self._rows:
-            raise ValueError(f"set_hidden_states: '{name}' takes [batch, columns, hidden] ({self._rows} rows), got "
-                             f"shape {tuple(value.shape)}")
-        self.set_model_input(name, value)
+            value = dtypes.from_numpy(value.copy(order="C")) if value.dtype.kind == "f" else value
+        if not isinstance(value, torch.Tensor) or value.dtype != io.hidden_dtype:
+            got = value.dtype if isinstance(value, torch.Tensor) else value.dtype
+            raise GenAIError(f"set_hidden_states: Unexpected input data type for '{name}'. Actual: ({got}), "
+                             f"expected: ({io.hidden_dtype})")
+        if value.dim() != 3 or value.shape[0] != self._rows or value.shape[2] != io.hidden_size:
+            raise ValueError(f"set_hidden_states: '{name}' takes [batch, columns, hidden] ({self._rows} rows of "
+                             f"{io.hidden_size}), got shape {tuple(value.shape)}")
+        self._hidden = value.to(self._dev, copy=True)
 
     def snapshot_state(self) -> None:
         """Keep the carried layer states (Qwen3.5's Gated DeltaNet, LFM2's convolutions) of the tokens run so far, so

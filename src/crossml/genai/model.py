@@ -130,9 +130,12 @@ class DecoderIO:
     #: multi-token-prediction head reads (model.decoder.outputs.hidden_states), any output the builder adds
     other_outputs: list[str] = dataclasses.field(default_factory=list)
     #: the decoder input that takes hidden states (an MTP head's, model.decoder.inputs.hidden_states; fed through
-    #: Generator.set_hidden_states), and the output that gives them (a main model's); None where it has none
+    #: Generator.set_hidden_states, one row per column), and the output that gives them (a main model's); None where
+    #: it has none. The input's width and element type
     hidden_input: str | None = None
     hidden_output: str | None = None
+    hidden_size: int = 0
+    hidden_dtype: torch.dtype = torch.float32
 
 
 #: inputs onnxruntime-genai feeds itself when a decoder has them and nothing else does: name -> value
@@ -192,6 +195,13 @@ def state_pieces(n: int) -> list[int]:
     return widths
 
 
+def _hidden_buffer(io: DecoderIO, rows: int, width: int, device: torch.device) -> torch.Tensor | None:
+    """Fixed-address hidden states [rows, width, hidden] for a decoder that takes them (an MTP head), else None."""
+    if io.hidden_input is None:
+        return None
+    return torch.zeros((rows, width, io.hidden_size), dtype=io.hidden_dtype, device=device)
+
+
 def _position_buffer(io: DecoderIO, rows: int, width: int, device: torch.device) -> torch.Tensor | None:
     """Fixed-address position ids: [rows, width], or [3, rows, width] for multimodal RoPE's streams (a [rows, width]
     value copied in fills all three)."""
@@ -211,6 +221,7 @@ class PromptBuffers:
         #: each row's position whose logits the run computes (the model's ``rows_input``)
         self.rows = torch.zeros(rows, dtype=torch.long, device=device)
         self.pos = _position_buffer(io, rows, width, device)
+        self.hidden = _hidden_buffer(io, rows, width, device)
         self.replay: Any = None
         self.warmed = False  # a run on these buffers has run the specialised plan eagerly (see Model.run_bound)
 
@@ -224,6 +235,7 @@ class DecodeBuffers:
         self.rows, self.max_length = rows, max_length
         self.ids = torch.zeros((rows, 1), dtype=io.input_ids_dtype, device=device)
         self.pos = _position_buffer(io, rows, 1, device)
+        self.hidden = _hidden_buffer(io, rows, 1, device)
         self.mask = torch.zeros((rows, max_length), dtype=io.mask_dtype, device=device)
         self.kv = zero_kv(rows, kv_shapes, io.kv_dtype, device)
         #: the carried layer states (``crossml.genai.kv_cache.LayerStates``: LFM2's, Qwen3.5's), one buffer per state
@@ -253,6 +265,7 @@ class DecodeBuffers:
         view.rows, view.max_length = 1, self.max_length
         view.ids = torch.zeros((1, 1), dtype=self.ids.dtype, device=self._device)
         view.pos = _position_buffer(self._io, 1, 1, self._device)
+        view.hidden = _hidden_buffer(self._io, 1, 1, self._device)
         view.mask = self.mask[row:row + 1]
         view.kv = [t[row:row + 1] for t in self.kv]
         view.states = [t[row:row + 1] for t in self.states]
@@ -530,7 +543,8 @@ class Model:
                 f"its inputs are {', '.join(inputs)} and outputs {', '.join(sorted(outputs))}")
         mask = dec.input_name("attention_mask", "attention_mask")
         pos = dec.input_name("position_ids", "position_ids")
-        managed = {ids, *past_all, mask, pos, ROWS_INPUT}
+        hidden_in = dec.input_name("hidden_states", "hidden_states")
+        managed = {ids, *past_all, mask, pos, ROWS_INPUT, hidden_in}
         extra = {a.name: a._tp.tensor_type.elem_type for a in
                  self.session.get_inputs() + self.session.get_overridable_initializers() if a.name not in managed}
 
@@ -567,8 +581,14 @@ class Model:
                 raise UnsupportedModelError(
                     f"'{where}': the recurrent state '{name}' has shape {inputs[name].shape}; expected [batch, "
                     "heads, value head size, key head size] with fixed sizes")
-        hidden_in = dec.input_name("hidden_states", "hidden_states")
         hidden_out = dec.output_name("hidden_states", "hidden_states")
+        hidden_size = dec.hidden_size
+        if hidden_in in inputs:
+            dims = inputs[hidden_in].shape
+            if len(dims) != 3:
+                raise UnsupportedModelError(f"'{where}': the hidden-states input '{hidden_in}' has shape {dims}; "
+                                            "expected [batch, sequence, hidden]")
+            hidden_size = dims[2] if isinstance(dims[2], int) and dims[2] > 0 else hidden_size
         # (the builder's hidden_states output is also the lm_head's input, which a selecting run asks for: rows_hidden)
         other = list(dict.fromkeys(a.name for a in self.session.get_outputs() if a.name not in {logits, *present_all}))
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
@@ -580,7 +600,8 @@ class Model:
                          position_dtype=dtype(pos, torch.int64), input_ids_dtype=dtype(ids, torch.int64),
                          extra=extra, required={n for n in extra if n in inputs}, other_outputs=other,
                          hidden_input=hidden_in if hidden_in in inputs else None,
-                         hidden_output=hidden_out if hidden_out in outputs else None)
+                         hidden_output=hidden_out if hidden_out in outputs else None, hidden_size=hidden_size,
+                         hidden_dtype=dtype(hidden_in, torch.float32))
 
     def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
                   output_names: list[str]) -> list[torch.Tensor]:

@@ -83,10 +83,9 @@ class _Head:
         self.spec = weakref.proxy(spec)
         g = spec.gen
         params = GeneratorParams(model)
-        # growing caches: its runs take exactly the hidden rows given (no padded buckets, no lent buffers)
-        params.set_search_options(max_length=g._s.max_length, do_sample=False, min_length=0, repetition_penalty=1.0,
-                                  past_present_share_buffer=False)
+        params.set_search_options(max_length=g._s.max_length, do_sample=False, min_length=0, repetition_penalty=1.0)
         self.gen = Generator(model, params, _speculate=False)
+        self.gen._short_chunks = True  # its runs take one to K + 1 tokens: chunk buckets of their own width
         io = g._model.io
         self.hidden = torch.zeros((g._s.max_length, g._model.config.model.decoder.hidden_size),
                                   dtype=_hidden_dtype(g._model, io.hidden_output, output=True), device=g._dev)
@@ -115,7 +114,7 @@ class _Head:
         spec.c["draft_forward_passes"] += 1
         drafts = [int(head._logits.argmax(-1)[0])]
         while len(drafts) < k:
-            head.set_hidden_states(torch.as_tensor(head._outputs[self.chain][:, -1:]))
+            head.set_hidden_states(head._outputs[self.chain][:, -1:])
             head.append_tokens(np.array(drafts[-1:], dtype=np.int64))
             spec.c["draft_forward_passes"] += 1
             drafts.append(int(head._logits.argmax(-1)[0]))
