@@ -15,7 +15,7 @@ to the first difference).
 
     python benchmarks/genai_mtp.py [--ks 1,2,4] [--residual 0.01] [--new 256]
 
-Writes OUT/genai_mtp.{json,md}. Needs a CUDA GPU and onnxruntime-genai's model builder (the folder is built under
+Writes OUT/genai_mtp.{json,md} (``--name``). Needs a CUDA GPU and onnxruntime-genai's model builder (the folder is built under
 --workdir on first use).
 """
 
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--name", default="genai_mtp", help="the results' file name")
     args = ap.parse_args(argv)
     import crossml.genai as og
     from crossml.genai import mtp
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
                      f"{extra} |")
     lines += ["", "Produced by benchmarks/genai_mtp.py."]
     print("\n".join(lines))
-    write("genai_mtp", {"machine": machine(), "args": vars(args), "rows": rows}, "\n".join(lines) + "\n", args.out)
+    write(args.name, {"machine": machine(), "args": vars(args), "rows": rows}, "\n".join(lines) + "\n", args.out)
 
 
 if __name__ == "__main__":

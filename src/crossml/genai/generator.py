@@ -1309,6 +1309,16 @@ class Generator:
             else:
                 self._spec.forget(new_length)
 
+    def _append_device(self, token: torch.Tensor) -> None:
+        """Append one token held on the device ([1]: an MTP head's chained draft) and run it, without the host reading
+        it. Batch 1, within max_length (the caller's to keep)."""
+        col = self._len
+        self._seq[:, col] = token
+        self._mask[:, col] = 1
+        self._len = col + 1
+        self._logits, self._host, self._staged = None, None, None
+        self._forward()
+
     def _cut(self, new_length: int) -> None:
         """Drop the columns from ``new_length`` on, keeping the KV rows of the ones before (no run again: the next
         append_tokens runs its own tokens only). A decoder without carried states; an MTP head's generator."""

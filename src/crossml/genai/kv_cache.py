@@ -134,6 +134,7 @@ class LayerStates:
         self._lent = tensors is not None  # fixed addresses: presents are copied into them
         self.tensors = tensors if tensors is not None else zero_states(rows, shapes, dtypes, device)
         self._saved: list[torch.Tensor] | None = None  # save()'s copies
+        self._kept: list[torch.Tensor] | None = None  # keep()'s copies
 
     def feed(self) -> dict[str, torch.Tensor]:
         return dict(zip(self.past_names, self.tensors))
@@ -173,6 +174,14 @@ class LayerStates:
             _grouped_copy(self.tensors, self._saved)
         else:  # the copies become the states (the next save makes new ones)
             self.tensors, self._saved = self._saved, None
+
+    def keep(self) -> list[torch.Tensor]:
+        """Copy the states into buffers of their own, reused from call to call (one grouped copy per element type, queued
+        on the device): a speculative round's states before its verifying run, which ``put`` sets back."""
+        if self._kept is None or any(k.shape != t.shape for k, t in zip(self._kept, self.tensors)):
+            self._kept = [torch.empty_like(t) for t in self.tensors]
+        _grouped_copy(self._kept, self.tensors)
+        return self._kept
 
     def put(self, values: list[torch.Tensor]) -> None:
         """Set the states to copies of ``values`` (a snapshot)."""

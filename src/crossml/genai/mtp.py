@@ -112,13 +112,14 @@ class _Head:
         head.append_tokens(np.array(spec.history[self.first + self.pairs:n], dtype=np.int64))
         self.pairs += new
         spec.c["draft_forward_passes"] += 1
-        drafts = [int(head._logits.argmax(-1)[0])]
+        # the chain stays on the device: each draft feeds the next run, and the host reads them all once
+        drafts = [head._logits.argmax(-1)]
         while len(drafts) < k:
             head.set_hidden_states(head._outputs[self.chain][:, -1:])
-            head.append_tokens(np.array(drafts[-1:], dtype=np.int64))
+            head._append_device(drafts[-1])
             spec.c["draft_forward_passes"] += 1
-            drafts.append(int(head._logits.argmax(-1)[0]))
-        return drafts
+            drafts.append(head._logits.argmax(-1))
+        return torch.cat(drafts).tolist()
 
 
 def _hidden_dtype(model: Model, name: str | None, output: bool) -> torch.dtype:

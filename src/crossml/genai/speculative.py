@@ -479,7 +479,7 @@ class Speculator:
         t0 = time.perf_counter()
         # carried layer states (an MTP generator's Qwen3.5) take every draft in: copied first, put back if one is refused
         first = g._kv_len
-        saved = [t.clone() for t in g._states.tensors]
+        saved = g._states.keep() if g._states.tensors else []
         g._seq[0, L:L + k] = torch.tensor(drafts, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
         g._mask[0, L:L + k] = 1
         g._len = L + k
