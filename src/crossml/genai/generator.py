@@ -305,6 +305,7 @@ class Generator:
             speculative.check(self, params.speculative)
         self._verifying = False  # a verifying run computes the logits at every column
         self._short_chunks = False  # a draft model's generator (speculative._Draft): chunks of a few columns
+        self._exact_pieces = False  # a speculative round's runs on a carried-state model: pieces of their own width
         if _speculate and (params.speculative.ngram_size or model.draft is not None):
             self._spec = speculative.Speculator(self, dataclasses.replace(params.speculative))
 
@@ -501,9 +502,14 @@ class Generator:
         if (padded and states and genai_model.STATE_PIECE_MAX > 0 and not model.window_layers and self._rows == 1
                 and (start == 0 or end - start > 1)):
             # one row: GroupQueryAttention takes a prompt on top of a past context for a batch of one only
-            model._state_prompts += 1  # pieces once the model has run STATE_PIECE_AFTER such prompts
-            if model._state_prompts > genai_model.STATE_PIECE_AFTER:
-                pieces = self._plan_pieces(end - start)
+            if self._exact_pieces and start > 0:
+                # a speculative round's verifying run or replay (2-17 columns, every round): one piece of its own
+                # width, recorded on its second run, rather than power-of-two pieces run one after another
+                pieces = [(end - start, bufs.piece(end - start))]
+            else:
+                model._state_prompts += 1  # pieces once the model has run STATE_PIECE_AFTER such prompts
+                if model._state_prompts > genai_model.STATE_PIECE_AFTER:
+                    pieces = self._plan_pieces(end - start)
         if pieces is None and padded and start == 0:
             # carried layer states (LFM2's, Qwen3.5's) would take a bucket's pad columns in: such a model's first
             # prompts are recorded at their own width (a batch's shorter rows are run again alone: _restate_short_prompts)
@@ -1309,13 +1315,13 @@ class Generator:
             else:
                 self._spec.forget(new_length)
 
-    def _append_device(self, token: torch.Tensor) -> None:
-        """Append one token held on the device ([1]: an MTP head's chained draft) and run it, without the host reading
-        it. Batch 1, within max_length (the caller's to keep)."""
-        col = self._len
-        self._seq[:, col] = token
-        self._mask[:, col] = 1
-        self._len = col + 1
+    def _append_device(self, tokens: torch.Tensor) -> None:
+        """Append tokens held on the device ([n]: an MTP head's pairs and chained drafts) and run them, without the
+        host reading them. Batch 1, after a first prompt, within max_length (the caller's to keep)."""
+        col, n = self._len, tokens.numel()
+        self._seq[0, col:col + n] = tokens
+        self._mask[:, col:col + n] = 1
+        self._len = col + n
         self._logits, self._host, self._staged = None, None, None
         self._forward()
 

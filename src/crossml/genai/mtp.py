@@ -101,7 +101,6 @@ class _Head:
     def __call__(self, k: int) -> list[int]:
         spec, head = self.spec, self.gen
         g = spec.gen
-        spec._sync()
         n = g._len
         new = n - self.first - self.pairs  # committed tokens not paired in the head yet
         if k <= 0 or new <= 0:
@@ -109,7 +108,11 @@ class _Head:
         head._cut(self.pairs)  # the last round's drafts
         start = self.first - 1 + self.pairs
         head.set_hidden_states(self.hidden[start:start + new].unsqueeze(0))
-        head.append_tokens(np.array(spec.history[self.first + self.pairs:n], dtype=np.int64))
+        tokens = g._seq[0, start + 1:n]  # the committed tokens, read where they are (no wait for the device)
+        if self.pairs:
+            head._append_device(tokens)
+        else:  # the head's first run: its prompt
+            head.append_tokens(tokens.cpu().numpy())
         self.pairs += new
         spec.c["draft_forward_passes"] += 1
         # the chain stays on the device: each draft feeds the next run, and the host reads them all once

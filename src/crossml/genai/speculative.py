@@ -484,11 +484,11 @@ class Speculator:
         g._mask[0, L:L + k] = 1
         g._len = L + k
         g._logits, g._host, g._staged = None, None, None
-        g._verifying = True
+        g._verifying = g._exact_pieces = True
         try:
             g._forward()
         finally:
-            g._verifying = False
+            g._verifying = g._exact_pieces = False
         out = g._outputs[g._names[0]]
         # one column on the decode path shows its logits as the float32 copy; a carried-state model's run in pieces
         # selecting rows computes every column's from the lm_head's inputs
@@ -544,7 +544,11 @@ class Speculator:
             g._seq[0, L:stop] = torch.tensor(accepted, dtype=g._seq.dtype).to(g._dev, non_blocking=True)
             g._mask[0, L:stop] = 1
             g._len, g._logits = stop, None
-            g._forward()
+            g._exact_pieces = True
+            try:
+                g._forward()
+            finally:
+                g._exact_pieces = False
             self.c["target_forward_passes"] += 1
             self.c["target_reconciliation_forward_passes"] += 1
             g._mask[0, L + 1:stop] = 0
