@@ -666,6 +666,17 @@ def test_guided_turns_on_the_gpu(models: Path) -> None:
     assert reasons[0] == reasons[2] == og.FinishReason.MAX_GENERATED_TOKENS and len(tokens[0]) == 8
 
 
+def _to_the_end(gen: og.Generator, prompt: np.ndarray) -> tuple[list[int], list[np.ndarray]]:
+    """Append the prompt and generate to the end: each step's token, and the logits it was chosen from."""
+    gen.append_tokens(prompt)
+    out, logits = [], []
+    while not gen.is_done():
+        logits.append(gen.get_logits().reshape(-1))
+        gen.generate_next_token()
+        out.append(int(gen.get_next_tokens()[0]))
+    return out, logits
+
+
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
 def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
     """N-gram decoding on the GPU (crossml.genai.speculative): rounds of drafts that a proposer knowing the standard
@@ -685,13 +696,7 @@ def test_speculative_rounds_on_the_gpu(models: Path, precision: str) -> None:
         gen = og.Generator(model, params)
         if truth is not None:
             gen._spec.propose = _Oracle(gen, truth, len(prompt))
-        gen.append_tokens(prompt)
-        out, logits = [], []
-        while not gen.is_done():
-            logits.append(gen.get_logits().reshape(-1))
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
-        return out, logits, gen
+        return (*_to_the_end(gen, prompt), gen)
 
     truth, logits, _ = run(None)
     got, _, gen = run(dict(ngram_size=2, max_draft_tokens=6), truth)
@@ -724,13 +729,7 @@ def test_draft_model_on_the_gpu(models: Path, tmp_path) -> None:
         params = og.GeneratorParams(model)
         params.set_search_options(max_length=100)
         gen = og.Generator(model, params)
-        gen.append_tokens(prompt)
-        out, logits = [], []
-        while not gen.is_done():
-            logits.append(gen.get_logits().reshape(-1))
-            gen.generate_next_token()
-            out.append(int(gen.get_next_tokens()[0]))
-        return out, logits, gen.get_speculative_stats()
+        return (*_to_the_end(gen, prompt), gen.get_speculative_stats())
 
     truth, logits, _ = run(target)
     got, _, stats = run(folder)
@@ -751,13 +750,7 @@ def test_mtp_generator_on_the_gpu(models: Path, precision: str) -> None:
     prompt = np.array([0, 5, 9, 33, 47, 12, 80, 81, 7], dtype=np.int32)
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=72, do_sample=False)
-    gen = og.Generator(model, params)
-    gen.append_tokens(prompt)
-    truth, logits = [], []
-    while not gen.is_done():
-        logits.append(gen.get_logits().reshape(-1))
-        gen.generate_next_token()
-        truth.append(int(gen.get_next_tokens()[0]))
+    truth, logits = _to_the_end(og.Generator(model, params), prompt)
     for k in (1, 4):
         params.set_speculative_options(max_draft_tokens=k)
         spec = og.MtpGenerator(model, head, params)
