@@ -248,3 +248,10 @@ def test_hidden_states_and_snapshot(folder) -> None:
     with pytest.raises(GenAIError, match="Unexpected input data type"):
         head_gen.set_hidden_states(np.zeros((1, 1, 64), np.float64))
     gen.set_hidden_states(np.zeros((1, 1, 64), np.float32))  # a decoder without the input: nothing happens
+
+
+def test_other_outputs_are_the_decoders_own(folder, more_models) -> None:
+    """Every run fetches the decoder's own other outputs (the MTP export's hidden_states), not the lm_head input the
+    session gives for runs that select rows."""
+    assert og.Model(folder).io.other_outputs == ["hidden_states"]
+    assert og.Model(more_models["qwen35"]).io.other_outputs == []

@@ -589,8 +589,10 @@ class Model:
                 raise UnsupportedModelError(f"'{where}': the hidden-states input '{hidden_in}' has shape {dims}; "
                                             "expected [batch, sequence, hidden]")
             hidden_size = dims[2] if isinstance(dims[2], int) and dims[2] > 0 else hidden_size
-        # (the builder's hidden_states output is also the lm_head's input, which a selecting run asks for: rows_hidden)
-        other = list(dict.fromkeys(a.name for a in self.session.get_outputs() if a.name not in {logits, *present_all}))
+        # (not the lm_head's per-position input the session gives for selecting runs, rows_hidden, unless the decoder
+        # has it as its hidden_states output, as the builder's MTP exports do)
+        other = list(dict.fromkeys(a.name for a in self.session.get_outputs() if a.name not in {logits, *present_all}
+                                   and (a.name not in self.rows_hidden or a.name == hidden_out)))
         return DecoderIO(input_ids=ids, attention_mask=mask if mask in inputs else None,
                          position_ids=pos if pos in inputs else None, past_names=past, present_names=present,
                          kv_layers=kv_layers, kv_dims=kv_dims, state_names=state_past, state_present_names=state_present,
