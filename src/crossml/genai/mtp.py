@@ -86,9 +86,8 @@ class _Head:
         params.set_search_options(max_length=g._s.max_length, do_sample=False, min_length=0, repetition_penalty=1.0)
         self.gen = Generator(model, params, _speculate=False)
         self.gen._short_chunks = True  # its runs take one to K + 1 tokens: chunk buckets of their own width
-        io = g._model.io
-        self.hidden = torch.zeros((g._s.max_length, g._model.config.model.decoder.hidden_size),
-                                  dtype=_hidden_dtype(g._model, io.hidden_output, output=True), device=g._dev)
+        # the model's hidden states per column, as the head's input takes them
+        self.hidden = torch.zeros((g._s.max_length, model.io.hidden_size), dtype=model.io.hidden_dtype, device=g._dev)
         self.first = prompt  # the first generated column
         self.pairs = 0  # pairs the head's KV cache holds for committed tokens
         self.chain = model.io.hidden_output  # the head's own hidden-state output, fed back for its next draft
@@ -125,11 +124,10 @@ class _Head:
         return torch.cat(drafts).tolist()
 
 
-def _hidden_dtype(model: Model, name: str | None, output: bool) -> torch.dtype:
+def _output_dtype(model: Model, name: str) -> torch.dtype:
     from crossml.genai.model import _torch_dtype
 
-    args = model.session.get_outputs() if output else model.session.get_inputs()
-    return next((_torch_dtype(a.type) for a in args if a.name == name), torch.float32)
+    return next((_torch_dtype(a.type) for a in model.session.get_outputs() if a.name == name), torch.float32)
 
 
 class MtpGenerator:
@@ -163,7 +161,7 @@ class MtpGenerator:
             raise GenAIError(f"'{mtp_model.config.path}' is not an MTP head: its decoder has no input named by "
                              "model.decoder.inputs.hidden_states; make the head's folder with "
                              "crossml.genai.mtp.head_folder(model_folder)")
-        if _hidden_dtype(model, out, output=True) != _hidden_dtype(mtp_model, into, output=False):
+        if _output_dtype(model, out) != mtp_model.io.hidden_dtype:
             raise GenAIError("MtpGenerator requires matching hidden-state tensor types (the model's output "
                              f"'{out}', the head's input '{into}')")
         if mtp_model.io.state_names or model.window_layers or mtp_model.window_layers:
