@@ -255,3 +255,23 @@ def test_other_outputs_are_the_decoders_own(folder, more_models) -> None:
     session gives for runs that select rows."""
     assert og.Model(folder).io.other_outputs == ["hidden_states"]
     assert og.Model(more_models["qwen35"]).io.other_outputs == []
+
+
+@pytest.mark.parametrize("room", [1, 2, 3, 6])
+def test_max_length_close_to_the_prompt(folder, room: int) -> None:
+    """A prompt ``room`` tokens short of max_length: the rounds narrow to the room left, and the tokens are standard
+    decoding's."""
+    model, head = og.Model(folder), og.Model(os.path.join(folder, mtp.HEAD_FOLDER))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(PROMPT) + room, do_sample=False)
+    params.set_speculative_options(max_draft_tokens=4)
+    gen = og.MtpGenerator(model, head, params)
+    gen.append_tokens(np.array(PROMPT, dtype=np.int32))
+    while not gen.is_done():
+        gen.generate_next_token()
+    want = og.Generator(model, params)
+    want.append_tokens(np.array(PROMPT, dtype=np.int32))
+    while not want.is_done():
+        want.generate_next_token()
+    assert gen.get_sequence().tolist() == want.get_sequence(0).tolist()
+    assert len(gen.get_sequence()) == len(PROMPT) + room
