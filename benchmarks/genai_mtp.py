@@ -13,10 +13,10 @@ prompt of --prompt tokens, then --new greedy tokens timed from after the prompt 
 median of --repeats after one unmeasured run; each MTP row's tokens are compared with standard's (``same``: tokens up
 to the first difference).
 
-    python benchmarks/genai_mtp.py [--ks 1,2,4] [--residual 0.01] [--new 256]
+    python benchmarks/genai_mtp.py [--ks 1,2,4] [--residual 0.01] [--new 256] [--cpu]
 
-Writes OUT/genai_mtp.{json,md} (``--name``). Needs a CUDA GPU and onnxruntime-genai's model builder (the folder is built under
---workdir on first use).
+Writes OUT/genai_mtp.{json,md} (``--name``). Needs a CUDA GPU (or ``--cpu``: the int4 CPU build on the CPU) and
+onnxruntime-genai's model builder (the folder is built under --workdir on first use).
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from _common import genai_parser, machine, write  # noqa: E402
 NAME = "qwen3.5-0.8b"
 
 
-def build(work: str, residual: float) -> str:
-    """The fp16 CUDA builder folder of the MTP checkpoint (made on first use)."""
+def build(work: str, residual: float, ep: str = "cuda", precision: str = "fp16") -> str:
+    """The builder folder of the MTP checkpoint for ``ep`` at ``precision`` (made on first use)."""
     import genai_bench
     import torch
     import transformers
@@ -45,7 +45,7 @@ def build(work: str, residual: float) -> str:
     from tests.genai._build import add_mtp_head
 
     tag = f"{NAME}-mtp-r{residual:g}"
-    dst = os.path.join(work, f"{tag}_fp16_cuda")
+    dst = os.path.join(work, f"{tag}_{precision}_{ep}")
     if os.path.isfile(os.path.join(dst, "genai_config.json")):
         return dst
     hf = os.path.join(work, f"hf_{tag}")
@@ -60,8 +60,9 @@ def build(work: str, residual: float) -> str:
         add_mtp_head(hf, transformers.AutoConfig.from_pretrained(hf).text_config)
         torch.cuda.empty_cache()
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
-    subprocess.run(genai_bench.build_cmd(hf, dst, "fp16", os.path.join(work, f"cache_{tag}")), check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "crossml.genai.builder", "-i", hf, "-o", dst, "-p", precision, "-e", ep, "-c",
+           os.path.join(work, f"cache_{tag}")]
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return dst
 
 
@@ -102,11 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="genai_mtp", help="the results' file name")
+    ap.add_argument("--cpu", action="store_true", help="an int4 CPU build, run on the CPU (--precisions is ignored)")
     args = ap.parse_args(argv)
     import crossml.genai as og
     from crossml.genai import mtp
 
-    folder = build(args.workdir, args.residual)
+    folder = build(args.workdir, args.residual, *(("cpu", "int4") if args.cpu else ("cuda", "fp16")))
     model, head = og.Model(folder), og.Model(mtp.head_folder(folder))
     prompt = ((np.arange(args.prompt) * 7) % 1000 + 3).astype(np.int32)
     rows, truth = [], None
@@ -126,7 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         print(row, flush=True)
     base = rows[0]["tokens_per_s"]
     lines = ["# Multi-token prediction (og.MtpGenerator) against standard decoding", "",
-             f"GPU: {machine()['gpu']}. {NAME}-shaped fp16 builder model with an MTP head, random weights with the "
+             (f"CPU: {os.cpu_count()} cores" if args.cpu else f"GPU: {machine()['gpu']}") +
+             f". {NAME}-shaped {'int4 CPU' if args.cpu else 'fp16'} builder model with an MTP head, random weights "
+             "with the "
              f"layers' output projections scaled by {args.residual:g} so that the head agrees with the model (the "
              f"acceptance is the construction's). Batch 1, a {args.prompt}-token prompt, then {args.new} greedy "
              f"tokens timed (median of {args.repeats}). ratio: against `standard`; same: tokens equal to "
