@@ -275,3 +275,31 @@ def test_max_length_close_to_the_prompt(folder, room: int) -> None:
         want.generate_next_token()
     assert gen.get_sequence().tolist() == want.get_sequence(0).tolist()
     assert len(gen.get_sequence()) == len(PROMPT) + room
+
+
+def test_snapshot_gives_back_the_logits_of_an_ended_step(folder) -> None:
+    """A step that ends the sequence (an end-of-sequence id, not appended) after a snapshot of its length: get_logits
+    gives the logits it chose from, out of the snapshot (no run over the sequence again), as a fresh run computes
+    them; rewind_to(0) drops the snapshot."""
+    greedy = _standard(og.Model(folder), do_sample=False)
+    n = len(PROMPT) + 5
+    config = og.Config(folder)
+    config.overlay(json.dumps({"model": {"eos_token_id": [greedy[n]]}}))
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=MAX)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array(PROMPT, dtype=np.int32))
+    while gen.token_count() < n:
+        gen.generate_next_token()
+    gen.snapshot_state()
+    want = gen.get_logits().copy()
+    gen.generate_next_token()
+    assert gen.is_done() and gen.token_count() == n
+    np.testing.assert_array_equal(gen.get_logits(), want)
+    assert gen._kv_len == n
+    fresh = og.Generator(model, params)
+    fresh.append_tokens(np.array(greedy[:n], dtype=np.int32))
+    np.testing.assert_allclose(fresh.get_logits(), want, atol=1e-5)
+    gen.rewind_to(0)
+    assert gen._snapshot is None

@@ -473,7 +473,8 @@ class Generator:
                         f"{self._model.window_rows(self._s.max_length)} of {self._kv_len} positions. Read the logits "
                         "before generate_next_token, or increase model.decoder.sliding_window.cache_slack")
                 self._run_again_from(self._len - 1)
-            self._forward()
+            if self._logits is None:  # (a snapshot_state of this length gives them back)
+                self._forward()
         elif self._ahead_outputs is not None:
             self._outputs, self._ahead_outputs = self._ahead_outputs, None
             self._run, self._ahead_run = self._ahead_run, None
@@ -1263,7 +1264,7 @@ class Generator:
         positions to cut back to, from the first column on a zero state, or from the snapshot_state taken there."""
         self._kv_len = column
         snap = self._snapshot
-        if snap is not None and snap[0] == column + 1:
+        if snap is not None and snap[0] == column + 1 == self._len:
             self._states.put(snap[1])
             self._kv_len = column + 1
             self._logits = snap[2].clone()
