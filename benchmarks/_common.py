@@ -241,6 +241,14 @@ def genai_parser(doc: str, models: str = "qwen2.5-0.5b,llama-3.2-1b") -> argpars
     return ap
 
 
+def decode_arguments(ap: argparse.ArgumentParser, name: str) -> None:
+    """--prompt, --new, --repeats and --name of the benchmarks that time the tokens after a prompt."""
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--name", default=name, help="the results' file name")
+
+
 def genai_models(args: argparse.Namespace) -> dict[tuple[str, str], str]:
     """(model, precision) -> builder folder for ``genai_parser``'s arguments, building what is missing."""
     import genai_bench

@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _common import genai_parser, machine, write  # noqa: E402
+from _common import decode_arguments, genai_parser, machine, write  # noqa: E402
 
 NAME = "qwen3.5-0.8b"
 
@@ -99,10 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = genai_parser(__doc__, models=NAME)
     ap.add_argument("--ks", default="1,2,4")
     ap.add_argument("--residual", type=float, default=0.01)
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--name", default="genai_mtp", help="the results' file name")
+    decode_arguments(ap, "genai_mtp")
     ap.add_argument("--cpu", action="store_true", help="an int4 CPU build, run on the CPU (--precisions is ignored)")
     args = ap.parse_args(argv)
     import crossml.genai as og

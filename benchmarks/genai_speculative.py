@@ -39,7 +39,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import genai_models, genai_parser, machine, write  # noqa: E402
+from _common import decode_arguments, genai_models, genai_parser, machine, write  # noqa: E402
 
 
 def _sync() -> None:
@@ -95,11 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = genai_parser(__doc__, models="qwen2.5-0.5b")
     ap.add_argument("--runtimes", default="standard,ngram,oracle,half,draft,ortgenai-ngram,ortgenai")
     ap.add_argument("--ks", default="4,8")
-    ap.add_argument("--prompt", type=int, default=128)
-    ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=5)
+    decode_arguments(ap, "genai_speculative")
     ap.add_argument("--folder", default="", help="one builder folder instead of --models (a CPU run)")
-    ap.add_argument("--name", default="genai_speculative", help="the results' file name")
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     folders = ({(os.path.basename(os.path.normpath(args.folder)), "-"): args.folder} if args.folder
