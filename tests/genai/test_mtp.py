@@ -84,9 +84,9 @@ def _reference_loop(lib, folder: str, new: int = MAX - len(PROMPT)) -> tuple[lis
             length += 1
 
 
-def _standard(model, **search) -> list[int]:
+def _standard(model, max_length: int = MAX, **search) -> list[int]:
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=MAX, **search)
+    params.set_search_options(max_length=max_length, **search)
     gen = og.Generator(model, params)
     gen.append_tokens(np.array(PROMPT, dtype=np.int32))
     while not gen.is_done():
@@ -94,9 +94,9 @@ def _standard(model, **search) -> list[int]:
     return gen.get_sequence(0).tolist()
 
 
-def _mtp(model, head, k: int = 1, **search) -> tuple[list[int], dict]:
+def _mtp(model, head, k: int = 1, max_length: int = MAX, **search) -> tuple[list[int], dict]:
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=MAX, **search)
+    params.set_search_options(max_length=max_length, **search)
     params.set_speculative_options(max_draft_tokens=k)
     gen = og.MtpGenerator(model, head, params)
     gen.append_tokens(np.array(PROMPT, dtype=np.int32))
@@ -262,19 +262,9 @@ def test_max_length_close_to_the_prompt(folder, room: int) -> None:
     """A prompt ``room`` tokens short of max_length: the rounds narrow to the room left, and the tokens are standard
     decoding's."""
     model, head = og.Model(folder), og.Model(os.path.join(folder, mtp.HEAD_FOLDER))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(PROMPT) + room, do_sample=False)
-    params.set_speculative_options(max_draft_tokens=4)
-    gen = og.MtpGenerator(model, head, params)
-    gen.append_tokens(np.array(PROMPT, dtype=np.int32))
-    while not gen.is_done():
-        gen.generate_next_token()
-    want = og.Generator(model, params)
-    want.append_tokens(np.array(PROMPT, dtype=np.int32))
-    while not want.is_done():
-        want.generate_next_token()
-    assert gen.get_sequence().tolist() == want.get_sequence(0).tolist()
-    assert len(gen.get_sequence()) == len(PROMPT) + room
+    got = _mtp(model, head, k=4, max_length=len(PROMPT) + room, do_sample=False)[0]
+    assert got == _standard(model, max_length=len(PROMPT) + room, do_sample=False)
+    assert len(got) == len(PROMPT) + room
 
 
 def test_snapshot_gives_back_the_logits_of_an_ended_step(folder) -> None:

@@ -296,9 +296,7 @@ class Config:
         dec = m.get("decoder")
         if not isinstance(dec, dict):
             raise ConfigError(f"'{file}': model.decoder section is missing")
-        check_keys(dec, DECODER_KEYS, "model.decoder", file)
-        check_keys(dec.get("inputs", {}), DECODER_INPUTS, "model.decoder.inputs", file)
-        check_keys(dec.get("outputs", {}), DECODER_OUTPUTS, "model.decoder.outputs", file)
+        self._check_block(dec, "model.decoder")
         if "sliding_window" in dec:
             check_keys(dec["sliding_window"], SLIDING_WINDOW_KEYS, "model.decoder.sliding_window", file)
         self._check_session_options(dec.get("session_options", {}))
@@ -309,21 +307,11 @@ class Config:
                               "decoder beside its target (model.decoder); add model.draft with the draft model's decoder "
                               "block")
         if draft is not None:
-            check_keys(draft, DECODER_KEYS, "model.draft", file)
-            check_keys(draft.get("inputs", {}), DECODER_INPUTS, "model.draft.inputs", file)
-            check_keys(draft.get("outputs", {}), DECODER_OUTPUTS, "model.draft.outputs", file)
-            if not isinstance(draft.get("filename"), str):
-                raise ConfigError(f"'{file}': model.draft.filename is not set: give the draft decoder's ONNX file")
+            self._check_block(draft, "model.draft", what="the draft decoder's ONNX file")
             draft = self._decoder(draft, "model.draft")
         mtp = m.get("mtp")
         if mtp is not None:
-            check_keys(mtp, MTP_KEYS, "model.mtp", file)
-            for key in ("inputs", "outputs"):
-                names = mtp.get(key, {})
-                check_keys(names, MTP_INPUTS if key == "inputs" else DECODER_OUTPUTS, f"model.mtp.{key}", file)
-            if not isinstance(mtp.get("filename"), str):
-                raise ConfigError(f"'{file}': model.mtp.filename is not set: give the MTP head's ONNX file (the "
-                                  "builder's mtp.onnx)")
+            self._check_block(mtp, "model.mtp", MTP_KEYS, MTP_INPUTS, "the MTP head's ONNX file (the builder's mtp.onnx)")
         eos = m.get("eos_token_id", [])
         eos_list = eos if isinstance(eos, list) else [eos]
         if not all(_is(e, int) for e in eos_list):
@@ -348,6 +336,16 @@ class Config:
         spec = raw.get("speculative")
         self.speculative = SpeculativeOptions() if spec is None else parse_section(spec, self._file)
         self._check_providers()
+
+    def _check_block(self, block: Any, where: str, keys: dict[str, Any] = DECODER_KEYS,
+                     inputs: Any = DECODER_INPUTS, what: str = "") -> None:
+        """A decoder-like section (model.decoder, model.draft, model.mtp): its keys, its inputs' and outputs' names,
+        and, where ``what`` says what it names, its filename."""
+        check_keys(block, keys, where, self._file)
+        check_keys(block.get("inputs", {}), inputs, f"{where}.inputs", self._file)
+        check_keys(block.get("outputs", {}), DECODER_OUTPUTS, f"{where}.outputs", self._file)
+        if what and not isinstance(block.get("filename"), str):
+            raise ConfigError(f"'{self._file}': {where}.filename is not set: give {what}")
 
     def _decoder(self, dec: dict[str, Any], where: str) -> DecoderConfig:
         """A checked decoder block (model.decoder, model.draft)."""

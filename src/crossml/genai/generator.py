@@ -439,22 +439,20 @@ class Generator:
         if self._len and self.is_done():
             self._done.zero_()
         rows = torch.as_tensor(arr.astype(np.int64), device=self._dev).repeat_interleave(s.num_beams, dim=0)
-        self._seq[:, self._len:self._len + n] = rows
-        if self._len == 0:
-            real = arr != self._pad
-            if not real.any(axis=1).all():
-                empty = int(np.flatnonzero(~real.any(axis=1))[0])
-                raise ValueError(f"append_tokens: sequence {empty} holds only pad tokens ({self._pad})")
-            lengths = n - np.argmax(real[:, ::-1], axis=1)  # trailing pad tokens are padding
-            lens = torch.as_tensor(lengths, device=self._dev).repeat_interleave(s.num_beams)
-            self._mask[:, :n] = (torch.arange(n, device=self._dev)[None, :] < lens[:, None]).to(self._mask.dtype)
-            self._prompt_last = lens - 1
-        else:
-            self._mask[:, self._len:self._len + n] = 1
-        self._len += n
-        self._logits = None
-        self._host = None
-        self._staged = None
+        if self._len:
+            self._append_device(rows[0])  # a continuation: batch 1, one beam (checked above)
+            return
+        real = arr != self._pad
+        if not real.any(axis=1).all():
+            empty = int(np.flatnonzero(~real.any(axis=1))[0])
+            raise ValueError(f"append_tokens: sequence {empty} holds only pad tokens ({self._pad})")
+        self._seq[:, :n] = rows
+        lengths = n - np.argmax(real[:, ::-1], axis=1)  # trailing pad tokens are padding
+        lens = torch.as_tensor(lengths, device=self._dev).repeat_interleave(s.num_beams)
+        self._mask[:, :n] = (torch.arange(n, device=self._dev)[None, :] < lens[:, None]).to(self._mask.dtype)
+        self._prompt_last = lens - 1
+        self._len = n
+        self._logits, self._host, self._staged = None, None, None
         self._forward()
 
     # -- the loop -----------------------------------------------------------------------------
@@ -1317,8 +1315,9 @@ class Generator:
                 self._spec.forget(new_length)
 
     def _append_device(self, tokens: torch.Tensor) -> None:
-        """Append tokens held on the device ([n]: an MTP head's pairs and chained drafts) and run them, without the
-        host reading them. Batch 1, after a first prompt, within max_length (the caller's to keep)."""
+        """Append tokens held on the device ([n]) after the first prompt and run them, without the host reading them
+        (append_tokens' continuations; an MTP head's pairs and chained drafts). Batch 1, one beam, within max_length
+        (the caller's to check)."""
         col, n = self._len, tokens.numel()
         self._seq[0, col:col + n] = tokens
         self._mask[:, col:col + n] = 1

@@ -160,11 +160,17 @@ class LayerStates:
             else:
                 self.tensors[i] = t.index_select(0, rows)
 
+    def _copied(self, into: list[torch.Tensor] | None) -> list[torch.Tensor]:
+        """The states copied into ``into`` (made where None or of other shapes): one grouped copy per element type,
+        queued on the device."""
+        if into is None or any(k.shape != t.shape for k, t in zip(into, self.tensors)):
+            into = [torch.empty_like(t) for t in self.tensors]
+        _grouped_copy(into, self.tensors)
+        return into
+
     def save(self) -> None:
-        """Copy the states aside (one grouped copy, queued on the device): what ``restore`` puts back."""
-        if self._saved is None:
-            self._saved = [torch.empty_like(t) for t in self.tensors]
-        _grouped_copy(self._saved, self.tensors)
+        """Copy the states aside: what ``restore`` puts back."""
+        self._saved = self._copied(self._saved)
 
     def restore(self) -> None:
         """Put back the states ``save`` copied (a generator's step that ran ahead was dropped)."""
@@ -176,11 +182,9 @@ class LayerStates:
             self.tensors, self._saved = self._saved, None
 
     def keep(self) -> list[torch.Tensor]:
-        """Copy the states into buffers of their own, reused from call to call (one grouped copy per element type, queued
-        on the device): a speculative round's states before its verifying run, which ``put`` sets back."""
-        if self._kept is None or any(k.shape != t.shape for k, t in zip(self._kept, self.tensors)):
-            self._kept = [torch.empty_like(t) for t in self.tensors]
-        _grouped_copy(self._kept, self.tensors)
+        """Copy the states into buffers of their own, reused from call to call: a speculative round's states before
+        its verifying run, which ``put`` sets back."""
+        self._kept = self._copied(self._kept)
         return self._kept
 
     def put(self, values: list[torch.Tensor]) -> None:

@@ -131,7 +131,7 @@ class DecoderIO:
     other_outputs: list[str] = dataclasses.field(default_factory=list)
     #: the decoder input that takes hidden states (an MTP head's, model.decoder.inputs.hidden_states; fed through
     #: Generator.set_hidden_states, one row per column), and the output that gives them (a main model's); None where
-    #: it has none. The input's width and element type
+    #: it has none. The input's width, and the element type of the input (else of the output)
     hidden_input: str | None = None
     hidden_output: str | None = None
     hidden_size: int = 0
@@ -603,7 +603,8 @@ class Model:
                          extra=extra, required={n for n in extra if n in inputs}, other_outputs=other,
                          hidden_input=hidden_in if hidden_in in inputs else None,
                          hidden_output=hidden_out if hidden_out in outputs else None, hidden_size=hidden_size,
-                         hidden_dtype=dtype(hidden_in, torch.float32))
+                         hidden_dtype=dtype(hidden_in, next((_torch_dtype(a.type) for a in self.session.get_outputs()
+                                                             if a.name == hidden_out), torch.float32)))
 
     def run_bound(self, slot: DecodeBuffers | PromptBuffers, feed: dict[str, torch.Tensor],
                   output_names: list[str]) -> list[torch.Tensor]:

@@ -124,12 +124,6 @@ class _Head:
         return torch.cat(drafts).tolist()
 
 
-def _output_dtype(model: Model, name: str) -> torch.dtype:
-    from crossml.genai.model import _torch_dtype
-
-    return next((_torch_dtype(a.type) for a in model.session.get_outputs() if a.name == name), torch.float32)
-
-
 class MtpGenerator:
     """og.MtpGenerator(model, mtp_model, params): greedy or sampled generation of one sequence, drafted by the
     model's MTP head (``mtp_model``: the head's folder, ``head_folder``) and verified by the model. One token per
@@ -161,18 +155,18 @@ class MtpGenerator:
             raise GenAIError(f"'{mtp_model.config.path}' is not an MTP head: its decoder has no input named by "
                              "model.decoder.inputs.hidden_states; make the head's folder with "
                              "crossml.genai.mtp.head_folder(model_folder)")
-        if _output_dtype(model, out) != mtp_model.io.hidden_dtype:
+        if model.io.hidden_dtype != mtp_model.io.hidden_dtype:
             raise GenAIError("MtpGenerator requires matching hidden-state tensor types (the model's output "
                              f"'{out}', the head's input '{into}')")
-        if mtp_model.io.state_names or model.window_layers or mtp_model.window_layers:
-            raise GenAIError("MtpGenerator: the head must be a plain attention decoder, and neither decoder may keep "
-                             "window-sized KV caches (model.decoder.sliding_window.layers)")
-        if not model._logits_per_position:
-            raise GenAIError(f"MtpGenerator: '{model.config.path}' gives the last position's logits only; verifying "
-                             "drafts needs the logits of every position")
-        options = speculative.SpeculativeOptions(max_draft_tokens=params.speculative.max_draft_tokens)
-        if options.max_draft_tokens > 1 and mtp_model.io.hidden_output is None:
-            raise GenAIError(f"MtpGenerator: max_draft_tokens={options.max_draft_tokens} requires the configured MTP "
+        if mtp_model.io.state_names or mtp_model.window_layers:
+            raise GenAIError(f"MtpGenerator: the head '{mtp_model.config.path}' must be a plain attention decoder, "
+                             "without carried states or window-sized KV caches")
+        why = speculative.cannot_verify(model, replays=True)
+        if why:
+            raise GenAIError(f"MtpGenerator: '{model.config.path}' cannot verify drafts: {why}")
+        k = params.speculative.max_draft_tokens
+        if k > 1 and mtp_model.io.hidden_output is None:
+            raise GenAIError(f"MtpGenerator: max_draft_tokens={k} requires the configured MTP "
                              "feedback output (model.decoder.outputs.hidden_states of the head, hidden_states_out as "
                              "the builder exports it); set max_draft_tokens=1 with set_speculative_options")
         self._model, self._head_model, self._params = model, mtp_model, params

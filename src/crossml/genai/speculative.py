@@ -327,10 +327,11 @@ def check(gen: Generator, o: SpeculativeOptions) -> None:
         raise GenAIError(f"{where}: {what} cannot run on this model: {why}. Use {off}")
 
 
-def cannot_verify(model: Any) -> str:
+def cannot_verify(model: Any, replays: bool = False) -> str:
     """Why ``model``'s decoder cannot verify drafts ('' where it can): a verifying run needs one logits row per
-    token, and a KV cache that can be cut back to the committed tokens."""
-    if model.io.state_names:
+    token, and a KV cache that can be cut back to the committed tokens. ``replays``: carried layer states are put
+    back and the accepted tokens run again (``Speculator._replay``; an MTP generator's rounds), not refused."""
+    if model.io.state_names and not replays:
         return (f"its decoder carries layer states ({', '.join(model.io.state_names[:2])}, ...), which cannot be "
                 "cut back")
     if model.window_layers:
